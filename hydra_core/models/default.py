@@ -1,0 +1,206 @@
+"""The embedded default model: a small ViT trained from scratch on Fashion-MNIST by our own code.
+
+Reproduce the shipped checkpoint with::
+
+    python -m hydra_core train --seed 0 --out hydra_core/assets/fmnist_vit_default.safetensors
+
+The same code trains the extra independently-seeded copies that Deep Ensembles need.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from timm.models.vision_transformer import VisionTransformer
+
+from hydra_core.paths import ASSETS_DIR
+
+DEFAULT_CHECKPOINT = ASSETS_DIR / "fmnist_vit_default.safetensors"
+DEFAULT_NAME = "fmnist-vit-default"
+MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST pixel statistics (training set), on a 0..1 scale
+
+
+@dataclass(frozen=True)
+class VitConfig:
+    """Architecture of the default ViT (timm ``VisionTransformer`` keyword arguments)."""
+
+    img_size: int = 28  # Fashion-MNIST resolution
+    patch_size: int = 7  # 4x4 = 16 patches + CLS = 17 tokens: cheap enough for live head search
+    in_chans: int = 1  # grayscale
+    num_classes: int = 10
+    embed_dim: int = 192  # d; head dim d_k = 192 / 12 = 16
+    depth: int = 6  # L
+    num_heads: int = 12  # H, as in ViT-B: 72 heads in all
+    mlp_ratio: float = 2.0  # small MLP keeps the model at 1.8M parameters (~7 MB)
+    qkv_bias: bool = True
+    global_pool: str = "token"  # classify from the CLS token
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation recipe; the defaults reproduce the shipped checkpoint."""
+
+    seed: int = 0  # the only thing Deep Ensemble members change
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3  # AdamW peak learning rate
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to 0
+    pad_crop: int = 2  # random-crop augmentation: pad by this many pixels, crop back to 28
+    hflip: bool = True  # random horizontal flips (clothes are mirror-symmetric enough)
+
+
+def build_vit(config: VitConfig = VitConfig()) -> VisionTransformer:
+    """A freshly initialised ViT of the default architecture."""
+    return VisionTransformer(**asdict(config))
+
+
+def preprocess(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (N, C, H, W) of any size and channel count -> the default model's input.
+
+    Colour is averaged to grayscale and the size resampled to 28x28 (bilinear, antialiased)."""
+    x = images.float().div_(255.0)
+    if x.shape[1] != 1:
+        x = x.mean(dim=1, keepdim=True)
+    if x.shape[-2:] != (28, 28):
+        x = F.interpolate(x, size=(28, 28), mode="bilinear", antialias=True, align_corners=False)
+    return (x - MEAN) / STD
+
+
+def load_checkpoint(path: str | Path) -> tuple[VisionTransformer, dict]:
+    """A ViT and the metadata stored beside its weights by :func:`save_checkpoint`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "vit_config" not in meta:
+        raise ValueError(f"{path} has no 'vit_config' metadata; it was not written by Hydra Lab")
+    config = VitConfig(**json.loads(meta["vit_config"]))
+    model = build_vit(config)
+    model.load_state_dict(load_file(str(path)), strict=True)
+    model.eval()
+    return model, {k: json.loads(v) for k, v in meta.items()}
+
+
+def save_checkpoint(model: VisionTransformer, path: str | Path, config: VitConfig, **meta: object) -> None:
+    """Weights as safetensors, with the architecture and ``meta`` (JSON) in the header."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {"vit_config": json.dumps(asdict(config))}
+    header.update({k: json.dumps(v) for k, v in meta.items()})
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp), metadata=header)
+    tmp.replace(path)
+
+
+def load_default_model() -> VisionTransformer:
+    """The shipped default model (timm ``VisionTransformer``, eval mode, on the CPU)."""
+    model, _ = load_checkpoint(DEFAULT_CHECKPOINT)
+    return model
+
+
+def _augment(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> torch.Tensor:
+    n = x.shape[0]
+    if cfg.pad_crop:
+        p = cfg.pad_crop
+        padded = F.pad(x, (p, p, p, p))
+        dy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+        dx = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+        x = torch.stack([padded[i, :, dy[i]: dy[i] + 28, dx[i]: dx[i] + 28] for i in range(n)])
+    if cfg.hflip:
+        flip = torch.rand(n, generator=generator) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+@torch.inference_mode()
+def accuracy_on(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000) -> float:
+    """Top-1 accuracy of ``model`` on uint8 Fashion-MNIST-style images."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        logits = model(preprocess(images[start: start + batch_size]))
+        correct += (logits.argmax(-1) == labels[start: start + batch_size]).sum().item()
+    return correct / len(images)
+
+
+def train_vit(
+    cfg: TrainConfig = TrainConfig(),
+    arch: VitConfig = VitConfig(),
+    *,
+    log: Callable[[str], None] = print,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[VisionTransformer, dict]:
+    """Train the default ViT on the 55,000 Fashion-MNIST training images (5,000 are held out).
+
+    Returns the model (eval mode) and a summary with validation and test accuracy per epoch.
+    ``progress(done, total)`` is called after every optimiser step.
+    """
+    from hydra_core.data.fashion_mnist import load_fashion_mnist
+
+    train, val, test = (load_fashion_mnist(s) for s in ("train", "validation", "test"))
+    torch.manual_seed(cfg.seed)
+    model = build_vit(arch)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+    )
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    warmup = int(cfg.warmup_epochs * steps_per_epoch)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return cfg.lr * (step + 1) / warmup
+        return 0.5 * cfg.lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+    generator = torch.Generator().manual_seed(cfg.seed)
+    history = []
+    step = 0
+    start_time = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        model.train()
+        order = torch.randperm(len(train), generator=generator)
+        running = 0.0
+        for b in range(steps_per_epoch):
+            index = order[b * cfg.batch_size: (b + 1) * cfg.batch_size]
+            x = _augment(preprocess(train.images[index]), generator, cfg)
+            loss = F.cross_entropy(model(x), train.labels[index])
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            running += loss.item()
+            step += 1
+            if progress:
+                progress(step, total)
+        val_acc = accuracy_on(model, val.images, val.labels)
+        history.append({"epoch": epoch + 1, "loss": running / steps_per_epoch, "val_accuracy": val_acc})
+        log(f"epoch {epoch + 1}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc {val_acc:.4f}"
+            f"  ({time.perf_counter() - start_time:.0f} s)")
+    model.eval()
+    test_acc = accuracy_on(model, test.images, test.labels)
+    log(f"test accuracy {test_acc:.4f}")
+    summary = {
+        "history": history,
+        "test_accuracy": test_acc,
+        "train_seconds": round(time.perf_counter() - start_time, 1),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    return model, summary

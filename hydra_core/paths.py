@@ -1,0 +1,17 @@
+"""Where Hydra Lab keeps its files: the shipped assets and the disk cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+ASSETS_DIR = PACKAGE_DIR / "assets"
+REPO_DIR = PACKAGE_DIR.parent
+
+
+def cache_dir() -> Path:
+    """The cache root: ``$HYDRA_LAB_CACHE`` if set, else ``cache/`` beside the package."""
+    root = Path(os.environ.get("HYDRA_LAB_CACHE", REPO_DIR / "cache"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny timm ViTs in every configuration the adapter supports, built in milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+torch.set_num_threads(2)
+
+#: timm configurations every model transform is checked on (qkv bias or not, layer scale,
+#: token or average pooling, no class token, register tokens, no_embed_class).
+TINY_CONFIGS = {
+    "token-bias": dict(qkv_bias=True),
+    "token-nobias": dict(qkv_bias=False),
+    "layerscale": dict(init_values=0.5),
+    "avgpool": dict(global_pool="avg"),
+    "avg-noclass": dict(global_pool="avg", class_token=False),
+    "registers-noembedclass": dict(reg_tokens=2, no_embed_class=True, init_values=0.3),
+}
+
+
+def make_tiny_vit(seed: int = 0, depth: int = 3, num_heads: int = 4, scale: float = 4.0, **overrides) -> VisionTransformer:
+    """A tiny random ViT (16x16x1 input, 4x4 patches, d=24) in eval mode.
+
+    timm's initialisation gives near-zero weights, so nearly every head would be inert; the
+    weights are scaled up by ``scale`` so that removing a head changes the logits noticeably."""
+    torch.manual_seed(seed)
+    kwargs = dict(
+        img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=24, depth=depth,
+        num_heads=num_heads, mlp_ratio=2.0, qkv_bias=True, global_pool="token",
+    )
+    kwargs.update(overrides)
+    model = VisionTransformer(**kwargs)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2 or "bias" in name:
+                p.mul_(scale)
+    return model.eval()
+
+
+@pytest.fixture(params=sorted(TINY_CONFIGS), ids=sorted(TINY_CONFIGS))
+def tiny_vit(request) -> VisionTransformer:
+    return make_tiny_vit(**TINY_CONFIGS[request.param])
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randn(8, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def random_mask(shape: tuple[int, int], seed: int, p_keep: float = 0.6) -> torch.Tensor:
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < p_keep
