@@ -1,0 +1,44 @@
+# Hydra Lab: `make run` starts the app, `make test` runs the tests; both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hydra-setup
+PORT   ?= 8501
+
+.PHONY: setup run test test-e2e test-all lint bench report clean-cache
+
+setup: $(STAMP)
+	@scripts/system-packages.sh data
+
+# Re-installs only when a requirements file changed (the stamp is newer otherwise).
+$(STAMP): requirements.txt requirements-dev.txt requirements-data.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements-data.txt
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-e2e: setup
+	@scripts/system-packages.sh browser
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
+
+test-all: test test-e2e
+
+lint: setup
+	$(BIN)/ruff check hydra_core pages tests bench app.py
+
+bench: setup
+	$(BIN)/python bench/greedy.py
+	$(BIN)/python bench/fusion.py
+
+report: setup
+	$(BIN)/python -m hydra_core report
+
+clean-cache:
+	find cache -mindepth 1 ! -name .gitignore -exec rm -rf {} +

@@ -1,0 +1,223 @@
+"""Ensemble member masks: strategies that produce them, their overlap, and the mask file format.
+
+A member mask is a bool tensor (layers, heads), True = kept. Strategies (paper 4.3, B.5):
+- :func:`mask_from_ranking` - prune the ``budget`` least useful heads of a ranking (a circuit);
+- :func:`seed_sampled_masks` - per member seed, prune ``prune`` heads drawn at random from the
+  ``pool`` least useful of a ranking (the paper's "48 out of 100");
+- Taylor and CAHP rankings/masks plug into the same two functions; masks drawn by hand are plain
+  tensors.
+
+Mask file (SPEC section 9), JSON::
+
+    {"format": "hydra-masks", "version": 1,
+     "model": {"name": ..., "layers": L, "heads": H, "weights": <fingerprint>},
+     "members": [{"name": ..., "source": ..., "keep": {"<layer>": [head, ...]}}],
+     "created": "<ISO time>"}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
+
+FORMAT = "hydra-masks"
+VERSION = 1
+
+Head = tuple[int, int]
+
+
+class MaskFileError(ValueError):
+    """A mask file that cannot be read, or does not fit the loaded model."""
+
+
+@dataclass(frozen=True, eq=False)
+class MemberMask:
+    """One ensemble member: a name, where its mask came from, and the mask (L, H) bool."""
+
+    name: str
+    source: str
+    keep: torch.Tensor
+
+    @property
+    def kept(self) -> int:
+        return int(self.keep.sum())
+
+
+def _check_ranking(ranking: Sequence[Head], layout: HeadLayout) -> list[Head]:
+    heads = [(int(layer), int(head)) for layer, head in ranking]
+    if len(set(heads)) != len(heads):
+        raise ValueError("the ranking lists a head more than once")
+    for layer, head in heads:
+        if not (0 <= layer < layout.num_layers and 0 <= head < layout.num_heads[layer]):
+            raise ValueError(f"the ranking names {head_label(layer, head)}, which the model "
+                             f"({layout.num_layers} layers x {layout.max_heads} heads) does not have")
+    return heads
+
+
+def mask_from_ranking(ranking: Sequence[Head], budget: int, layout: HeadLayout) -> torch.Tensor:
+    """Keep every head except the first ``budget`` of ``ranking`` (least useful first)."""
+    heads = _check_ranking(ranking, layout)
+    if not 0 <= budget <= len(heads):
+        raise ValueError(f"budget {budget} must be between 0 and the ranking's length {len(heads)}")
+    keep = layout.all_kept()
+    for layer, head in heads[:budget]:
+        keep[layer, head] = False
+    return keep
+
+
+def seed_sampled_masks(ranking: Sequence[Head], *, prune: int, pool: int, seeds: Sequence[int],
+                       layout: HeadLayout) -> list[torch.Tensor]:
+    """One mask per seed: prune ``prune`` heads drawn without replacement from the ``pool`` least
+    useful heads of ``ranking`` (paper B.5: "48 of 100"). Members therefore share their most useful
+    heads and differ in which of the weak ones they drop."""
+    heads = _check_ranking(ranking, layout)
+    if not 1 <= pool <= len(heads):
+        raise ValueError(f"pool {pool} must be between 1 and the ranking's length {len(heads)}")
+    if not 0 <= prune <= pool:
+        raise ValueError(f"cannot prune {prune} heads out of a pool of {pool}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ so that members differ, got {list(seeds)}")
+    masks = []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(int(seed))
+        chosen = torch.randperm(pool, generator=generator)[:prune].tolist()
+        keep = layout.all_kept()
+        for i in chosen:
+            keep[heads[i]] = False
+        masks.append(keep)
+    return masks
+
+
+def jaccard_matrix(members: Sequence[MemberMask]) -> pd.DataFrame:
+    """Pairwise Jaccard similarity of the members' kept-head sets (1 = identical)."""
+    names = [m.name for m in members]
+    out = np.ones((len(members), len(members)))
+    for i, a in enumerate(members):
+        for j, b in enumerate(members):
+            union = int((a.keep | b.keep).sum())
+            out[i, j] = int((a.keep & b.keep).sum()) / union if union else 1.0
+    return pd.DataFrame(out, index=names, columns=names)
+
+
+def per_layer_counts(members: Sequence[MemberMask]) -> pd.DataFrame:
+    """Kept heads per layer (rows) for each member (columns), with a total row."""
+    table = pd.DataFrame({m.name: m.keep.sum(1).tolist() for m in members})
+    table.index = [f"layer {i}" for i in range(len(table))]
+    table.loc["total"] = table.sum()
+    return table
+
+
+def model_identity(name: str, layout: HeadLayout, fingerprint: str) -> dict:
+    """The ``model`` block of a mask file."""
+    return {"name": name, "layers": layout.num_layers, "heads": layout.max_heads, "weights": fingerprint}
+
+
+def masks_to_json(members: Sequence[MemberMask], identity: dict) -> dict:
+    if not members:
+        raise ValueError("no members to save")
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": dict(identity),
+        "members": [
+            {"name": m.name, "source": m.source,
+             "keep": {str(layer): m.keep[layer].nonzero().flatten().tolist() for layer in range(m.keep.shape[0])}}
+            for m in members
+        ],
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def save_masks(path: str | Path, members: Sequence[MemberMask], identity: dict) -> Path:
+    """Write a mask file (atomically); returns its path."""
+    path = Path(path)
+    text = json.dumps(masks_to_json(members, identity), indent=2)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def masks_from_json(data: object, layout: HeadLayout, identity: dict | None = None, *,
+                    allow_other_weights: bool = False) -> list[MemberMask]:
+    """Validate a parsed mask file against the loaded model and return its members.
+
+    Raises :class:`MaskFileError` naming what does not fit: format, version, model shape, weights
+    (unless ``allow_other_weights``), layers and heads out of range, duplicates, empty members.
+    """
+    if not isinstance(data, dict):
+        raise MaskFileError(f"a mask file holds a JSON object, found {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise MaskFileError(f"not a Hydra Lab mask file: 'format' is {data.get('format')!r}, expected {FORMAT!r}")
+    if data.get("version") != VERSION:
+        raise MaskFileError(f"mask file version {data.get('version')!r} is not supported (expected {VERSION})")
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise MaskFileError("mask file has no 'model' object")
+    if (model.get("layers"), model.get("heads")) != (layout.num_layers, layout.max_heads):
+        raise MaskFileError(
+            f"the masks were made for a model with {model.get('layers')} layers x {model.get('heads')} "
+            f"heads ({model.get('name')!r}); the loaded model has {layout.num_layers} x {layout.max_heads}"
+        )
+    if identity and not allow_other_weights and model.get("weights") != identity.get("weights"):
+        raise MaskFileError(
+            f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; the loaded "
+            f"model {identity.get('name')!r} has weights {identity.get('weights')} (same shape, other "
+            "weights: load with allow_other_weights to use them anyway)"
+        )
+    raw = data.get("members")
+    if not isinstance(raw, list) or not raw:
+        raise MaskFileError("mask file has no members")
+    members, names = [], set()
+    for i, m in enumerate(raw):
+        where = f"member {i}"
+        if not isinstance(m, dict) or not isinstance(m.get("keep"), dict):
+            raise MaskFileError(f"{where} has no 'keep' object mapping layers to kept heads")
+        name = str(m.get("name") or f"member {i}")
+        where = f"member {name!r}"
+        if name in names:
+            raise MaskFileError(f"two members are named {name!r}")
+        names.add(name)
+        keep = torch.zeros(layout.shape, dtype=torch.bool)
+        for layer_key, heads in m["keep"].items():
+            try:
+                layer = int(layer_key)
+            except ValueError:
+                raise MaskFileError(f"{where}: layer key {layer_key!r} is not a number") from None
+            if not 0 <= layer < layout.num_layers:
+                raise MaskFileError(f"{where}: layer {layer} does not exist (layers 0..{layout.num_layers - 1})")
+            if not isinstance(heads, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in heads):
+                raise MaskFileError(f"{where}: layer {layer} must list head indices (integers), got {heads!r}")
+            if len(set(heads)) != len(heads):
+                raise MaskFileError(f"{where}: layer {layer} lists a head twice: {heads}")
+            for h in heads:
+                if not 0 <= h < layout.num_heads[layer]:
+                    raise MaskFileError(f"{where}: {head_label(layer, h)} does not exist "
+                                        f"(layer {layer} has heads 0..{layout.num_heads[layer] - 1})")
+                keep[layer, h] = True
+        if not keep.any():
+            raise MaskFileError(f"{where} keeps no head at all")
+        members.append(MemberMask(name, str(m.get("source", "file")), as_keep_mask(layout, keep)))
+    return members
+
+
+def load_masks(path: str | Path, layout: HeadLayout, identity: dict | None = None, *,
+               allow_other_weights: bool = False) -> list[MemberMask]:
+    """Read and validate a mask file (see :func:`masks_from_json`)."""
+    path = Path(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise MaskFileError(f"mask file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MaskFileError(f"{path} is not valid JSON ({exc})") from None
+    return masks_from_json(data, layout, identity, allow_other_weights=allow_other_weights)
