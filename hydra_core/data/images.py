@@ -87,17 +87,16 @@ def stable_permutation(n: int, *parts: object) -> torch.Tensor:
 
 
 def take(image_set: ImageSet, n: int | None, *, purpose: str) -> ImageSet:
-    """The first ``n`` images of a fixed shuffle of ``image_set`` (all of them when n is None).
+    """The first ``n`` images of a fixed shuffle of ``image_set`` (the whole shuffle when n is None
+    or covers the set).
 
     The shuffle depends only on the set's name and ``purpose``, so the same request always returns
-    the same images, and a smaller request is a prefix of a larger one.
+    the same images, and a smaller request is a prefix of a larger one, whatever the two sizes.
     """
-    if n is None or n >= len(image_set):
-        return image_set
-    if n < 1:
+    if n is not None and n < 1:
         raise ValueError(f"asked for {n} images of {image_set.name!r}; need at least 1")
     order = stable_permutation(len(image_set), image_set.name, purpose)
-    return image_set.subset(order[:n])
+    return image_set.subset(order if n is None else order[:n])
 
 
 def split_in_two(image_set: ImageSet, first_share: float = 0.5) -> tuple[ImageSet, ImageSet]:

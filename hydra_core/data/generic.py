@@ -1,0 +1,234 @@
+"""Bring your own images: a folder on disk, or a torchvision data set already downloaded.
+
+Both return an :class:`ImageSet` of uint8 (N, C, H, W) images, so they plug into
+:func:`hydra_core.data.benchmark.build_benchmark` like the default sets. Images are taken as they
+are: a model trained on white-on-black images (Fashion-MNIST) needs OOD images in that convention
+too, and these loaders do not invert anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+
+from hydra_core.data.images import GROUPS, ImageSet, stable_permutation
+
+#: File endings read as images (torchvision's ImageFolder list); other files are ignored.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
+    )
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _read_image(path: Path, size: int, grayscale: bool) -> np.ndarray:
+    """One image as uint8 (C, size, size): shorter side resized to ``size``, centre cropped."""
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if grayscale else "RGB")
+            scale = size / min(image.size)
+            width = max(size, round(image.width * scale))
+            height = max(size, round(image.height * scale))
+            # PIL's bilinear filter widens its support when shrinking, so this is antialiased
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
+            left, top = (width - size) // 2, (height - size) // 2
+            image = image.crop((left, top, left + size, top + size))
+            pixels = np.asarray(image, dtype=np.uint8)  # (size, size) or (size, size, 3)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise ValueError(f"cannot read image {path}: {exc}") from exc
+    return pixels[None] if grayscale else pixels.transpose(2, 0, 1)  # (C, size, size)
+
+
+def load_image_folder(
+    path: str | Path,
+    *,
+    size: int,
+    name: str | None = None,
+    group: str = "id",
+    grayscale: bool = False,
+    max_images: int | None = None,
+) -> ImageSet:
+    """Images from a folder, labelled by class sub-folder or unlabelled.
+
+    Two layouts are understood:
+
+    - torchvision's ImageFolder: ``path/<class name>/<image>``; labels are the class folders in
+      sorted order. Needed for an in-distribution set (accuracy needs labels).
+    - a flat folder ``path/<image>``: an unlabelled set, for OOD (``group="near"`` or ``"far"``).
+
+    Args:
+        path: the folder.
+        size: every image is resized so its shorter side is ``size`` and centre-cropped to
+            ``size`` x ``size``.
+        name: the set's name in tables and cache keys; the folder's name by default.
+        group: ``"id"``, ``"near"`` or ``"far"``.
+        grayscale: one channel (PIL's "L" conversion) instead of three (RGB).
+        max_images: keep this many images, a fixed sample of the files (by name), before any
+            file is decoded; all of them when None.
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+        ValueError: no images, loose images beside class folders, an empty class folder, an
+            unlabelled folder asked for as ``group="id"``, or a file that cannot be decoded
+            (the message names it).
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist (or is not a folder)")
+    if size < 1:
+        raise ValueError(f"size must be a positive number of pixels, got {size}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"max_images must be at least 1 (or None for all), got {max_images}")
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    name = name or folder.name
+    class_dirs, loose = _class_folders(folder), _image_files(folder)
+    if class_dirs and loose:
+        raise ValueError(
+            f"{folder} holds both class sub-folders and loose images ({loose[0].name}, ...); "
+            "move the images into class folders, or point to a folder with one layout only"
+        )
+    if class_dirs:
+        files, labels = [], []
+        for label, class_dir in enumerate(class_dirs):
+            found = _image_files(class_dir)
+            if not found:
+                raise ValueError(
+                    f"class folder {class_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+                )
+            files += found
+            labels += [label] * len(found)
+        classes = tuple(d.name for d in class_dirs)
+    elif loose:
+        if group == "id":
+            raise ValueError(
+                f"{folder} has no class sub-folders, so its images have no labels; an "
+                "in-distribution set needs them. Put the images in one folder per class, or load "
+                "this folder as an OOD set with group='near' or group='far'"
+            )
+        files, labels, classes = loose, None, None
+    else:
+        raise ValueError(
+            f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}) and no class folders"
+        )
+
+    index = torch.arange(len(files))
+    if max_images is not None and max_images < len(files):
+        index = stable_permutation(len(files), name, "max_images")[:max_images].sort().values
+    images = np.stack([_read_image(files[i], size, grayscale) for i in index.tolist()])
+    kind = f"{len(classes)} classes" if classes else "unlabelled"
+    return ImageSet(
+        name=name,
+        images=torch.from_numpy(images),  # (N, C, size, size)
+        labels=None if labels is None else torch.tensor(labels, dtype=torch.int64)[index],
+        group=group,
+        classes=classes,
+        description=f"{len(index)} images from {folder} ({kind}), {size}x{size}",
+        source=str(folder),
+    )
+
+
+#: torchvision data sets :func:`load_torchvision_set` reads: class name -> how a split is chosen.
+TORCHVISION_SETS = {
+    "MNIST": "train",
+    "FashionMNIST": "train",
+    "KMNIST": "train",
+    "CIFAR10": "train",
+    "CIFAR100": "train",
+    "SVHN": "split",
+    "STL10": "split",
+}
+
+
+def _as_nchw(data: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """torchvision's stored images as uint8 (N, C, H, W), whatever their layout on disk."""
+    images = torch.as_tensor(np.asarray(data))
+    if images.ndim == 3:  # (N, H, W): MNIST family
+        return images.unsqueeze(1)
+    if images.shape[-1] == 3:  # (N, H, W, 3): CIFAR
+        return images.permute(0, 3, 1, 2).contiguous()
+    return images  # (N, 3, H, W): SVHN, STL10
+
+
+def load_torchvision_set(
+    name: str,
+    root: str | Path,
+    *,
+    train: bool = False,
+    size: int | None = None,
+    group: str = "id",
+    download: bool = False,
+    grayscale: bool = False,
+) -> ImageSet:
+    """A torchvision data set stored under ``root`` (as torchvision lays it out), as an ImageSet.
+
+    Args:
+        name: one of :data:`TORCHVISION_SETS` (``"CIFAR10"``, ``"SVHN"``, ...).
+        root: the folder passed to torchvision as ``root``.
+        train: the training split instead of the test split.
+        size: resize to ``size`` x ``size`` (bilinear, antialiased); native size when None.
+        group: ``"id"``, ``"near"`` or ``"far"``.
+        download: let torchvision download the files into ``root`` (needs internet access).
+        grayscale: colour images to one channel (ITU-R 601 luma weights, as PIL's "L").
+
+    Raises:
+        ValueError: unknown name.
+        FileNotFoundError: the files are not under ``root`` (or the download failed); the message
+            says how to get them.
+    """
+    if name not in TORCHVISION_SETS:
+        raise ValueError(
+            f"unknown torchvision data set {name!r}; supported: {', '.join(TORCHVISION_SETS)}"
+        )
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    import torchvision.datasets
+
+    split = "train" if train else "test"
+    kwargs = {"train": train} if TORCHVISION_SETS[name] == "train" else {"split": split}
+    try:
+        dataset = getattr(torchvision.datasets, name)(str(root), download=download, **kwargs)
+    except (RuntimeError, OSError) as exc:  # "Dataset not found or corrupted", or no network
+        if download:
+            raise FileNotFoundError(
+                f"downloading torchvision's {name} into {root} failed ({exc}); run it on a machine "
+                f"with internet access and copy {root} here"
+            ) from exc
+        raise FileNotFoundError(
+            f"torchvision's {name} ({split} split) was not found under {root}. Call again with "
+            "download=True on a machine with internet access, or copy the files torchvision "
+            f"downloads for {name} into {root}"
+        ) from exc
+    labels = getattr(dataset, "targets", None)
+    if labels is None:
+        labels = dataset.labels
+    images = _as_nchw(dataset.data)  # (N, C, H, W) uint8
+    if grayscale and images.shape[1] == 3:
+        weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+        gray = (images.float() * weights).sum(1, keepdim=True)  # (N, 1, H, W)
+        images = gray.round().clamp(0, 255).to(torch.uint8)
+    if size is not None and images.shape[-2:] != (size, size):
+        resized = F.interpolate(images.float(), size=(size, size), mode="bilinear", antialias=True)
+        images = resized.round().clamp(0, 255).to(torch.uint8)
+    classes = getattr(dataset, "classes", None)
+    return ImageSet(
+        name=name.lower(),
+        images=images,
+        labels=torch.as_tensor(np.asarray(labels), dtype=torch.int64),
+        group=group,
+        classes=tuple(classes) if classes else None,
+        description=f"torchvision {name}, {split} split, {len(images)} images",
+        source=str(root),
+    )
