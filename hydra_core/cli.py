@@ -57,6 +57,121 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model/--arch/--device: which model to load and where to run it."""
+    p.add_argument("--model", default="default",
+                   help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
+                        "(default: %(default)s)")
+    p.add_argument("--arch", default=None, help="timm architecture of a foreign checkpoint file")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
+
+
+def add_data_arguments(p: argparse.ArgumentParser, *, n_search: int | None = 512,
+                       n_report: int | None = None) -> None:
+    """--n-search/--n-report/--ood: which images the command uses."""
+    p.add_argument("--n-search", type=int, default=n_search,
+                   help="images per set in the search split (default: %(default)s)")
+    p.add_argument("--n-report", type=int, default=n_report,
+                   help="images per set in the report split (default: all)")
+    p.add_argument("--ood", nargs="+", default=None, metavar="NAME",
+                   help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
+                        "textures, noise)")
+
+
+def progress_bar(description: str):
+    """A tqdm-backed ``progress(done, total)`` callback, silent when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=description, total=None, disable=not sys.stderr.isatty(), leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def load_for_cli(args: argparse.Namespace):
+    """The model and benchmark named by the common arguments."""
+    from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.models.registry import load_model
+
+    loaded = load_model(args.model, arch=args.arch)
+    benchmark = default_benchmark(n_search=args.n_search, n_report=args.n_report, ood=args.ood)
+    return loaded, benchmark
+
+
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_data_arguments(p)
+    p.add_argument("--score", default="msp", choices=("msp", "max_logit", "energy", "entropy"),
+                   help="OOD score, higher = more in-distribution (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+@command("eval", _eval_arguments)
+def _eval(args: argparse.Namespace) -> int:
+    """Evaluate a model on the ID report split and every OOD set (accuracy, calibration, OOD)."""
+    import json
+
+    from hydra_core.cache import DiskCache
+    from hydra_core.evaluate import evaluate_model
+
+    loaded, benchmark = load_for_cli(args)
+    bars: dict = {}
+
+    def report(name: str, done: int, total: int) -> None:
+        bars.setdefault(name, progress_bar(f"predict {name}"))(done, total)
+
+    evaluation = evaluate_model(
+        loaded.model, loaded.preprocess, benchmark.id_report, benchmark.ood_report,
+        name=loaded.name, device=args.device, batch_size=args.batch_size, score=args.score,
+        cache=DiskCache(), progress=report,
+    )
+    if args.json:
+        print(json.dumps(evaluation.to_json(loaded.card()), indent=2))
+    else:
+        print(format_table(evaluation.table()))
+    return 0
+
+
+def format_table(table) -> str:
+    """A metrics table as aligned text (4 decimals)."""
+    return table.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+
+
+def _info_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_data_arguments(p, n_report=2000)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+@command("info", _info_arguments)
+def _info(args: argparse.Namespace) -> int:
+    """Show the model card: layers, heads, parameters, ID accuracy and OOD AUROC per OOD set."""
+    import json
+
+    from hydra_core.cache import DiskCache
+    from hydra_core.evaluate import model_card
+
+    loaded, benchmark = load_for_cli(args)
+    card = model_card(loaded, benchmark, cache=DiskCache(), device=args.device, batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(card, indent=2))
+        return 0
+    width = max(len(k) for k in card if k != "ood_auroc")
+    for key, value in card.items():
+        if key == "ood_auroc":
+            for name, auroc in value.items():
+                print(f"{'AUROC ' + name:>{width + 12}}  {auroc:.4f}")
+        else:
+            print(f"{key:>{width + 12}}  {value:.4f}" if isinstance(value, float) else f"{key:>{width + 12}}  {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hydra_core",
