@@ -37,8 +37,13 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     if isinstance(value, torch.Tensor):
-        return {"tensor": hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest(),
-                "shape": list(value.shape), "dtype": str(value.dtype)}
+        return {
+            "tensor": hashlib.sha256(
+                value.detach().cpu().contiguous().numpy().tobytes()
+            ).hexdigest(),
+            "shape": list(value.shape),
+            "dtype": str(value.dtype),
+        }
     if isinstance(value, np.ndarray):
         return _canonical(torch.from_numpy(np.ascontiguousarray(value)))
     if isinstance(value, Path):
@@ -47,7 +52,10 @@ def _canonical(value: Any) -> Any:
         return "nan"
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    raise TypeError(f"cannot build a cache key from {type(value).__name__}; pass str, numbers, lists, dicts or tensors")
+    raise TypeError(
+        f"cannot build a cache key from {type(value).__name__}; "
+        "pass str, numbers, lists, dicts or tensors"
+    )
 
 
 def cache_key(*parts: Any, **named: Any) -> str:
@@ -69,8 +77,11 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     for name, tensor in state.items():
         h.update(name.encode())
         h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
-                 if tensor.numel() else b"")
+        h.update(
+            tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            if tensor.numel()
+            else b""
+        )
     digest = h.hexdigest()[:16]
     object.__setattr__(model, "_hydra_fingerprint", ((versions, tuple(state)), digest))
     return digest
@@ -98,10 +109,16 @@ class DiskCache:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        payload = data[len(MAGIC) + 32:]
-        if data[: len(MAGIC)] != MAGIC or hashlib.sha256(payload).digest() != data[len(MAGIC): len(MAGIC) + 32]:
-            warnings.warn(f"cache entry {path} is corrupt or incomplete; removing it and recomputing",
-                          CorruptCacheEntry, stacklevel=2)
+        payload = data[len(MAGIC) + 32 :]
+        if (
+            data[: len(MAGIC)] != MAGIC
+            or hashlib.sha256(payload).digest() != data[len(MAGIC) : len(MAGIC) + 32]
+        ):
+            warnings.warn(
+                f"cache entry {path} is corrupt or incomplete; removing it and recomputing",
+                CorruptCacheEntry,
+                stacklevel=2,
+            )
             path.unlink(missing_ok=True)
             return None
         return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)

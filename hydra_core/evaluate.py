@@ -31,7 +31,9 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was requested but no CUDA GPU is available; use 'cpu' or 'auto'")
+        raise RuntimeError(
+            "device 'cuda' was requested but no CUDA GPU is available; use 'cpu' or 'auto'"
+        )
     return device
 
 
@@ -59,7 +61,7 @@ def predict(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     outputs = []
     for start in range(0, len(images), batch_size):
-        x = preprocess(images[start: start + batch_size]).to(device, non_blocking=True)
+        x = preprocess(images[start : start + batch_size]).to(device, non_blocking=True)
         with autocast:
             outputs.append(system(x).float().cpu())
         if progress:
@@ -67,11 +69,15 @@ def predict(
     return torch.cat(outputs)
 
 
-def masked(model: torch.nn.Module, keep: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``model`` as a system that runs under ``ablate(model, keep)`` (or plainly when keep is None)."""
+def masked(
+    model: torch.nn.Module, keep: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model`` as a system run under ``ablate(model, keep)`` (plainly when keep is None)."""
+
     def run(x: torch.Tensor) -> torch.Tensor:
         with ablate(model, keep) if keep is not None else nullcontext():
             return model(x)
+
     return run
 
 
@@ -101,7 +107,7 @@ class SetPredictions:
 
 @dataclass
 class Evaluation:
-    """A system's predictions on the ID set and every OOD set, and the metrics computed from them."""
+    """A system's predictions on the ID set and every OOD set, and the metrics from them."""
 
     system: str
     id: SetPredictions
@@ -131,7 +137,12 @@ class Evaluation:
 
     def table(self) -> pd.DataFrame:
         """One row per set: the ID set, each OOD set, then the near / far / all-OOD averages."""
-        id_row = {"system": self.system, "set": self.id.name, "group": "id", "n": len(self.id.logits)}
+        id_row = {
+            "system": self.system,
+            "set": self.id.name,
+            "group": "id",
+            "n": len(self.id.logits),
+        }
         id_row.update(self.id_metrics())
         rows = [id_row]
         ood = self.ood_rows()
@@ -144,9 +155,16 @@ class Evaluation:
         """The ``eval --json`` object: {"model", "id", "ood": [...]} (plus near/far averages)."""
         id_row = {"name": self.id.name, "n": len(self.id.logits)}
         id_row.update({k: float(v) for k, v in self.id_metrics().items()})
-        ood = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
-               for r in self.ood_rows()]
-        out = {"model": model_card or {"name": self.system}, "score": self.score, "id": id_row, "ood": ood}
+        ood = [
+            {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
+            for r in self.ood_rows()
+        ]
+        out = {
+            "model": model_card or {"name": self.system},
+            "score": self.score,
+            "id": id_row,
+            "ood": ood,
+        }
         out["ood_average"] = {a["set"]: {k: a[k] for k in OOD_COLUMNS} for a in group_averages(ood)}
         return out
 
@@ -154,8 +172,11 @@ class Evaluation:
 def group_averages(ood_rows: Sequence[dict]) -> list[dict]:
     """Near-OOD, far-OOD and all-OOD means of the OOD metric columns (unweighted over sets)."""
     out = []
-    for label, groups in (("near-OOD average", ("near",)), ("far-OOD average", ("far",)),
-                          ("OOD average", ("near", "far"))):
+    for label, groups in (
+        ("near-OOD average", ("near",)),
+        ("far-OOD average", ("far",)),
+        ("OOD average", ("near", "far")),
+    ):
         chosen = [r for r in ood_rows if r["group"] in groups]
         if not chosen:
             continue
@@ -177,8 +198,12 @@ def _system_predictions(
 ) -> torch.Tensor:
     if cache is None or key_parts is None:
         return predict(system, image_set.images, preprocess, **kwargs)
-    key = cache_key("predictions-v1", *key_parts, image_set.fingerprint(), kwargs.get("bf16", False))
-    return cache.get_or_compute("predictions", key, lambda: predict(system, image_set.images, preprocess, **kwargs))
+    key = cache_key(
+        "predictions-v1", *key_parts, image_set.fingerprint(), kwargs.get("bf16", False)
+    )
+    return cache.get_or_compute(
+        "predictions", key, lambda: predict(system, image_set.images, preprocess, **kwargs)
+    )
 
 
 def evaluate_system(
@@ -198,16 +223,27 @@ def evaluate_system(
 ) -> Evaluation:
     """Predict on ``id_set`` and every OOD set, and return an :class:`Evaluation`.
 
-    ``cache_parts`` identify the system (e.g. the model fingerprint and mask); predictions are cached
+    ``cache_parts`` identify the system (e.g. model fingerprint and mask); predictions are cached
     under them plus each set's fingerprint when ``cache`` is given.
     """
     if id_set.labels is None:
-        raise ValueError(f"the ID set {id_set.name!r} has no labels; accuracy and calibration need them")
+        raise ValueError(
+            f"the ID set {id_set.name!r} has no labels; accuracy and calibration need them"
+        )
 
     def run(s: ImageSet) -> torch.Tensor:
         report = (lambda done, total: progress(s.name, done, total)) if progress else None
-        return _system_predictions(system, s, preprocess, cache=cache, key_parts=cache_parts,
-                                   batch_size=batch_size, device=device, bf16=bf16, progress=report)
+        return _system_predictions(
+            system,
+            s,
+            preprocess,
+            cache=cache,
+            key_parts=cache_parts,
+            batch_size=batch_size,
+            device=device,
+            bf16=bf16,
+            progress=report,
+        )
 
     id_pred = SetPredictions(id_set.name, "id", run(id_set), id_set.labels)
     ood = [SetPredictions(s.name, s.group, run(s)) for s in ood_sets]
@@ -230,18 +266,41 @@ def evaluate_model(
     device = resolve_device(device)
     model = model.to(device).eval()
     parts = (model_fingerprint(model), keep)
-    return evaluate_system(masked(model, keep), preprocess, id_set, ood_sets, name=name or "model",
-                           device=device, cache=cache, cache_parts=parts, **kwargs)
+    return evaluate_system(
+        masked(model, keep),
+        preprocess,
+        id_set,
+        ood_sets,
+        name=name or "model",
+        device=device,
+        cache=cache,
+        cache_parts=parts,
+        **kwargs,
+    )
 
 
-def model_card(loaded, benchmark, *, cache: DiskCache | None = None, device: str | None = "auto",
-               batch_size: int = 256) -> dict:
+def model_card(
+    loaded,
+    benchmark,
+    *,
+    cache: DiskCache | None = None,
+    device: str | None = "auto",
+    batch_size: int = 256,
+) -> dict:
     """Layers, heads, parameters, ID accuracy and MSP AUROC per OOD set on the report split.
 
     ``loaded`` is a :class:`hydra_core.models.registry.LoadedModel`, ``benchmark`` a
     :class:`hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present."""
-    evaluation = evaluate_model(loaded.model, loaded.preprocess, benchmark.id_report, benchmark.ood_report,
-                                name=loaded.name, device=device, cache=cache, batch_size=batch_size)
+    evaluation = evaluate_model(
+        loaded.model,
+        loaded.preprocess,
+        benchmark.id_report,
+        benchmark.ood_report,
+        name=loaded.name,
+        device=device,
+        cache=cache,
+        batch_size=batch_size,
+    )
     card = loaded.card()
     card["id_set"] = f"{benchmark.id_report.name} (report split, n={len(benchmark.id_report)})"
     card["id_accuracy"] = evaluation.id_metrics()["accuracy"]

@@ -58,8 +58,10 @@ def _check_ranking(ranking: Sequence[Head], layout: HeadLayout) -> list[Head]:
         raise ValueError("the ranking lists a head more than once")
     for layer, head in heads:
         if not (0 <= layer < layout.num_layers and 0 <= head < layout.num_heads[layer]):
-            raise ValueError(f"the ranking names {head_label(layer, head)}, which the model "
-                             f"({layout.num_layers} layers x {layout.max_heads} heads) does not have")
+            raise ValueError(
+                f"the ranking names {head_label(layer, head)}, which the model "
+                f"({layout.num_layers} layers x {layout.max_heads} heads) does not have"
+            )
     return heads
 
 
@@ -74,8 +76,9 @@ def mask_from_ranking(ranking: Sequence[Head], budget: int, layout: HeadLayout) 
     return keep
 
 
-def seed_sampled_masks(ranking: Sequence[Head], *, prune: int, pool: int, seeds: Sequence[int],
-                       layout: HeadLayout) -> list[torch.Tensor]:
+def seed_sampled_masks(
+    ranking: Sequence[Head], *, prune: int, pool: int, seeds: Sequence[int], layout: HeadLayout
+) -> list[torch.Tensor]:
     """One mask per seed: prune ``prune`` heads drawn without replacement from the ``pool`` least
     useful heads of ``ranking`` (paper B.5: "48 of 100"). Members therefore share their most useful
     heads and differ in which of the weak ones they drop."""
@@ -118,7 +121,12 @@ def per_layer_counts(members: Sequence[MemberMask]) -> pd.DataFrame:
 
 def model_identity(name: str, layout: HeadLayout, fingerprint: str) -> dict:
     """The ``model`` block of a mask file."""
-    return {"name": name, "layers": layout.num_layers, "heads": layout.max_heads, "weights": fingerprint}
+    return {
+        "name": name,
+        "layers": layout.num_layers,
+        "heads": layout.max_heads,
+        "weights": fingerprint,
+    }
 
 
 def masks_to_json(members: Sequence[MemberMask], identity: dict) -> dict:
@@ -129,11 +137,17 @@ def masks_to_json(members: Sequence[MemberMask], identity: dict) -> dict:
         "version": VERSION,
         "model": dict(identity),
         "members": [
-            {"name": m.name, "source": m.source,
-             "keep": {str(layer): m.keep[layer].nonzero().flatten().tolist() for layer in range(m.keep.shape[0])}}
+            {
+                "name": m.name,
+                "source": m.source,
+                "keep": {
+                    str(layer): m.keep[layer].nonzero().flatten().tolist()
+                    for layer in range(m.keep.shape[0])
+                },
+            }
             for m in members
         ],
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -147,8 +161,13 @@ def save_masks(path: str | Path, members: Sequence[MemberMask], identity: dict) 
     return path
 
 
-def masks_from_json(data: object, layout: HeadLayout, identity: dict | None = None, *,
-                    allow_other_weights: bool = False) -> list[MemberMask]:
+def masks_from_json(
+    data: object,
+    layout: HeadLayout,
+    identity: dict | None = None,
+    *,
+    allow_other_weights: bool = False,
+) -> list[MemberMask]:
     """Validate a parsed mask file against the loaded model and return its members.
 
     Raises :class:`MaskFileError` naming what does not fit: format, version, model shape, weights
@@ -157,21 +176,27 @@ def masks_from_json(data: object, layout: HeadLayout, identity: dict | None = No
     if not isinstance(data, dict):
         raise MaskFileError(f"a mask file holds a JSON object, found {type(data).__name__}")
     if data.get("format") != FORMAT:
-        raise MaskFileError(f"not a Hydra Lab mask file: 'format' is {data.get('format')!r}, expected {FORMAT!r}")
+        raise MaskFileError(
+            f"not a Hydra Lab mask file: 'format' is {data.get('format')!r}, expected {FORMAT!r}"
+        )
     if data.get("version") != VERSION:
-        raise MaskFileError(f"mask file version {data.get('version')!r} is not supported (expected {VERSION})")
+        raise MaskFileError(
+            f"mask file version {data.get('version')!r} is not supported (expected {VERSION})"
+        )
     model = data.get("model")
     if not isinstance(model, dict):
         raise MaskFileError("mask file has no 'model' object")
     if (model.get("layers"), model.get("heads")) != (layout.num_layers, layout.max_heads):
         raise MaskFileError(
-            f"the masks were made for a model with {model.get('layers')} layers x {model.get('heads')} "
-            f"heads ({model.get('name')!r}); the loaded model has {layout.num_layers} x {layout.max_heads}"
+            f"the masks were made for a model with {model.get('layers')} layers x "
+            f"{model.get('heads')} heads ({model.get('name')!r}); the loaded model has "
+            f"{layout.num_layers} x {layout.max_heads}"
         )
     if identity and not allow_other_weights and model.get("weights") != identity.get("weights"):
         raise MaskFileError(
-            f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; the loaded "
-            f"model {identity.get('name')!r} has weights {identity.get('weights')} (same shape, other "
+            f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; "
+            f"the loaded model {identity.get('name')!r} has weights {identity.get('weights')} "
+            "(same shape, other "
             "weights: load with allow_other_weights to use them anyway)"
         )
     raw = data.get("members")
@@ -194,15 +219,23 @@ def masks_from_json(data: object, layout: HeadLayout, identity: dict | None = No
             except ValueError:
                 raise MaskFileError(f"{where}: layer key {layer_key!r} is not a number") from None
             if not 0 <= layer < layout.num_layers:
-                raise MaskFileError(f"{where}: layer {layer} does not exist (layers 0..{layout.num_layers - 1})")
-            if not isinstance(heads, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in heads):
-                raise MaskFileError(f"{where}: layer {layer} must list head indices (integers), got {heads!r}")
+                raise MaskFileError(
+                    f"{where}: layer {layer} does not exist (layers 0..{layout.num_layers - 1})"
+                )
+            if not isinstance(heads, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in heads
+            ):
+                raise MaskFileError(
+                    f"{where}: layer {layer} must list head indices (integers), got {heads!r}"
+                )
             if len(set(heads)) != len(heads):
                 raise MaskFileError(f"{where}: layer {layer} lists a head twice: {heads}")
             for h in heads:
                 if not 0 <= h < layout.num_heads[layer]:
-                    raise MaskFileError(f"{where}: {head_label(layer, h)} does not exist "
-                                        f"(layer {layer} has heads 0..{layout.num_heads[layer] - 1})")
+                    raise MaskFileError(
+                        f"{where}: {head_label(layer, h)} does not exist "
+                        f"(layer {layer} has heads 0..{layout.num_heads[layer] - 1})"
+                    )
                 keep[layer, h] = True
         if not keep.any():
             raise MaskFileError(f"{where} keeps no head at all")
@@ -210,8 +243,13 @@ def masks_from_json(data: object, layout: HeadLayout, identity: dict | None = No
     return members
 
 
-def load_masks(path: str | Path, layout: HeadLayout, identity: dict | None = None, *,
-               allow_other_weights: bool = False) -> list[MemberMask]:
+def load_masks(
+    path: str | Path,
+    layout: HeadLayout,
+    identity: dict | None = None,
+    *,
+    allow_other_weights: bool = False,
+) -> list[MemberMask]:
     """Read and validate a mask file (see :func:`masks_from_json`)."""
     path = Path(path)
     try:

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny timm ViTs in every configuration the adapter supports, built in milliseconds."""
+"""Shared fixtures: tiny timm ViTs in every configuration the adapter supports, built fast."""
 
 from __future__ import annotations
 
@@ -22,15 +22,25 @@ TINY_CONFIGS = {
 }
 
 
-def make_tiny_vit(seed: int = 0, depth: int = 3, num_heads: int = 4, scale: float = 4.0, **overrides) -> VisionTransformer:
+def make_tiny_vit(
+    seed: int = 0, depth: int = 3, num_heads: int = 4, scale: float = 4.0, **overrides
+) -> VisionTransformer:
     """A tiny random ViT (16x16x1 input, 4x4 patches, d=24) in eval mode.
 
     timm's initialisation gives near-zero weights, so nearly every head would be inert; the
     weights are scaled up by ``scale`` so that removing a head changes the logits noticeably."""
     torch.manual_seed(seed)
     kwargs = dict(
-        img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=24, depth=depth,
-        num_heads=num_heads, mlp_ratio=2.0, qkv_bias=True, global_pool="token",
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        num_classes=5,
+        embed_dim=24,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_ratio=2.0,
+        qkv_bias=True,
+        global_pool="token",
     )
     kwargs.update(overrides)
     model = VisionTransformer(**kwargs)

@@ -49,7 +49,7 @@ def zero_wo_columns(model: torch.nn.Module, keep: torch.Tensor) -> torch.nn.Modu
     with torch.no_grad():
         for layer, block in enumerate(ref.blocks):
             for head in (~keep[layer]).nonzero().flatten().tolist():
-                block.attn.proj.weight[:, head * dk:(head + 1) * dk] = 0
+                block.attn.proj.weight[:, head * dk : (head + 1) * dk] = 0
     return ref
 
 
@@ -100,7 +100,9 @@ def test_pruned_parameter_count():
     keep = torch.ones(3, 4, dtype=torch.bool)
     keep[0, :2] = False
     pruned = prune_heads(model, keep)
-    removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in pruned.parameters())
+    removed = sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for p in pruned.parameters()
+    )
     d, dk = 24, 6
     assert removed == 2 * (3 * dk * d + 3 * dk + d * dk)  # q, k, v rows with bias, W_O columns
 
@@ -180,7 +182,13 @@ def test_mask_naming_missing_heads_of_pruned_model():
         as_keep_mask(pruned, bad)
 
 
-@pytest.mark.parametrize("overrides, match", [(dict(scale_attn_norm=True), "scale_norm"), (dict(class_token=True, global_pool="token"), None)])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(scale_attn_norm=True), "scale_norm"),
+        (dict(class_token=True, global_pool="token"), None),
+    ],
+)
 def test_models_with_norm_between_heads_and_proj_are_refused(overrides, match):
     if match is None:
         head_layout(make_tiny_vit(**overrides))
@@ -207,7 +215,9 @@ def test_recorded_head_outputs_match_block_heads(images):
     with record_head_outputs(model, [1], token=None) as store:
         model(images)
     x = embed(model, images)
-    x = block_rest(model.blocks[0], x, attention_projection(model.blocks[0], block_heads(model.blocks[0], x)))
+    x = block_rest(
+        model.blocks[0], x, attention_projection(model.blocks[0], block_heads(model.blocks[0], x))
+    )
     torch.testing.assert_close(store[1][0], block_heads(model.blocks[1], x), rtol=0, atol=1e-5)
     cls_only = block_heads(model.blocks[1], x, queries=slice(0, 1))
     torch.testing.assert_close(cls_only[:, 0], store[1][0][:, 0], rtol=0, atol=1e-5)
@@ -221,5 +231,7 @@ def test_head_labels_round_trip():
 
 
 def test_default_shape_vit_base_layout():
-    model = VisionTransformer(img_size=32, patch_size=16, embed_dim=64, depth=2, num_heads=8, num_classes=3)
+    model = VisionTransformer(
+        img_size=32, patch_size=16, embed_dim=64, depth=2, num_heads=8, num_classes=3
+    )
     assert head_layout(model).shape == (2, 8)

@@ -40,8 +40,9 @@ def test_predict_is_independent_of_batch_size():
     model = make_tiny_vit()
     full = model(to_input(ID.images))
     for batch_size in (1, 7, 40, 100):
-        torch.testing.assert_close(predict(model, ID.images, to_input, batch_size=batch_size), full,
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            predict(model, ID.images, to_input, batch_size=batch_size), full, rtol=0, atol=1e-5
+        )
 
 
 def test_masked_system_equals_ablate():
@@ -80,11 +81,16 @@ def test_table_matches_direct_metric_computations():
 
 def test_ensemble_rows_carry_diversity():
     logits = torch.randn(20, 3, 5)
-    evaluation = Evaluation("ens", SetPredictions("id", "id", logits, torch.randint(0, 5, (20,))),
-                            [SetPredictions("o", "far", torch.randn(10, 3, 5))])
+    evaluation = Evaluation(
+        "ens",
+        SetPredictions("id", "id", logits, torch.randint(0, 5, (20,))),
+        [SetPredictions("o", "far", torch.randn(10, 3, 5))],
+    )
     table = evaluation.table().set_index("set")
     member_probs = logits.softmax(-1)
-    assert table.loc["id", "mutual_information"] == pytest.approx(metrics.mutual_information(member_probs))
+    assert table.loc["id", "mutual_information"] == pytest.approx(
+        metrics.mutual_information(member_probs)
+    )
     assert table.loc["o", "disagreement"] >= 0
 
 
@@ -114,10 +120,13 @@ def test_predictions_are_cached(tmp_path):
     assert calls, "a different mask must not reuse the dense predictions"
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(images=torch.zeros(0, 1, 16, 16, dtype=torch.uint8)), "empty"),
-    (dict(batch_size=0), "batch_size"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(images=torch.zeros(0, 1, 16, 16, dtype=torch.uint8)), "empty"),
+        (dict(batch_size=0), "batch_size"),
+    ],
+)
 def test_predict_errors(bad, match):
     kwargs = dict(images=ID.images, batch_size=8) | bad
     with pytest.raises(ValueError, match=match):

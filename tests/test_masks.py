@@ -20,7 +20,20 @@ from hydra_core.masks import (
 from hydra_core.models.adapter import HeadLayout
 
 LAYOUT = HeadLayout(num_heads=(4, 4, 4), head_dim=6, embed_dim=24)
-RANKING = [(2, 3), (0, 1), (1, 0), (2, 0), (0, 0), (1, 1), (1, 2), (0, 2), (2, 1), (0, 3), (1, 3), (2, 2)]
+RANKING = [
+    (2, 3),
+    (0, 1),
+    (1, 0),
+    (2, 0),
+    (0, 0),
+    (1, 1),
+    (1, 2),
+    (0, 2),
+    (2, 1),
+    (0, 3),
+    (1, 3),
+    (2, 2),
+]
 IDENTITY = model_identity("tiny", LAYOUT, "abc123")
 
 
@@ -38,7 +51,7 @@ def test_seed_sampled_masks_differ_and_stay_in_the_pool():
         assert len(removed) == 3 and removed <= pool
     assert len({tuple(m.flatten().tolist()) for m in masks}) == 3
     again = seed_sampled_masks(RANKING, prune=3, pool=6, seeds=[0, 1, 2], layout=LAYOUT)
-    assert all(torch.equal(a, b) for a, b in zip(masks, again))
+    assert all(torch.equal(a, b) for a, b in zip(masks, again, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -76,7 +89,7 @@ def test_file_round_trip(tmp_path):
     path = save_masks(tmp_path / "masks.json", members, IDENTITY)
     loaded = load_masks(path, LAYOUT, IDENTITY)
     assert [m.name for m in loaded] == ["m0", "m1", "m2"]
-    assert all(torch.equal(a.keep, b.keep) for a, b in zip(members, loaded))
+    assert all(torch.equal(a.keep, b.keep) for a, b in zip(members, loaded, strict=True))
     assert json.loads(path.read_text())["format"] == "hydra-masks"
 
 
@@ -123,7 +136,9 @@ def test_other_weights_can_be_allowed(tmp_path):
     assert len(load_masks(path, LAYOUT, IDENTITY, allow_other_weights=True)) == 1
 
 
-@pytest.mark.parametrize("content, match", [(b"{not json", "not valid JSON"), (b"\xff\xfe\x00", "not valid JSON")])
+@pytest.mark.parametrize(
+    "content, match", [(b"{not json", "not valid JSON"), (b"\xff\xfe\x00", "not valid JSON")]
+)
 def test_corrupt_files(tmp_path, content, match):
     path = tmp_path / "c.json"
     path.write_bytes(content)

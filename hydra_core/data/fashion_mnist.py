@@ -17,8 +17,16 @@ from hydra_core.data.images import ImageSet, stable_permutation
 from hydra_core.paths import cache_dir
 
 CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 FILES = {
@@ -44,11 +52,13 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ValueError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
     ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     offset = 4 + 4 * ndim
     expected = int(np.prod(shape))
     if len(data) - offset != expected:
-        raise ValueError(f"{path}: header says {shape} ({expected} bytes) but holds {len(data) - offset}")
+        raise ValueError(
+            f"{path}: header says {shape} ({expected} bytes) but holds {len(data) - offset}"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
 
 
@@ -85,7 +95,9 @@ def load_fashion_mnist(split: str = "test") -> ImageSet:
             the search pool) or ``"train-full"`` (all 60,000).
     """
     if split not in ("train", "test", "validation", "train-full"):
-        raise ValueError(f"unknown Fashion-MNIST split {split!r}; expected train, validation, test or train-full")
+        raise ValueError(
+            f"unknown Fashion-MNIST split {split!r}; expected train, validation, test or train-full"
+        )
     folder = find_files()
     images_file, labels_file = FILES["test" if split == "test" else "train"]
     images = torch.from_numpy(read_idx(folder / images_file).copy()).unsqueeze(1)  # (N, 1, 28, 28)

@@ -15,7 +15,7 @@ class ImageSet:
     """A labelled or unlabelled set of images held in memory.
 
     Args:
-        name: short identifier (``"fashion_mnist"``, ``"mnist"``, ...), used in tables and cache keys.
+        name: short identifier (``"fashion_mnist"``, ``"mnist"``), used in tables and cache keys.
         images: uint8 tensor of shape (N, C, H, W); all images of a set share one size.
         labels: int64 tensor of shape (N,), or None for OOD sets without classes.
         group: ``"id"`` for the in-distribution set, ``"near"`` or ``"far"`` for OOD sets.
@@ -44,9 +44,13 @@ class ImageSet:
                     f"{tuple(self.labels.shape)}"
                 )
             if self.labels.dtype != torch.int64:
-                raise ValueError(f"ImageSet {self.name!r}: labels must be int64, got {self.labels.dtype}")
+                raise ValueError(
+                    f"ImageSet {self.name!r}: labels must be int64, got {self.labels.dtype}"
+                )
         if self.group not in GROUPS:
-            raise ValueError(f"ImageSet {self.name!r}: group must be one of {GROUPS}, got {self.group!r}")
+            raise ValueError(
+                f"ImageSet {self.name!r}: group must be one of {GROUPS}, got {self.group!r}"
+            )
 
     def __len__(self) -> int:
         return len(self.images)

