@@ -87,6 +87,12 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class DiskCache:
     """A folder of checksummed entries, grouped by kind (``greedy``, ``features``, ...).
 
@@ -136,6 +142,7 @@ class DiskCache:
                 f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; use the user's umask
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -104,10 +104,15 @@ def _load_default() -> LoadedModel:
     )
 
 
-def _load_dinov2(img_size: int = 112, n_train: int = 5000, progress=None) -> LoadedModel:
+def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None) -> LoadedModel:
     from hydra_core.data.fashion_mnist import CLASSES
-    from hydra_core.models.dinov2 import load_dinov2_classifier, preprocess_for_dinov2
+    from hydra_core.models.dinov2 import (
+        DEFAULT_IMG_SIZE,
+        load_dinov2_classifier,
+        preprocess_for_dinov2,
+    )
 
+    img_size = img_size or DEFAULT_IMG_SIZE
     model = load_dinov2_classifier(img_size=img_size, n_train=n_train, progress=progress)
     return LoadedModel(
         f"dinov2-s14-{img_size}px-probe{n_train}",
