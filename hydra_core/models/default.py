@@ -2,7 +2,7 @@
 
 Reproduce the shipped checkpoint with::
 
-    python -m hydra_core train --seed 0 --out hydra_core/assets/fmnist_vit_default.safetensors
+    python -m hydra_core train --seed 0 --threads 1 --out hydra_core/assets/fmnist_vit_default.safetensors
 
 The same code trains the extra independently-seeded copies that Deep Ensembles need.
 """
@@ -49,12 +49,13 @@ class TrainConfig:
     """Optimisation recipe; the defaults reproduce the shipped checkpoint."""
 
     seed: int = 0  # the only thing Deep Ensemble members change
-    epochs: int = 10
+    epochs: int = 12
     batch_size: int = 128
     lr: float = 1e-3  # AdamW peak learning rate
     weight_decay: float = 0.05
-    warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to 0
-    pad_crop: int = 2  # random-crop augmentation: pad by this many pixels, crop back to 28
+    warmup_epochs: float = 0.5  # linear warm-up, then cosine decay to 0
+    pad_crop: int = 0  # random-crop augmentation (pad, crop back to 28); 0 = off: it slowed
+    # convergence (84% after 7 of 15 epochs, against 88.6% after 7 of 12 without it)
     hflip: bool = True  # random horizontal flips (clothes are mirror-symmetric enough)
 
 
