@@ -47,7 +47,9 @@ background. Their low-level statistics (mean brightness, bright borders, spectru
 from every training image, so a detector that looks at features separates them easily. Softmax
 confidence need not: the default model's MSP AUROC is about 0.45 on textures and 0.52 on noise
 (it is confidently wrong on them, a known failure of MSP far from the training data), while its
-per-head features separate them clearly (see the Representations page).
+last-layer heads place them farthest from the ID centroid: mean Mahalanobis distance 3.6
+(textures) and 2.6 (noise) against 1.1-1.8 for the near sets (``python -m hydra_core represent``,
+512 search images per set).
 
 - ``textures``: random crops of brick, grass and gravel photographs.
 - ``noise``: uniform pixel noise and Gaussian-smoothed noise.
