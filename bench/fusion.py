@@ -1,0 +1,293 @@
+"""Benchmark the fused Hydra model against a single model, the pruned members one after another
+and Deep Ensembles (full models one after another).
+
+M = 3 members, each keeping 2/3 of the heads of every layer, chosen with a different seed per
+member; random weights. Shapes: the default model (28 px, patch 7, d 192, depth 6, 12 heads, MLP
+ratio 2), ViT-S/16 and ViT-B/16 (224 px). Batch sizes 1, 4 and 64; fp32 on the CPU, and on a GPU
+fp32 and bf16 autocast too. Latency is the median of round-robin repeats (all rows take turns, so
+drifts in machine load hit them alike); each cell gets a time budget, and a cell whose first round
+already exceeds it is reported from that one round.
+
+    python bench/fusion.py                    # everything (about 10 minutes on a quiet 2-core CPU)
+    python bench/fusion.py --quick            # the default model only, short budgets
+    python bench/fusion.py --json             # JSON instead of a table
+    python bench/fusion.py --malloc-no-trim   # glibc keeps freed memory (as jemalloc would)
+
+On glibc, freeing activations of several MB returns them to the OS and the next forward pays page
+faults to get them back; this hits the fused model's large (M x batch) activations hardest.
+``--malloc-no-trim`` switches that off for every row alike (mallopt), to show the effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hydra_core.hydra import fuse_members  # noqa: E402
+from hydra_core.hydra.cost import count_macs, count_params, forward_fn, measure_latencies  # noqa: E402
+from hydra_core.models.adapter import prune_heads  # noqa: E402
+from hydra_core.models.default import VitConfig  # noqa: E402
+
+SHAPES = {
+    "default": asdict(VitConfig()),
+    "vit_s16": dict(
+        img_size=224,
+        patch_size=16,
+        in_chans=3,
+        num_classes=1000,
+        embed_dim=384,
+        depth=12,
+        num_heads=6,
+        mlp_ratio=4.0,
+    ),
+    "vit_b16": dict(
+        img_size=224,
+        patch_size=16,
+        in_chans=3,
+        num_classes=1000,
+        embed_dim=768,
+        depth=12,
+        num_heads=12,
+        mlp_ratio=4.0,
+    ),
+}
+BATCHES = (1, 4, 64)
+MEMBERS = 3
+ROWS = ("single", "members one by one", "Hydra fused", "Deep Ensembles")
+
+
+def member_masks(depth: int, heads: int) -> list[torch.Tensor]:
+    """M masks keeping 2/3 of each layer's heads, drawn with seed m for member m."""
+    masks = []
+    for seed in range(MEMBERS):
+        g = torch.Generator().manual_seed(seed)
+        keep = torch.zeros(depth, heads, dtype=torch.bool)
+        for layer in range(depth):
+            keep[layer, torch.randperm(heads, generator=g)[: 2 * heads // 3]] = True
+        masks.append(keep)
+    return masks
+
+
+def build(shape: str) -> dict[str, list[torch.nn.Module]]:
+    """The models of every row, with random weights (eval mode, CPU)."""
+    cfg = SHAPES[shape]
+    torch.manual_seed(0)
+    models = [VisionTransformer(**cfg).eval() for _ in range(MEMBERS)]  # Deep Ensembles' 3 seeds
+    masks = member_masks(cfg["depth"], cfg["num_heads"])
+    return {
+        "single": models[:1],
+        "members one by one": [prune_heads(models[0], k).eval() for k in masks],
+        "Hydra fused": [fuse_members([(models[0], k) for k in masks]).eval()],
+        "Deep Ensembles": models,
+    }
+
+
+def images_for(shape: str, batch: int, device: torch.device) -> torch.Tensor:
+    cfg = SHAPES[shape]
+    g = torch.Generator().manual_seed(batch)
+    size = (batch, cfg["in_chans"], cfg["img_size"], cfg["img_size"])
+    return torch.randn(size, generator=g).to(device)
+
+
+@torch.inference_mode()
+def fusion_error(rows: dict[str, list[torch.nn.Module]], shape: str) -> float:
+    """Largest |fused - member| logit difference (fp32, CPU, 2 images): the fusion is exact."""
+    x = images_for(shape, 2, torch.device("cpu"))
+    fused = rows["Hydra fused"][0](x)
+    return max(
+        (fused[:, m] - member(x)).abs().max().item()
+        for m, member in enumerate(rows["members one by one"])
+    )
+
+
+def time_cell(fns: dict, device: torch.device, budget_s: float, max_repeats: int) -> dict:
+    """Round-robin latency within about ``budget_s``. The first round warms up and tells how long a
+    round takes; then as many rounds as fit the budget (at least 2) are timed. A cell whose first
+    round alone exceeds the budget is reported from that round (``warm`` False)."""
+    first = measure_latencies(fns, warmup=0, repeats=1, device=device)
+    round_s = sum(t["median_ms"] for t in first.values()) / 1e3
+    if round_s > budget_s:
+        return {name: {**t, "warm": False} for name, t in first.items()}
+    repeats = max(2, min(max_repeats, int((budget_s - round_s) / round_s)))
+    timed = measure_latencies(fns, warmup=0, repeats=repeats, device=device)
+    return {name: {**t, "warm": True} for name, t in timed.items()}
+
+
+def malloc_no_trim() -> bool:
+    """Ask glibc to keep freed memory (no trimming, no mmap for large blocks); False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    return bool(libc.mallopt(m_trim_threshold, 2**30) and libc.mallopt(m_mmap_threshold, 2**30))
+
+
+def settings() -> list[tuple[str, torch.dtype | None]]:
+    out = [("cpu", None)]
+    if torch.cuda.is_available():
+        out += [("cuda", None), ("cuda", torch.bfloat16)]
+    return out
+
+
+def run(
+    shapes: list[str], batches: list[int], budget_s: float, max_repeats: int, log=print
+) -> tuple[list[dict], dict]:
+    results = []
+    for shape in shapes:
+        rows = build(shape)
+        error = fusion_error(rows, shape)
+        one = images_for(shape, 1, torch.device("cpu"))
+        params = {name: sum(count_params(m) for m in models) for name, models in rows.items()}
+        # every op works per image: a batch's multiply-adds are one image's times the batch size
+        macs = {name: sum(count_macs(m, one) for m in models) for name, models in rows.items()}
+        log(f"# {shape}: fused vs members max |logit difference| {error:.2e}")
+        for device_name, dtype in settings():
+            device = torch.device(device_name)
+            on_device = {name: [m.to(device) for m in models] for name, models in rows.items()}
+            precision = "bf16-autocast" if dtype else "fp32"
+            for batch in batches:
+                x = images_for(shape, batch, device)
+                fns = {
+                    name: forward_fn(models, x, autocast_dtype=dtype)
+                    for name, models in on_device.items()
+                }
+                start = time.perf_counter()
+                timing = time_cell(fns, device, budget_s, max_repeats)
+                for name in ROWS:
+                    t = timing[name]
+                    results.append(
+                        {
+                            "shape": shape,
+                            "device": device_name,
+                            "precision": precision,
+                            "batch": batch,
+                            "row": name,
+                            "params": params[name],
+                            "macs": macs[name] * batch,
+                            "latency_ms": t["median_ms"],
+                            "iqr_ms": t["iqr_ms"],
+                            "repeats": t["repeats"],
+                            "warm": t["warm"],
+                            "max_abs_fusion_error": error,
+                        }
+                    )
+                cell = {r["row"]: r for r in results[-len(ROWS) :]}
+                fused, single = cell["Hydra fused"], cell["single"]
+                members = cell["members one by one"]
+                log(
+                    f"{shape:8s} {device_name:4s} {precision:13s} B={batch:<3d} "
+                    f"fused/members {fused['latency_ms'] / members['latency_ms']:.3f}  "
+                    f"fused/single {fused['latency_ms'] / single['latency_ms']:.3f}  "
+                    f"(MACs {fused['macs'] / single['macs']:.3f})  "
+                    f"[{fused['repeats']} rounds, {time.perf_counter() - start:.0f} s]"
+                )
+            for models in on_device.values():
+                for m in models:
+                    m.to("cpu")
+    return results, environment()
+
+
+def environment() -> dict:
+    env = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        env["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        env["loadavg"] = None
+    return env
+
+
+def summary_table(results: list[dict]) -> pd.DataFrame:
+    """One line per row and cell, with the ratios the issue asks for next to each other."""
+    table = pd.DataFrame(results)
+    keys = ["shape", "device", "precision", "batch"]
+    single = table[table.row == "single"].set_index(keys)[["latency_ms", "macs"]]
+    members = table[table.row == "members one by one"].set_index(keys)[["latency_ms"]]
+    table = table.join(single.add_prefix("single_"), on=keys)
+    table = table.join(members.add_prefix("members_"), on=keys)
+    table["latency/single"] = table["latency_ms"] / table["single_latency_ms"]
+    table["MACs/single"] = table["macs"] / table["single_macs"]
+    table["latency/members"] = table["latency_ms"] / table["members_latency_ms"]
+    table["GMACs"] = table["macs"] / 1e9
+    table["params_M"] = table["params"] / 1e6
+    columns = keys + [
+        "row",
+        "params_M",
+        "GMACs",
+        "latency_ms",
+        "iqr_ms",
+        "repeats",
+        "latency/single",
+        "MACs/single",
+        "latency/members",
+    ]
+    return table[columns]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="default model only, short budgets")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=sorted(SHAPES),
+        help="default: all (with --quick: the default model)",
+    )
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="time budget per cell in seconds (default 40, quick 8)",
+    )
+    parser.add_argument("--max-repeats", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--malloc-no-trim",
+        action="store_true",
+        help="glibc: keep freed memory instead of returning it to the OS",
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    no_trim = malloc_no_trim() if args.malloc_no_trim else False
+    shapes = args.shapes or (["default"] if args.quick else list(SHAPES))
+    budget = args.budget_s if args.budget_s is not None else (8.0 if args.quick else 40.0)
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    load_before = environment()["loadavg"]
+    results, env = run(shapes, args.batches, budget, args.max_repeats, log=log)
+    env["loadavg_before"] = load_before
+    env["malloc_no_trim"] = no_trim
+    if args.json:
+        print(json.dumps({"environment": env, "results": results}, indent=1))
+        return 0
+    print()
+    options = ("display.width", 200, "display.max_columns", 20, "display.max_rows", 500)
+    with pd.option_context(*options):
+        print(summary_table(results).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"\nenvironment: {env}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""Hydra ensembles: fuse head-pruned members into one model, and account for what it costs."""
+
+from hydra_core.hydra.cost import (
+    VitShape,
+    cost_table,
+    count_macs,
+    count_params,
+    formula_macs,
+    formula_params,
+    measure_latencies,
+    measure_latency,
+)
+from hydra_core.hydra.fused import HydraViT, ensemble_probs, fuse_members, load_hydra, save_hydra
+
+__all__ = [
+    "HydraViT",
+    "VitShape",
+    "cost_table",
+    "count_macs",
+    "count_params",
+    "ensemble_probs",
+    "formula_macs",
+    "formula_params",
+    "fuse_members",
+    "load_hydra",
+    "measure_latencies",
+    "measure_latency",
+    "save_hydra",
+]

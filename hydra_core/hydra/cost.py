@@ -1,0 +1,293 @@
+"""What a model costs: parameters, multiply-adds (counted and by formula) and measured latency.
+
+The paper (Appendix B.4, SPEC section 7) counts per transformer layer 12d² for a single model,
+4M(H_l/H)d² + 8d² for Hydra and 12Md² for Deep Ensembles (MLP ratio 4). Those are *weights*: the
+merged MLP is stored once. Its *multiply-adds* are not shared - the merged MLP runs on each of the M
+token streams - so per token Hydra costs M(4(H_l/H)d² + 8d²), the same as running the pruned members
+one after another (the paper's own Table 7 agrees: 46.19 G for Hydra vs 3 x 15.48 G for a member).
+:func:`formula_params` gives the paper's weight count and :func:`formula_macs` the multiply-adds,
+generalised to any MLP width, per-layer kept heads and token count, with the attention-score terms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hydra_core.models.adapter import head_layout
+
+
+@dataclass(frozen=True)
+class VitShape:
+    """The sizes that the cost of a ViT forward depends on (for one image).
+
+    Args:
+        embed_dim: d.
+        head_dim: d_k.
+        mlp_hidden: d_ff, the MLP's hidden width (4d in the paper).
+        num_tokens: N, tokens per image (patches + class/register tokens).
+        num_patches: patches per image (the patch embedding runs on these).
+        patch_dim: C * p_h * p_w, the input of the patch embedding.
+        num_classes: C, the classifier's outputs.
+        token_pool: the classifier reads the class token only (the last layer needs only its row).
+    """
+
+    embed_dim: int
+    head_dim: int
+    mlp_hidden: int
+    num_tokens: int
+    num_patches: int
+    patch_dim: int
+    num_classes: int
+    token_pool: bool
+
+    @classmethod
+    def of(cls, model: nn.Module) -> VitShape:
+        """The shape of a timm VisionTransformer."""
+        layout = head_layout(model)
+        conv = model.patch_embed.proj
+        num_patches = int(model.patch_embed.num_patches)
+        return cls(
+            embed_dim=layout.embed_dim,
+            head_dim=layout.head_dim,
+            mlp_hidden=model.blocks[0].mlp.fc1.out_features,
+            num_tokens=num_patches + int(model.num_prefix_tokens),
+            num_patches=num_patches,
+            patch_dim=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1],
+            num_classes=model.head.out_features,
+            token_pool=model.global_pool == "token",
+        )
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameters (a tensor shared between submodules counts once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of attention: Q Kᵀ and A V, each 2 FLOPs per multiply-add."""
+    *batch, s_q, d_q = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    rows = int(np.prod(batch))
+    return 2 * rows * s_q * s_k * d_q + 2 * rows * s_q * s_k * d_v
+
+
+# torch's FlopCounterMode knows the CUDA attention kernels but not the CPU one
+_EXTRA_FLOP_FORMULAS = {}
+if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _EXTRA_FLOP_FORMULAS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
+
+
+@torch.inference_mode()
+def count_macs(module: Callable[[torch.Tensor], object], example_input: torch.Tensor) -> int:
+    """Multiply-adds of one forward on ``example_input``, counted by torch's FlopCounterMode.
+
+    Counted: matrix multiplies, convolutions and attention (MACs = FLOPs / 2). Not counted:
+    elementwise work (biases, norms, activations, softmax, residual adds)."""
+    with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+        module(example_input)
+    return counter.get_total_flops() // 2
+
+
+def layer_macs(shape: VitShape, heads: int, *, num_queries: int | None = None) -> int:
+    """Multiply-adds of one transformer layer keeping ``heads`` heads, for one image.
+
+    Q/K/V are computed for all N tokens; attention scores (Q Kᵀ and A V), the output projection and
+    the MLP only for the ``num_queries`` rows that are needed (default: all N)."""
+    d, n, a = shape.embed_dim, shape.num_tokens, heads * shape.head_dim
+    nq = n if num_queries is None else num_queries
+    qkv = n * 3 * d * a
+    scores = 2 * nq * n * a
+    proj = nq * a * d
+    mlp = nq * 2 * d * shape.mlp_hidden
+    return qkv + scores + proj + mlp
+
+
+def formula_macs(
+    shape: VitShape,
+    heads: Sequence[Sequence[int]],
+    *,
+    fused: bool = False,
+    shared_layers: int = 0,
+    shared_stem: bool = True,
+) -> int:
+    """Multiply-adds for one image through M models, member m keeping ``heads[m][l]`` in layer l.
+
+    Per layer and token this is 3dh·d_k (Q/K/V) + h·d_k·d (output) + 2d·d_ff (MLP) - the paper's
+    12d² at h = H, d_ff = 4d - plus 2N·h·d_k for the attention scores; plus the patch embedding and
+    the classifier.
+
+    ``fused=False``: the models run one after another (single model: one member keeping all heads;
+    Deep Ensembles: M members keeping all heads).
+    ``fused=True``: the Hydra forward as :class:`~hydra_core.hydra.fused.HydraViT` computes it: the
+    stem once if ``shared_stem``; the first ``shared_layers`` layers once; each later layer for M
+    streams, every member padded to the layer's largest head count; with token pooling only the
+    class token's row in the last layer; the classifier on every stream (once if all are shared).
+    """
+    m = len(heads)
+    depth = len(heads[0]) if m else 0
+    if m == 0 or any(len(h) != depth for h in heads):
+        raise ValueError("heads must list the same number of layers for every member")
+    stem = shape.num_patches * shape.patch_dim * shape.embed_dim
+    classifier = shape.embed_dim * shape.num_classes
+    if not fused:
+        return sum(
+            stem + classifier + sum(layer_macs(shape, h) for h in member) for member in heads
+        )
+    if shared_layers and not shared_stem:
+        raise ValueError("layers can only be shared after a shared stem")
+    total = stem * (1 if shared_stem else m) + classifier * (1 if shared_layers == depth else m)
+    for layer in range(depth):
+        queries = 1 if shape.token_pool and layer == depth - 1 else None
+        widest = max(member[layer] for member in heads)
+        streams = 1 if layer < shared_layers else m
+        total += streams * layer_macs(shape, widest, num_queries=queries)
+    return total
+
+
+def formula_params(shape: VitShape, heads: Sequence[Sequence[int]], *, merged_mlp: bool) -> int:
+    """Weights of the transformer layers as the paper counts them (Appendix B.4; biases and norms
+    left out): 4(h_m/H)d² of attention per member, plus 2d·d_ff for each MLP - one merged MLP for
+    Hydra, one per member otherwise. Single: 12d²; Hydra: 4M(H_l/H)d² + 8d²; Deep Ensembles: 12Md²
+    per layer (d_ff = 4d)."""
+    d = shape.embed_dim
+    attn = sum(4 * d * h * shape.head_dim for member in heads for h in member)
+    mlps = (1 if merged_mlp else len(heads)) * len(heads[0]) * 2 * d * shape.mlp_hidden
+    return attn + mlps
+
+
+def forward_fn(
+    models: Sequence[nn.Module], images: torch.Tensor, *, autocast_dtype: torch.dtype | None = None
+) -> Callable[[], list[torch.Tensor]]:
+    """A function of no arguments that runs ``models`` one after another on ``images``, under
+    ``torch.inference_mode`` (and under ``torch.autocast`` on the images' device, given a dtype)."""
+    device_type = images.device.type
+
+    def run() -> list[torch.Tensor]:
+        autocast = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype else None
+        with torch.inference_mode(), autocast or nullcontext():
+            return [m(images) for m in models]
+
+    return run
+
+
+def measure_latencies(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    warmup: int = 3,
+    repeats: int = 20,
+    device: str | torch.device = "cpu",
+) -> dict[str, dict[str, float]]:
+    """Wall-clock time of each function, called in turn (round-robin, so slow drifts in machine load
+    hit all of them alike). Returns, per name, the median and inter-quartile range in milliseconds.
+    On CUDA every call is followed by ``torch.cuda.synchronize()`` before the clock stops."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    cuda = torch.device(device).type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    result = {}
+    for name, ms in times.items():
+        q25, median, q75 = np.percentile(ms, [25, 50, 75])
+        result[name] = {
+            "median_ms": float(median),
+            "iqr_ms": float(q75 - q25),
+            "min_ms": float(min(ms)),
+            "repeats": repeats,
+        }
+    return result
+
+
+def measure_latency(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 3,
+    repeats: int = 20,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """Wall-clock time of ``fn()``: median, inter-quartile range and minimum in ms (see
+    :func:`measure_latencies`)."""
+    return measure_latencies({"fn": fn}, warmup=warmup, repeats=repeats, device=device)["fn"]
+
+
+def cost_table(
+    single: nn.Module,
+    members: Sequence[nn.Module],
+    hydra: nn.Module,
+    images: torch.Tensor,
+    *,
+    deep_ensemble: Sequence[nn.Module] | None = None,
+    each_member: bool = True,
+    latency: bool = True,
+    warmup: int = 3,
+    repeats: int = 20,
+    autocast_dtype: torch.dtype | None = None,
+) -> pd.DataFrame:
+    """Parameters, multiply-adds and (optionally) latency of the ways to get an ensemble prediction.
+
+    Rows: ``single``; ``member i`` (when ``each_member``); ``members one by one`` (the pruned
+    members run one after another); ``Deep Ensembles`` (when given: full models one after another);
+    ``Hydra fused``. Columns: params, macs (for the whole batch), latency_ms and latency_iqr_ms
+    (median and inter-quartile range, when ``latency``), and params_ratio, macs_ratio and
+    latency_ratio: each divided by the single model's value.
+    Latency runs under ``torch.inference_mode`` on ``images.device``, inside
+    ``torch.autocast(device, autocast_dtype)`` when a dtype is given.
+    """
+    members = list(members)
+    runs: dict[str, list[nn.Module]] = {"single": [single]}
+    if each_member:
+        runs.update({f"member {i}": [m] for i, m in enumerate(members)})
+    runs["members one by one"] = members
+    if deep_ensemble:
+        runs["Deep Ensembles"] = list(deep_ensemble)
+    runs["Hydra fused"] = [hydra]
+    batch = images.shape[0]
+    # every op works per image, so the batch's multiply-adds are one image's times the batch size
+    macs_one = {id(m): count_macs(m, images[:1]) for models in runs.values() for m in models}
+    rows = {
+        name: {
+            "params": sum(count_params(m) for m in models),
+            "macs": batch * sum(macs_one[id(m)] for m in models),
+        }
+        for name, models in runs.items()
+    }
+    if latency:
+        fns = {
+            name: forward_fn(models, images, autocast_dtype=autocast_dtype)
+            for name, models in runs.items()
+        }
+        timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=images.device)
+        for name, t in timings.items():
+            rows[name]["latency_ms"] = t["median_ms"]
+            rows[name]["latency_iqr_ms"] = t["iqr_ms"]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    for column, ratio in (
+        ("params", "params_ratio"),
+        ("macs", "macs_ratio"),
+        ("latency_ms", "latency_ratio"),
+    ):
+        if column in table:
+            table[ratio] = table[column] / table.loc["single", column]
+    return table

@@ -1,0 +1,809 @@
+"""Hydra fusion (paper Section 4.2): M head-pruned ViT members run as one model, in one pass.
+
+The members' token streams are stacked along a leading member axis, ``(M, B, N, d)``. Each fused
+block applies, per member, LayerNorm and a grouped fully-connected Q/K/V projection (member m meets
+only its own stream and its own kept heads), runs the attention of all members' heads in one
+``scaled_dot_product_attention`` call, projects back to each member's stream with a grouped output
+projection, and then applies one MLP - the members' MLPs averaged - to every stream at once.
+
+Members may keep different numbers of heads per layer. A layer's per-member weights are padded with
+zero rows/columns to the largest head count of that layer: a padded head has q = k = v = 0, so its
+attention output is exactly 0, and its W_O columns are 0, so it adds exactly nothing.
+
+Anything identical across members is stored once (``S = 1`` on the leading axis of its weights)
+instead of per member (``S = M``). While the stem and the leading blocks are shared, the stream
+keeps ``S = 1`` and is computed once; the first per-member weight broadcasts it to M streams.
+
+``fuse_members`` builds a :class:`HydraViT` from (model, keep) pairs; ``save_hydra`` and
+``load_hydra`` store it as safetensors with a JSON description and rebuild it from the file alone.
+Both routes go through :func:`_assemble`, so a loaded model is the same module as the saved one.
+The fused model is for inference: the members' dropout, drop-path and patch dropout are not kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from timm.layers import GELU, GELUTanh, LayerScale, QuickGELU
+from timm.models.vision_transformer import global_pool_nlc
+from torch import nn
+
+from hydra_core.models.adapter import (
+    HeadLayout,
+    UnsupportedModelError,
+    as_keep_mask,
+    head_layout,
+)
+
+FORMAT = "hydra-fused"
+FORMAT_VERSION = 1
+POOLS = ("token", "avg", "max", "avgmax")
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+#: in-place versions, used when no gradient is recorded (they overwrite their input)
+ACTIVATIONS_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "quick_gelu": lambda x: x.mul_(torch.sigmoid(1.702 * x)),
+    "relu": torch.relu_,
+    "silu": lambda x: F.silu(x, inplace=True),
+}
+
+
+def ensemble_probs(member_logits: torch.Tensor) -> torch.Tensor:
+    """(B, M, C) member logits -> (B, C): the mean of the members' softmax probabilities (fp32)."""
+    if member_logits.ndim != 3:
+        raise ValueError(
+            "member logits must have shape (batch, members, classes), "
+            f"got {tuple(member_logits.shape)}"
+        )
+    return member_logits.float().softmax(dim=-1).mean(dim=1)
+
+
+# -------------------------------------------------------------------------------------------------
+# Building blocks. Every weight has a leading axis S: 1 when all members share it, M otherwise.
+
+
+class StackedLayerNorm(nn.Module):
+    """LayerNorm on the last axis; weight and bias (S, d), per member (S = M) or shared (S = 1)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        if weight.ndim != 2 or weight.shape != bias.shape:
+            raise ValueError(
+                f"norm weight and bias must both be (S, d), got {tuple(weight.shape)} "
+                f"and {tuple(bias.shape)}"
+            )
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias)
+        self.eps = eps
+
+    @property
+    def groups(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (S_x, ..., d)
+        s, d = self.weight.shape
+        if s == 1:
+            return F.layer_norm(x, (d,), self.weight[0], self.bias[0], self.eps)
+        shape = (s,) + (1,) * (x.ndim - 2) + (d,)  # one row per member, broadcast over the rest
+        normed = F.layer_norm(x, (d,), eps=self.eps)
+        return torch.addcmul(self.bias.view(shape), normed, self.weight.view(shape))
+
+
+class GroupedLinear(nn.Module):
+    """Grouped fully-connected layer: ``y[m] = x[m] @ weight[m] + bias[m]``.
+
+    Member m's rows meet only member m's weights. ``weight`` is (S, in, out) - stored transposed, as
+    ``bmm`` wants it - and ``bias`` (S, 1, out) or None. With S = 1 every member uses the same
+    weights and all rows go through one matrix multiply.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        bias_shape = None if bias is None else tuple(bias.shape)
+        if weight.ndim != 3 or bias_shape not in (None, (weight.shape[0], 1, weight.shape[2])):
+            raise ValueError(
+                "grouped weight must be (S, in, out) with bias (S, 1, out), got "
+                f"{tuple(weight.shape)} and {bias_shape}"
+            )
+        self.weight = nn.Parameter(weight)
+        self.bias = None if bias is None else nn.Parameter(bias)
+
+    @property
+    def groups(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (S_x, T, in) -> (max(S, S_x), T, out)."""
+        s, _, out = self.weight.shape
+        if s == 1:  # one weight for every member: a single GEMM over all rows
+            rows = x.flatten(0, 1)  # (S_x * T, in)
+            w = self.weight[0]
+            y = rows @ w if self.bias is None else torch.addmm(self.bias[0], rows, w)
+            return y.view(*x.shape[:-1], out)
+        x = x.expand(s, *x.shape[1:])  # a stream still shared by all members meets member weights
+        if self.bias is None:
+            return torch.bmm(x, self.weight)
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class MergedMlp(nn.Module):
+    """The members' MLPs averaged into one (paper: "Merged MLP"), applied to all streams at once."""
+
+    def __init__(
+        self,
+        fc1_weight: torch.Tensor,
+        fc1_bias: torch.Tensor | None,
+        fc2_weight: torch.Tensor,
+        fc2_bias: torch.Tensor | None,
+        act: str,
+    ) -> None:
+        super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown MLP activation {act!r}; known: {', '.join(ACTIVATIONS)}")
+        self.fc1_weight = nn.Parameter(fc1_weight)  # (hidden, d)
+        self.fc1_bias = None if fc1_bias is None else nn.Parameter(fc1_bias)
+        self.fc2_weight = nn.Parameter(fc2_weight)  # (d, hidden)
+        self.fc2_bias = None if fc2_bias is None else nn.Parameter(fc2_bias)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.fc1_weight, self.fc1_bias)  # (..., hidden)
+        act = ACTIVATIONS if torch.is_grad_enabled() else ACTIVATIONS_INPLACE
+        h = act[self.act](h)
+        return F.linear(h, self.fc2_weight, self.fc2_bias)
+
+
+class FusedBlock(nn.Module):
+    """One fused transformer block (timm ``Block`` semantics, pre-norm) for all members.
+
+    Args:
+        head_dim: d_k.
+        norm1, norm2: the two LayerNorms (shared or per member).
+        qkv: grouped Q/K/V projection, (S, d, 3 * H_max * d_k), columns ordered q | k | v and
+            head-major within each; None when no member keeps a head in this layer.
+        proj: grouped output projection (S, H_max * d_k, d), the attention's layer scale folded in.
+        mlp: the merged MLP.
+        ls2: the MLP's layer scale, (S, d), or None.
+    """
+
+    def __init__(
+        self,
+        *,
+        head_dim: int,
+        norm1: StackedLayerNorm,
+        qkv: GroupedLinear | None,
+        proj: GroupedLinear,
+        norm2: StackedLayerNorm,
+        mlp: MergedMlp,
+        ls2: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.norm1, self.qkv, self.proj, self.norm2, self.mlp = norm1, qkv, proj, norm2, mlp
+        self.ls2 = None if ls2 is None else nn.Parameter(ls2)
+
+    @property
+    def max_heads(self) -> int:
+        return 0 if self.qkv is None else self.qkv.weight.shape[2] // (3 * self.head_dim)
+
+    @property
+    def is_shared(self) -> bool:
+        """True when every member uses the same weights here (and so the same heads)."""
+        parts = [self.norm1.weight, self.proj.weight, self.norm2.weight]
+        parts += [self.qkv.weight] if self.qkv is not None else []
+        parts += [self.ls2] if self.ls2 is not None else []
+        return all(p.shape[0] == 1 for p in parts)
+
+    def forward(self, x: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
+        """x: (S_x, B, N, d) -> (S, B, N', d); N' = 1 when ``cls_only`` (row 0 only)."""
+        _, b, _, d = x.shape
+        z = self.head_outputs(self.norm1(x), cls_only)  # (S, B*N', H*d_k)
+        if cls_only:
+            x = x[:, :, :1]  # (S_x, B, 1, d)
+        x = _add_residual(x, self.proj(z).view(-1, b, x.shape[2], d))  # (S, B, N', d)
+        del z  # free activation-sized temporaries as soon as they are used
+        m = self.mlp(self.norm2(x))
+        if self.ls2 is None:
+            return _add_residual(x, m)
+        return torch.addcmul(x, self.ls2.view(self.ls2.shape[0], 1, 1, d), m)
+
+    def head_outputs(self, h: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
+        """Every member's head outputs Z (before W_O) for the normalised stream h (S_x, B, N, d).
+
+        Returns (S, B*N', H_max*d_k): member-major, heads concatenated as at timm's ``proj``."""
+        s_x, b, n, d = h.shape
+        nq = 1 if cls_only else n
+        if self.qkv is None:  # no member keeps a head: the attention adds only W_O's bias
+            return h.new_zeros(s_x, b * nq, 0)
+        heads, dk = self.max_heads, self.head_dim
+        qkv = self.qkv(h.view(s_x, b * n, d))  # (S, B*N, 3*H*d_k)
+        s = qkv.shape[0]
+        qkv = qkv.view(s * b, n, 3, heads, dk)  # (S*B, N, 3, H, d_k): a view, no copy
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # each (S*B, H, N, d_k)
+        if cls_only:
+            q = q[:, :, :1]  # (S*B, H, 1, d_k)
+        z = F.scaled_dot_product_attention(q, k, v)  # every member's heads: (S*B, H, N', d_k)
+        return z.transpose(1, 2).reshape(s, b * nq, heads * dk)  # (S, B*N', H*d_k), no copy
+
+
+def _add_residual(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """``x + update``, written into ``update`` - a fresh matmul output that autograd does not keep -
+    when that keeps dtype and shape, which saves allocating one activation-sized tensor. (Under
+    autocast ``update`` is low precision and the stream fp32: then a new tensor, as timm does.)"""
+    if update.dtype == x.dtype and update.shape == torch.broadcast_shapes(x.shape, update.shape):
+        return update.add_(x)
+    return x + update
+
+
+class Stem(nn.Module):
+    """Patch embedding, class/register tokens and position embedding (timm's ``_pos_embed``).
+
+    Args:
+        patch_weight: (S, d, C, p_h, p_w) conv weights; patch_bias (S, d) or None.
+        patch_norm, norm_pre: optional LayerNorms (the patch embedding's norm, timm's norm_pre).
+        cls_token: (S, 1, d), reg_token: (S, R, d), pos_embed: (S, N_pos, d), each or None.
+        no_embed_class: the position embedding covers the patches only; prefix tokens come after.
+    """
+
+    def __init__(
+        self,
+        *,
+        patch_weight: torch.Tensor,
+        patch_bias: torch.Tensor | None,
+        patch_norm: StackedLayerNorm | None,
+        cls_token: torch.Tensor | None,
+        reg_token: torch.Tensor | None,
+        pos_embed: torch.Tensor | None,
+        no_embed_class: bool,
+        norm_pre: StackedLayerNorm | None,
+    ) -> None:
+        super().__init__()
+        self.patch_weight = nn.Parameter(patch_weight)
+        self.patch_bias = None if patch_bias is None else nn.Parameter(patch_bias)
+        self.patch_norm = patch_norm
+        self.cls_token = None if cls_token is None else nn.Parameter(cls_token)
+        self.reg_token = None if reg_token is None else nn.Parameter(reg_token)
+        self.pos_embed = None if pos_embed is None else nn.Parameter(pos_embed)
+        self.no_embed_class = no_embed_class
+        self.norm_pre = norm_pre
+
+    @property
+    def groups(self) -> int:
+        return self.patch_weight.shape[0]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (S, B, N, d)
+        s, d = self.patch_weight.shape[:2]
+        b = images.shape[0]
+        weight = self.patch_weight.flatten(0, 1)  # (S*d, C, p_h, p_w): all members in one conv
+        bias = None if self.patch_bias is None else self.patch_bias.flatten()
+        x = F.conv2d(images, weight, bias, stride=weight.shape[-2:])  # (B, S*d, gh, gw)
+        x = x.view(b, s, d, -1).permute(1, 0, 3, 2)  # (S, B, Np, d)
+        if self.patch_norm is not None:
+            x = self.patch_norm(x)
+        tokens = [t for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = [t[:, None].expand(s, b, *t.shape[1:]) for t in tokens]  # (S, B, 1 or R, d)
+        pos = None if self.pos_embed is None else self.pos_embed[:, None]  # (S, 1, N_pos, d)
+        if pos is not None and self.no_embed_class:
+            x = x + pos
+        if prefix:
+            x = torch.cat([*prefix, x], dim=2)  # (S, B, N, d)
+        if pos is not None and not self.no_embed_class:
+            x = x + pos
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
+        return x
+
+
+class HydraViT(nn.Module):
+    """M head-pruned ViT members fused into one model; ``forward(images)`` gives (B, M, C) logits.
+
+    Attributes:
+        num_members: M.
+        num_shared_layers: leading blocks identical for all members (same heads, same weights,
+            after a shared stem): they run once on (B, N, d) instead of M times.
+        kept_heads: per member, per layer, the kept heads in that member's own numbering.
+        config: the JSON-able description that :func:`save_hydra` writes to the file header.
+    """
+
+    def __init__(
+        self,
+        config: dict,
+        stem: Stem,
+        blocks: Sequence[FusedBlock],
+        norm: StackedLayerNorm | None,
+        fc_norm: StackedLayerNorm | None,
+        head: GroupedLinear,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_members: int = config["num_members"]
+        self.kept_heads: list[list[list[int]]] = config["kept_heads"]
+        self.global_pool: str = config["global_pool"]
+        self.num_prefix_tokens: int = config["num_prefix_tokens"]
+        self.pool_include_prefix: bool = config["pool_include_prefix"]
+        self.img_size: tuple[int, int] = tuple(config["img_size"])
+        self.stem = stem
+        self.blocks = nn.ModuleList(blocks)
+        self.norm, self.fc_norm, self.head = norm, fc_norm, head
+        shared = 0
+        if stem.groups == 1:
+            while shared < len(self.blocks) and self.blocks[shared].is_shared:
+                shared += 1
+        self.num_shared_layers = shared
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.ndim != 4 or tuple(images.shape[-2:]) != self.img_size:
+            h, w = self.img_size
+            raise ValueError(f"expected images (B, C, {h}, {w}), got {tuple(images.shape)}")
+        x = self.stem(images)  # (S, B, N, d); S = 1 while every member computes the same stream
+        last = len(self.blocks) - 1
+        for layer, block in enumerate(self.blocks):
+            # token pooling reads only the class token: the last block needs only its row
+            x = block(x, cls_only=layer == last and self.global_pool == "token")
+        if self.norm is not None:
+            x = self.norm(x)
+        s, b, n, d = x.shape
+        pooled = global_pool_nlc(
+            x.reshape(s * b, n, d),
+            pool_type=self.global_pool,
+            num_prefix_tokens=self.num_prefix_tokens,
+            reduce_include_prefix=self.pool_include_prefix,
+        ).view(s, b, d)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
+        logits = self.head(pooled).expand(self.num_members, -1, -1)  # (M, B, C)
+        return logits.transpose(0, 1).contiguous()  # (B, M, C)
+
+    def member_head_counts(self) -> list[list[int]]:
+        """Kept heads per member per layer, as counts."""
+        return [[len(h) for h in member] for member in self.kept_heads]
+
+
+# -------------------------------------------------------------------------------------------------
+# Fusing members.
+
+
+def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT:
+    """Fuse M (model, keep) pairs into one :class:`HydraViT`.
+
+    Each model is a timm VisionTransformer - the same object M times for zero-shot members, or
+    separately fine-tuned (possibly already structurally pruned) models; ``keep`` is a head mask
+    validated against that model's own layout (True = kept). Members must agree on the architecture
+    (embedding width, depth, head dim, classes, pooling, prefix tokens, ...). MLPs are averaged over
+    members; when they are all identical, member 0's weights are taken as they are, so zero-shot
+    fusion reproduces every member's logits.
+    """
+    members = list(members)
+    if not members:
+        raise ValueError("cannot fuse an empty list of members")
+    parsed = [_parse_member(i, m) for i, m in enumerate(members)]  # (model, keep, layout)
+    specs = [_architecture(i, model, layout) for i, (model, _, layout) in enumerate(parsed)]
+    for key in specs[0]:
+        values = [spec[key] for spec in specs]
+        if any(v != values[0] for v in values):
+            listing = ", ".join(f"member {i} has {v!r}" for i, v in enumerate(values))
+            raise ValueError(f"members disagree on {key}: {listing}")
+    spec = specs[0]
+    heads = [
+        [keep[layer, :n].nonzero().flatten() for layer, n in enumerate(layout.num_heads)]
+        for _, keep, layout in parsed
+    ]  # per member and layer: kept head indices
+    config = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "num_members": len(parsed),
+        **{k: v for k, v in spec.items() if k != "mlp_hidden"},
+        "kept_heads": [[h.tolist() for h in member] for member in heads],
+    }
+    models = [model for model, _, _ in parsed]
+    tensors = _stem_tensors(models)
+    for layer in range(spec["depth"]):
+        blocks = [m.blocks[layer] for m in models]
+        tensors.update(_block_tensors(layer, blocks, [h[layer] for h in heads], spec["head_dim"]))
+    tensors.update(_norm_tensors("norm", [m.norm for m in models]))
+    tensors.update(_norm_tensors("fc_norm", [m.fc_norm for m in models]))
+    head_w, head_b = _stack(
+        [(m.head.weight.t(), _vector(m.head.bias, m.head.weight)) for m in models]
+    )
+    tensors["head.weight"], tensors["head.bias"] = head_w, head_b[:, None]  # (S, d, C), (S, 1, C)
+    return _assemble(config, tensors)
+
+
+def _parse_member(index: int, member: object) -> tuple[nn.Module, torch.Tensor, HeadLayout]:
+    pair = isinstance(member, (tuple, list)) and len(member) == 2
+    if not pair or not isinstance(member[0], nn.Module):
+        raise TypeError(f"member {index} must be a (model, keep) pair, got {type(member).__name__}")
+    model, keep = member
+    try:
+        layout = head_layout(model)
+        keep = as_keep_mask(layout, keep)
+    except (ValueError, TypeError) as error:
+        raise type(error)(f"member {index}: {error}") from None
+    return model, keep, layout
+
+
+def _architecture(index: int, model: nn.Module, layout: HeadLayout) -> dict:
+    """What members must agree on, read from a timm VisionTransformer; refuses the unsupported."""
+
+    def refuse(what: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"member {index}: {what}; Hydra fusion supports timm "
+            "VisionTransformers (Conv2d patch embedding, Block, Mlp)"
+        )
+
+    for attr in ("patch_embed", "norm_pre", "norm", "fc_norm", "head", "global_pool"):
+        if not hasattr(model, attr):
+            raise refuse(f"{type(model).__name__} has no `{attr}`")
+    pe = model.patch_embed
+    conv = getattr(pe, "proj", None)
+    plain = (
+        isinstance(conv, nn.Conv2d)
+        and conv.stride == conv.kernel_size
+        and conv.groups == 1
+        and conv.padding in ((0, 0), "valid")
+        and conv.dilation == (1, 1)
+    )
+    if not plain:
+        raise refuse("the patch embedding is not a plain non-overlapping Conv2d")
+    if getattr(model, "dynamic_img_size", False) or getattr(pe, "dynamic_img_pad", False):
+        raise refuse("dynamic image sizes are not supported")
+    if getattr(model, "attn_pool", None) is not None:
+        raise refuse("attention pooling (global_pool='map') is not supported")
+    if model.global_pool not in POOLS:
+        raise refuse(f"global_pool={model.global_pool!r} is not one of {', '.join(POOLS)}")
+    if not isinstance(model.head, nn.Linear):
+        raise refuse("the classifier head is not a Linear layer (num_classes=0?)")
+    acts, hidden, eps = set(), set(), set()
+    for norm in (pe.norm, model.norm_pre, model.norm, model.fc_norm):
+        eps |= _norm_eps(index, norm)
+    for layer, block in enumerate(model.blocks):
+        for name in ("q_norm", "k_norm"):
+            if not isinstance(getattr(block.attn, name, nn.Identity()), nn.Identity):
+                raise refuse(f"block {layer} normalises queries/keys ({name})")
+        for name in ("ls1", "ls2"):
+            if not isinstance(getattr(block, name), (nn.Identity, LayerScale)):
+                raise refuse(f"block {layer}: {name} is a {type(getattr(block, name)).__name__}")
+        mlp = block.mlp
+        linear = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("fc1", "fc2"))
+        if not linear or not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+            raise refuse(f"block {layer}: the MLP is a {type(mlp).__name__}, not timm's Mlp")
+        acts.add(_activation_name(index, mlp.act))
+        hidden.add(mlp.fc1.out_features)
+        for norm in (block.norm1, block.norm2):
+            if not isinstance(norm, nn.LayerNorm):
+                raise refuse(f"block {layer} uses {type(norm).__name__}; expected LayerNorm")
+            eps |= _norm_eps(index, norm)
+    for name, values in (("MLP activations", acts), ("MLP widths", hidden), ("LayerNorm eps", eps)):
+        if len(values) > 1:
+            raise refuse(f"layers differ in {name} ({sorted(values)})")
+    reg_token = getattr(model, "reg_token", None)
+    return {
+        "embed_dim": layout.embed_dim,
+        "depth": layout.num_layers,
+        "head_dim": layout.head_dim,
+        "num_classes": model.head.out_features,
+        "global_pool": model.global_pool,
+        "num_prefix_tokens": int(model.num_prefix_tokens),
+        "class_token": getattr(model, "cls_token", None) is not None,
+        "reg_tokens": 0 if reg_token is None else int(reg_token.shape[1]),
+        "no_embed_class": bool(getattr(model, "no_embed_class", False)),
+        "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
+        "pos_embed": getattr(model, "pos_embed", None) is not None,
+        "img_size": list(pe.img_size),
+        "patch_size": list(conv.kernel_size),
+        "in_chans": conv.in_channels,
+        "mlp_act": acts.pop(),
+        "mlp_hidden": hidden.pop(),
+        "norm_eps": eps.pop() if eps else 1e-6,
+    }
+
+
+def _norm_eps(index: int, norm: nn.Module) -> set[float]:
+    if isinstance(norm, nn.Identity):
+        return set()
+    if not isinstance(norm, nn.LayerNorm):
+        raise UnsupportedModelError(
+            f"member {index}: a {type(norm).__name__} norm is not supported (LayerNorm only)"
+        )
+    return {float(norm.eps)}
+
+
+def _activation_name(index: int, act: nn.Module) -> str:
+    if isinstance(act, nn.GELU):
+        return "gelu" if act.approximate == "none" else "gelu_tanh"
+    known = (
+        (GELU, "gelu"),
+        (GELUTanh, "gelu_tanh"),
+        (QuickGELU, "quick_gelu"),
+        (nn.ReLU, "relu"),
+        (nn.SiLU, "silu"),
+    )
+    for kind, name in known:
+        if isinstance(act, kind):
+            return name
+    raise UnsupportedModelError(
+        f"member {index}: MLP activation {type(act).__name__} is not "
+        f"supported (supported: {', '.join(ACTIVATIONS)})"
+    )
+
+
+def _param(module: nn.Module, name: str) -> torch.Tensor | None:
+    """A parameter, detached, or None where the module has none."""
+    t = getattr(module, name, None)
+    return None if t is None else t.detach()
+
+
+def _vector(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """A layer's bias, detached; zeros (as long as ``weight``'s first axis) where it has none."""
+    return weight.new_zeros(weight.shape[:1]) if bias is None else bias.detach()
+
+
+def _stack(per_member: list[tuple[torch.Tensor | None, ...]]) -> tuple[torch.Tensor | None, ...]:
+    """Per-member tuples of tensors -> the same tuple with a leading member axis S on each tensor.
+
+    S = 1 (one copy) when every member has identical tensors, else S = M. Tensors are copied, so the
+    fused model never aliases a member's weights."""
+    first = per_member[0]
+
+    def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+        if a is None or b is None:
+            return a is b
+        return a.shape == b.shape and torch.equal(a, b)
+
+    if all(same(a, b) for other in per_member[1:] for a, b in zip(first, other, strict=True)):
+        contiguous = torch.contiguous_format
+        return tuple(
+            None if t is None else t.detach().clone(memory_format=contiguous)[None] for t in first
+        )
+    return tuple(
+        None if parts[0] is None else torch.stack([t.detach() for t in parts])
+        for parts in zip(*per_member, strict=True)
+    )
+
+
+def _layer_norm(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A LayerNorm's (weight, bias); None for an Identity."""
+    if isinstance(norm, nn.Identity):
+        return None
+    if norm.weight is None:
+        raise UnsupportedModelError("LayerNorms without learned weights are not supported")
+    return norm.weight.detach(), _vector(norm.bias, norm.weight)
+
+
+def _norm_tensors(name: str, norms: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    parts = [_layer_norm(n) for n in norms]
+    if all(p is None for p in parts):
+        return {}
+    if any(p is None for p in parts):
+        raise UnsupportedModelError(f"some members have a `{name}` LayerNorm and some do not")
+    weight, bias = _stack(parts)
+    return {f"{name}.weight": weight, f"{name}.bias": bias}
+
+
+def _stem_tensors(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """Patch embedding, prefix tokens, position embedding and the stem's norms, stacked. The stem is
+    shared only as a whole: if any part differs between members, every part is per member."""
+    names = ("patch_weight", "patch_bias", "cls_token", "reg_token", "pos_embed")
+    per_member = []
+    for m in models:
+        tokens = [_param(m, n) for n in ("cls_token", "reg_token", "pos_embed")]
+        tokens = [None if t is None else t[0] for t in tokens]  # drop the leading batch axis
+        conv = m.patch_embed.proj
+        per_member.append((_param(conv, "weight"), _param(conv, "bias"), *tokens))
+    stacked = zip(names, _stack(per_member), strict=True)
+    tensors = {f"stem.{n}": t for n, t in stacked if t is not None}
+    tensors.update(_norm_tensors("stem.patch_norm", [m.patch_embed.norm for m in models]))
+    tensors.update(_norm_tensors("stem.norm_pre", [m.norm_pre for m in models]))
+    if len({t.shape[0] for t in tensors.values()}) > 1:
+        tensors = {k: t.expand(len(models), *t.shape[1:]).clone() for k, t in tensors.items()}
+    return tensors
+
+
+def _block_tensors(
+    layer: int, blocks: Sequence[nn.Module], heads: Sequence[torch.Tensor], dk: int
+) -> dict[str, torch.Tensor]:
+    """One layer's fused weights from each member's block and kept heads."""
+    d = blocks[0].attn.proj.out_features
+    h_max = max(len(h) for h in heads)
+    qkv_bias = any(b.attn.qkv.bias is not None for b in blocks)
+    proj_bias = any(b.attn.proj.bias is not None for b in blocks)
+    attn, norm1, norm2, ls2 = [], [], [], []
+    for block, kept in zip(blocks, heads, strict=True):
+        a, n, h = block.attn, int(block.attn.num_heads), len(kept)
+        # Q/K/V rows of the kept heads, zero-padded to h_max heads
+        qkv_w = a.qkv.weight.new_zeros(3, h_max, dk, d)
+        qkv_w[:, :h] = a.qkv.weight.detach().view(3, n, dk, d)[:, kept]
+        qkv_b = a.qkv.weight.new_zeros(3, h_max, dk)
+        if a.qkv.bias is not None:
+            qkv_b[:, :h] = a.qkv.bias.detach().view(3, n, dk)[:, kept]
+        # W_O columns of the kept heads, padded; layer scale folded in: g(W z + b) = (gW) z + gb
+        proj_w = a.proj.weight.new_zeros(d, h_max, dk)
+        proj_w[:, :h] = a.proj.weight.detach().view(d, n, dk)[:, kept]
+        proj_b = _vector(a.proj.bias, a.proj.weight)
+        if isinstance(block.ls1, LayerScale):
+            proj_w = proj_w * block.ls1.gamma.detach()[:, None, None]
+            proj_b = proj_b * block.ls1.gamma.detach()
+        attn.append(
+            (
+                qkv_w.reshape(3 * h_max * dk, d).t() if h_max else None,  # (d, 3*h_max*d_k)
+                qkv_b.reshape(1, -1) if qkv_bias and h_max else None,  # (1, 3*h_max*d_k)
+                proj_w.reshape(d, h_max * dk).t(),  # (h_max*d_k, d)
+                proj_b[None] if proj_bias else None,  # (1, d)
+            )
+        )
+        norm1.append(_layer_norm(block.norm1))
+        norm2.append(_layer_norm(block.norm2))
+        ls2.append((block.ls2.gamma.detach() if isinstance(block.ls2, LayerScale) else None,))
+    if len({g is None for (g,) in ls2}) > 1:
+        raise UnsupportedModelError(
+            f"block {layer}: some members scale their MLP output (layer scale) and some do not"
+        )
+    tensors = dict(
+        zip(("qkv.weight", "qkv.bias", "proj.weight", "proj.bias"), _stack(attn), strict=True)
+    )
+    tensors["norm1.weight"], tensors["norm1.bias"] = _stack(norm1)
+    tensors["norm2.weight"], tensors["norm2.bias"] = _stack(norm2)
+    (tensors["ls2"],) = _stack(ls2)
+    tensors.update(_merged_mlp(blocks))
+    return {f"blocks.{layer}.{k}": v for k, v in tensors.items() if v is not None}
+
+
+def _merged_mlp(blocks: Sequence[nn.Module]) -> dict[str, torch.Tensor | None]:
+    """The paper's merged MLP: weights and biases averaged over members (member 0's if equal)."""
+    names = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+    per_member = [tuple(_param(getattr(b.mlp, n[:3]), n[4:]) for n in names) for b in blocks]
+    if len({tuple(p is None for p in parts) for parts in per_member}) > 1:
+        raise UnsupportedModelError("members disagree on whether their MLP layers have biases")
+    # a single (shared) copy averages to itself exactly
+    merged = (None if t is None else t.mean(dim=0) for t in _stack(per_member))
+    return {f"mlp.{n}": t for n, t in zip(names, merged, strict=True)}
+
+
+# -------------------------------------------------------------------------------------------------
+# One constructor for both routes: fused from members, or read back from a file.
+
+
+def _assemble(config: dict, tensors: dict[str, torch.Tensor]) -> HydraViT:
+    """Build a :class:`HydraViT` from its description and its named tensors (a state dict)."""
+    unused = set(tensors)
+
+    def take(name: str, required: bool = True) -> torch.Tensor | None:
+        if name not in tensors:
+            if required:
+                raise ValueError(f"the Hydra model lacks the tensor {name!r}")
+            return None
+        unused.discard(name)
+        return tensors[name]
+
+    def norm(prefix: str, required: bool = False) -> StackedLayerNorm | None:
+        weight = take(f"{prefix}.weight", required)
+        if weight is None:
+            return None
+        return StackedLayerNorm(weight, take(f"{prefix}.bias"), config["norm_eps"])
+
+    stem = Stem(
+        patch_weight=take("stem.patch_weight"),
+        patch_bias=take("stem.patch_bias", False),
+        patch_norm=norm("stem.patch_norm"),
+        cls_token=take("stem.cls_token", config["class_token"]),
+        reg_token=take("stem.reg_token", config["reg_tokens"] > 0),
+        pos_embed=take("stem.pos_embed", config["pos_embed"]),
+        no_embed_class=config["no_embed_class"],
+        norm_pre=norm("stem.norm_pre"),
+    )
+    blocks = []
+    for layer in range(config["depth"]):
+        p = f"blocks.{layer}."
+        qkv_weight, qkv_bias = take(p + "qkv.weight", False), take(p + "qkv.bias", False)
+        blocks.append(
+            FusedBlock(
+                head_dim=config["head_dim"],
+                norm1=norm(p + "norm1", True),
+                qkv=None if qkv_weight is None else GroupedLinear(qkv_weight, qkv_bias),
+                proj=GroupedLinear(take(p + "proj.weight"), take(p + "proj.bias", False)),
+                norm2=norm(p + "norm2", True),
+                mlp=MergedMlp(
+                    take(p + "mlp.fc1_weight"),
+                    take(p + "mlp.fc1_bias", False),
+                    take(p + "mlp.fc2_weight"),
+                    take(p + "mlp.fc2_bias", False),
+                    config["mlp_act"],
+                ),
+                ls2=take(p + "ls2", False),
+            )
+        )
+    head = GroupedLinear(take("head.weight"), take("head.bias"))
+    hydra = HydraViT(config, stem, blocks, norm("norm"), norm("fc_norm"), head)
+    if unused:
+        names = ", ".join(sorted(unused))
+        raise ValueError(f"the Hydra model has tensors it does not use: {names}")
+    _check_consistent(hydra)
+    return hydra
+
+
+def _check_consistent(hydra: HydraViT) -> None:
+    """Shapes agree with the description (catches a file whose header and tensors disagree)."""
+    cfg = hydra.config
+    m, d, dk, depth = cfg["num_members"], cfg["embed_dim"], cfg["head_dim"], cfg["depth"]
+    if len(hydra.kept_heads) != m or any(len(member) != depth for member in hydra.kept_heads):
+        raise ValueError(f"kept_heads must list {depth} layers for each of the {m} members")
+    for name, module in hydra.named_modules():
+        stacked = isinstance(module, (StackedLayerNorm, GroupedLinear, Stem))
+        if stacked and module.groups not in (1, m):
+            raise ValueError(f"{name} holds {module.groups} member groups; expected 1 or {m}")
+    for layer, block in enumerate(hydra.blocks):
+        needed = max(len(member[layer]) for member in hydra.kept_heads)
+        if block.max_heads != needed or block.proj.weight.shape[1:] != (needed * dk, d):
+            raise ValueError(
+                f"block {layer}: the weights hold {block.max_heads} heads, but the "
+                f"members keep up to {needed}"
+            )
+        if block.ls2 is not None and block.ls2.shape[0] not in (1, m):
+            raise ValueError(f"block {layer}: ls2 holds {block.ls2.shape[0]} member groups")
+    if hydra.head.weight.shape[1:] != (d, cfg["num_classes"]):
+        raise ValueError(
+            f"the head has shape {tuple(hydra.head.weight.shape)}; expected "
+            f"(S, {d}, {cfg['num_classes']})"
+        )
+
+
+# -------------------------------------------------------------------------------------------------
+# Export.
+
+
+def save_hydra(hydra: HydraViT, path: str | Path) -> None:
+    """Write ``hydra`` as safetensors; the header's ``hydra`` entry (JSON) describes the model."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in hydra.state_dict().items()}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(state, str(tmp), metadata={"hydra": json.dumps(hydra.config)})
+    tmp.replace(path)
+
+
+def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT:
+    """Rebuild a :class:`HydraViT` (eval mode) from a file written by :func:`save_hydra`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iter)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error})") from None
+    if "hydra" not in meta:
+        raise ValueError(
+            f"{path} is a safetensors file but not a Hydra model (its header has no "
+            "'hydra' entry); such files are written by save_hydra"
+        )
+    try:
+        config = json.loads(meta["hydra"])
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: the 'hydra' header is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: the 'hydra' header is not a JSON object")
+    if (config.get("format"), config.get("version")) != (FORMAT, FORMAT_VERSION):
+        raise ValueError(
+            f"{path}: the header says format {config.get('format')!r} version "
+            f"{config.get('version')!r}; this code reads {FORMAT!r} version "
+            f"{FORMAT_VERSION}"
+        )
+    try:
+        return _assemble(config, tensors).eval()
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: the 'hydra' header is malformed ({error!r})") from None
