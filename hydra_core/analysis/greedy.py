@@ -1,0 +1,686 @@
+"""Greedy "Headmap" circuit extraction (paper Algorithm 1, Appendix D.1.2), single-head importance.
+
+At every step each remaining head is ablated on its own, the objective S is evaluated, and the head
+whose removal leaves the highest S is removed for good. Objectives, all computed in float64 from the
+logits so that equal counts tie exactly:
+
+- ``"acc"``: S_acc, top-1 accuracy on the ID samples;
+- ``"ood"``: S_ood, AUROC of the maximum softmax probability (MSP), OOD positive:
+  P(msp_ood < msp_id) + 0.5 P(msp_ood == msp_id);
+- ``"avg"``: S_avg = (S_acc + S_ood) / 2.
+
+Ties go to the lowest (layer, head). Two implementations give the same choices:
+``method="plain"`` runs the whole model under :func:`ablate` per candidate (the reference);
+``method="fast"`` recomputes only the layers after the candidate's, shares its layer's attention
+among the candidates of that layer and stacks candidates and samples in batched passes
+(:mod:`hydra_core.analysis._suffix`).
+
+With a :class:`DiskCache` the search is saved after every step under a key of the model weights,
+the inputs, the objective and the method (not the budget): an interrupted search continues where
+it stopped, a larger budget continues a shorter finished one, a smaller budget returns a prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
+from hydra_core.cache import DiskCache, cache_key, model_fingerprint
+from hydra_core.models.adapter import HeadLayout, ablate, head_label, head_layout
+
+#: Changes whenever the numbers a search produces change; part of every cache key.
+GREEDY_VERSION = "greedy-1"
+OBJECTIVES = ("acc", "ood", "avg")
+METHODS = ("fast", "plain")
+#: Cache kinds (folders of the :class:`DiskCache`).
+GREEDY_CACHE_KIND = "greedy"
+IMPORTANCE_CACHE_KIND = "head-importance"
+
+Head = tuple[int, int]
+
+
+# --- scores --------------------------------------------------------------------------------------
+
+
+def batched_auroc(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> torch.Tensor:
+    """AUROC with OOD as the positive class and higher score = more in-distribution, per row.
+
+    Args:
+        id_scores: (..., n_id) scores of the ID samples (e.g. MSP).
+        ood_scores: (..., n_ood) scores of the OOD samples; leading dimensions as ``id_scores``.
+
+    Returns:
+        (...,) float64: P(ood < id) + 0.5 P(ood == id) over all ID/OOD pairs, the same number as
+        ``sklearn.metrics.roc_auc_score(is_ood, -score)``. Counted exactly in integers, so equal
+        orderings give bit-identical values.
+    """
+    if id_scores.shape[:-1] != ood_scores.shape[:-1]:
+        raise ValueError(
+            f"id_scores {tuple(id_scores.shape)} and ood_scores {tuple(ood_scores.shape)} "
+            "differ in their leading (batch) dimensions"
+        )
+    n_id, n_ood = id_scores.shape[-1], ood_scores.shape[-1]
+    if n_id == 0 or n_ood == 0:
+        raise ValueError(f"AUROC needs ID and OOD scores, got {n_id} ID and {n_ood} OOD")
+    if torch.isnan(id_scores).any() or torch.isnan(ood_scores).any():
+        raise ValueError("AUROC scores contain NaN")
+    id_scores, ood_scores = id_scores.double(), ood_scores.double()
+    ood_sorted = ood_scores.sort(dim=-1).values.contiguous()
+    queries = id_scores.contiguous()
+    below = torch.searchsorted(ood_sorted, queries, right=False)  # OOD scores < each ID score
+    at_or_below = torch.searchsorted(ood_sorted, queries, right=True)  # OOD scores <= it
+    return (below + at_or_below).sum(dim=-1).double() / (2 * n_id * n_ood)
+
+
+class _Scorer:
+    """Logits of candidates -> their (accuracy, AUROC) in float64."""
+
+    def __init__(self, labels: torch.Tensor, n_id: int) -> None:
+        self.labels = labels.cpu().long()  # (n_id,)
+        self.n_id = n_id
+        self.top_label = int(labels.max())
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(C, S, K) logits, ID samples first -> (accuracy (C,), auroc (C,)), float64 on the CPU."""
+        logits = logits.cpu().double()  # on the CPU: not every accelerator has float64
+        if torch.isnan(logits).any():
+            raise FloatingPointError(
+                "the model produced NaN logits; the head search cannot rank heads"
+            )
+        num_classes = logits.shape[-1]
+        if self.top_label >= num_classes:
+            raise ValueError(
+                f"id_y holds class {self.top_label} but the model has {num_classes} classes"
+            )
+        correct = (logits[:, : self.n_id].argmax(-1) == self.labels).sum(-1)  # (C,)
+        msp = logits.softmax(-1).amax(-1)  # (C, S)
+        auroc = batched_auroc(msp[:, : self.n_id], msp[:, self.n_id :])
+        return correct.double() / self.n_id, auroc
+
+
+def _objective(objective: str, accuracy: torch.Tensor, auroc: torch.Tensor) -> torch.Tensor:
+    if objective == "acc":
+        return accuracy
+    if objective == "ood":
+        return auroc
+    return (accuracy + auroc) / 2
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclass
+class GreedyResult:
+    """A greedy search: the heads in the order they were removed and the scores along the way.
+
+    ``scores[t]``, ``accuracy[t]`` and ``auroc[t]`` belong to the model with ``order[: t + 1]``
+    ablated; ``candidate_scores[t]`` is the (L, H) float64 map of the objective for every head that
+    step ``t`` tried (NaN for heads already removed or absent). ``seconds`` is the compute time
+    of the dense evaluation and of the steps listed.
+    """
+
+    objective: str
+    budget: int
+    order: list[Head]
+    scores: list[float]
+    accuracy: list[float]
+    auroc: list[float]
+    base_accuracy: float
+    base_auroc: float
+    base_score: float
+    candidate_scores: list[torch.Tensor]
+    complete: bool
+    seconds: float
+    num_heads: tuple[int, ...]
+    method: str = "fast"
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(layers, max heads): the shape of the maps and masks."""
+        return (len(self.num_heads), max(self.num_heads, default=0))
+
+    @property
+    def steps(self) -> int:
+        return len(self.order)
+
+    def removal_step_map(self) -> torch.Tensor:
+        """(L, H) int64: the step at which each head was removed (0-based), -1 if never."""
+        steps = torch.full(self.shape, -1, dtype=torch.long)
+        for t, (layer, head) in enumerate(self.order):
+            steps[layer, head] = t
+        return steps
+
+    def keep_mask(self, n_removed: int | None = None) -> torch.Tensor:
+        """(L, H) bool, True = kept, after removing the first ``n_removed`` heads (default: all
+        listed)."""
+        n = self.steps if n_removed is None else n_removed
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.steps:
+            raise ValueError(
+                f"n_removed must be an int between 0 and {self.steps} (the steps done), got {n!r}"
+            )
+        keep = torch.zeros(self.shape, dtype=torch.bool)
+        for layer, count in enumerate(self.num_heads):
+            keep[layer, :count] = True
+        for layer, head in self.order[:n]:
+            keep[layer, head] = False
+        return keep
+
+    def ranking(self) -> list[Head]:
+        """Every head, least useful first: the removal order, then the heads never removed by their
+        last candidate score, highest first (ties: lowest (layer, head) first)."""
+        removed = set(self.order)
+        rest = [
+            (layer, head)
+            for layer, count in enumerate(self.num_heads)
+            for head in range(count)
+            if (layer, head) not in removed
+        ]
+        if self.candidate_scores:
+            last = self.candidate_scores[-1]
+            rest.sort(key=lambda lh: -float(last[lh]))
+        return list(self.order) + rest
+
+    def labels(self) -> list[str]:
+        """The removal order as head labels (``L3H7``)."""
+        return [head_label(layer, head) for layer, head in self.order]
+
+    def prefix(self, n: int) -> GreedyResult:
+        """The first ``n`` steps, as the result of a search with budget ``n``."""
+        if not 0 <= n <= self.steps:
+            raise ValueError(f"n must be between 0 and {self.steps}, got {n}")
+        return replace(
+            self,
+            budget=n,
+            order=self.order[:n],
+            scores=self.scores[:n],
+            accuracy=self.accuracy[:n],
+            auroc=self.auroc[:n],
+            candidate_scores=self.candidate_scores[:n],
+            complete=True,
+            step_seconds=self.step_seconds[:n],
+            seconds=self.seconds - sum(self.step_seconds[n:]),
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-safe: lists and numbers only, NaN as None."""
+        return {
+            "format": "hydra-greedy",
+            "version": 1,
+            "objective": self.objective,
+            "method": self.method,
+            "budget": self.budget,
+            "num_heads": list(self.num_heads),
+            "order": [[layer, head] for layer, head in self.order],
+            "scores": list(self.scores),
+            "accuracy": list(self.accuracy),
+            "auroc": list(self.auroc),
+            "base_accuracy": self.base_accuracy,
+            "base_auroc": self.base_auroc,
+            "base_score": self.base_score,
+            "candidate_scores": [
+                [[None if math.isnan(v) else v for v in row] for row in c.tolist()]
+                for c in self.candidate_scores
+            ],
+            "complete": self.complete,
+            "seconds": self.seconds,
+            "step_seconds": list(self.step_seconds),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GreedyResult:
+        """Inverse of :meth:`to_dict`; raises ValueError on anything inconsistent."""
+        if not isinstance(data, dict) or data.get("format") != "hydra-greedy":
+            raise ValueError("not a greedy search result (expected format 'hydra-greedy')")
+        try:
+            num_heads = tuple(int(n) for n in data["num_heads"])
+            shape = (len(num_heads), max(num_heads, default=0))
+            order = [(int(layer), int(head)) for layer, head in data["order"]]
+            candidates = [
+                torch.tensor(
+                    [[math.nan if v is None else float(v) for v in row] for row in c],
+                    dtype=torch.float64,
+                ).reshape(shape)
+                for c in data["candidate_scores"]
+            ]
+            result = cls(
+                objective=str(data["objective"]),
+                budget=int(data["budget"]),
+                order=order,
+                scores=[float(v) for v in data["scores"]],
+                accuracy=[float(v) for v in data["accuracy"]],
+                auroc=[float(v) for v in data["auroc"]],
+                base_accuracy=float(data["base_accuracy"]),
+                base_auroc=float(data["base_auroc"]),
+                base_score=float(data["base_score"]),
+                candidate_scores=candidates,
+                complete=bool(data["complete"]),
+                seconds=float(data["seconds"]),
+                num_heads=num_heads,
+                method=str(data.get("method", "fast")),
+                step_seconds=[float(v) for v in data.get("step_seconds", [])],
+            )
+        except (KeyError, TypeError, RuntimeError) as error:
+            raise ValueError(f"malformed greedy search result: {error}") from None
+        n = len(order)
+        lengths = {len(result.scores), len(result.accuracy), len(result.auroc), len(candidates)}
+        if lengths != {n} or result.objective not in OBJECTIVES or len(set(order)) != n:
+            raise ValueError("malformed greedy search result: inconsistent step lists or objective")
+        if any(
+            not (0 <= layer < shape[0] and 0 <= head < num_heads[layer]) for layer, head in order
+        ):
+            raise ValueError("malformed greedy search result: a removed head is outside the model")
+        return result
+
+
+@dataclass
+class GreedyStep:
+    """What ``progress`` receives after each step of a search."""
+
+    step: int  # 0-based index of the step just finished
+    head: Head  # the head it removed
+    score: float
+    accuracy: float
+    auroc: float
+    candidate_scores: torch.Tensor  # (L, H) float64, NaN where not a candidate
+    seconds: float  # this step's compute time
+    elapsed: float  # seconds since the call started
+    result: GreedyResult  # the partial result, this step included
+
+
+# --- evaluators ----------------------------------------------------------------------------------
+
+
+class _PlainEvaluator:
+    """The reference: a full forward of the model under :func:`ablate` for every candidate."""
+
+    def __init__(
+        self, model: nn.Module, inputs: torch.Tensor, layout: HeadLayout, batch_size: int
+    ) -> None:
+        self.model, self.inputs, self.batch_size = model, inputs, batch_size
+        self.keep = layout.all_kept()
+        self.logits = self._forward(self.keep)
+
+    def _forward(self, keep: torch.Tensor) -> torch.Tensor:
+        with ablate(self.model, keep):
+            return torch.cat(
+                [
+                    self.model(self.inputs[i : i + self.batch_size])
+                    for i in range(0, len(self.inputs), self.batch_size)
+                ]
+            )
+
+    def set_removed(self, heads: list[Head]) -> None:
+        for layer, head in heads:
+            self.keep[layer, head] = False
+        if heads:
+            self.logits = self._forward(self.keep)
+
+    def remove(self, layer: int, head: int) -> torch.Tensor:
+        self.keep[layer, head] = False
+        self.logits = self._forward(self.keep)
+        return self.logits
+
+    def candidate_logits(
+        self, should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[list[Head], torch.Tensor]]:
+        for layer, head in self.keep.nonzero().tolist():
+            if should_stop is not None and should_stop():
+                raise Stopped
+            keep = self.keep.clone()
+            keep[layer, head] = False
+            yield [(layer, head)], self._forward(keep)[None]
+
+
+def _evaluator(
+    method: str, model: nn.Module, inputs: torch.Tensor, layout: HeadLayout, batch_size: int
+):
+    if method == "plain":
+        return _PlainEvaluator(model, inputs, layout, batch_size)
+    return _fast_evaluator(model, inputs, batch_size)
+
+
+def _fast_evaluator(model: nn.Module, inputs: torch.Tensor, batch_size: int) -> SuffixEvaluator:
+    """On the CPU the passes are sized for its caches and threads; elsewhere by ``batch_size``."""
+    return SuffixEvaluator(
+        model, inputs, pairs_per_pass=None if inputs.device.type == "cpu" else batch_size
+    )
+
+
+def _candidate_maps(
+    evaluator, scorer: _Scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accuracy, auroc), each (L, H) float64 with NaN where a head is not a candidate."""
+    accuracy = torch.full(shape, math.nan, dtype=torch.float64)
+    auroc = torch.full(shape, math.nan, dtype=torch.float64)
+    for heads, logits in evaluator.candidate_logits(should_stop):
+        acc, roc = scorer(logits)
+        for i, (layer, head) in enumerate(heads):
+            accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
+    return accuracy, auroc
+
+
+def _best(scores: torch.Tensor) -> Head:
+    """The candidate with the highest score; ties go to the lowest (layer, head)."""
+    best, best_score = None, -math.inf
+    for layer, head in (~torch.isnan(scores)).nonzero().tolist():  # lexicographic order
+        value = float(scores[layer, head])
+        if best is None or value > best_score:
+            best, best_score = (layer, head), value
+    return best
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def _check_inputs(model: nn.Module, id_x, id_y, ood_x, batch_size: int) -> HeadLayout:
+    layout = head_layout(model)
+    if model.training:
+        raise ValueError(
+            "the model is in training mode (dropout would make scores random); "
+            "call model.eval() first"
+        )
+    for name, x in (("id_x", id_x), ("ood_x", ood_x)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(
+                f"{name} must be a float tensor of preprocessed model inputs, got "
+                f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}"
+            )
+        if x.ndim < 2 or len(x) < 2:
+            raise ValueError(
+                f"{name} must hold at least 2 samples (shape (N, ...)), got shape {tuple(x.shape)}"
+            )
+    if id_x.shape[1:] != ood_x.shape[1:]:
+        raise ValueError(
+            f"id_x samples have shape {tuple(id_x.shape[1:])} but ood_x samples "
+            f"{tuple(ood_x.shape[1:])}; both must be preprocessed for the model"
+        )
+    if (
+        not isinstance(id_y, torch.Tensor)
+        or id_y.is_floating_point()
+        or id_y.is_complex()
+        or id_y.dtype == torch.bool
+    ):
+        raise TypeError("id_y must be an integer tensor (int64) of class labels")
+    if id_y.ndim != 1 or len(id_y) != len(id_x):
+        raise ValueError(
+            f"id_y must be 1-D with one label per id_x sample: id_x has {len(id_x)} samples, "
+            f"id_y has shape {tuple(id_y.shape)}"
+        )
+    if int(id_y.min()) < 0:
+        raise ValueError(f"id_y holds a negative class label ({int(id_y.min())})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return layout
+
+
+def _device_and_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    param = next(model.parameters())
+    return param.device, param.dtype
+
+
+def greedy_cache_key(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_x: torch.Tensor,
+    objective: str,
+    method: str = "fast",
+) -> str:
+    """The cache key of a search (kind :data:`GREEDY_CACHE_KIND`): everything but the budget."""
+    return cache_key(
+        GREEDY_VERSION,
+        model_fingerprint(model),
+        id_x,
+        id_y.long(),
+        ood_x,
+        objective=objective,
+        method=method,
+    )
+
+
+def _load_stored(
+    cache: DiskCache, key: str, objective: str, method: str, num_heads: tuple[int, ...]
+) -> GreedyResult | None:
+    data = cache.load(GREEDY_CACHE_KIND, key)
+    if data is None:
+        return None
+    try:
+        stored = GreedyResult.from_dict(data)
+    except ValueError:
+        cache.delete(GREEDY_CACHE_KIND, key)
+        return None
+    if (stored.objective, stored.method, stored.num_heads) != (objective, method, num_heads):
+        cache.delete(GREEDY_CACHE_KIND, key)
+        return None
+    return stored
+
+
+# --- public entry points -------------------------------------------------------------------------
+
+
+def greedy_circuit(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_x: torch.Tensor,
+    *,
+    objective: str = "avg",
+    budget: int,
+    batch_size: int = 256,
+    method: str = "fast",
+    cache: DiskCache | None = None,
+    resume: bool = True,
+    progress: Callable[[GreedyStep], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> GreedyResult:
+    """Greedy circuit extraction: remove ``budget`` heads one at a time, least useful first.
+
+    Args:
+        model: a timm VisionTransformer in eval mode; never modified (no hook survives, weights
+            stay bit-identical). Computation runs on the device it is on.
+        id_x, ood_x: preprocessed ID and OOD inputs (N, C, H, W), float; at least 2 of each.
+        id_y: int64 labels of ``id_x``.
+        objective: ``"acc"`` (ID accuracy), ``"ood"`` (MSP AUROC, OOD positive) or ``"avg"``.
+        budget: how many heads to remove, 1..(total heads).
+        batch_size: samples per forward (``"plain"``); (candidate, sample) pairs per batched
+            pass of ``"fast"`` on an accelerator (on the CPU it sizes its passes itself, see
+            :func:`hydra_core.analysis._suffix.cpu_rows_per_pass`). Results do not depend on it
+            beyond float rounding.
+        method: ``"fast"`` (suffix recomputation, batched candidates) or ``"plain"`` (reference).
+        cache: save progress after every step and reuse earlier runs with the same model, inputs,
+            objective and method (any budget).
+        resume: when False, ignore a stored run and start again (the new run replaces it).
+        progress: called after every step with a :class:`GreedyStep`.
+        should_stop: polled between steps and between batched passes; when it returns True the
+            partial result (``complete=False``) is returned, its finished steps saved.
+
+    Returns:
+        A :class:`GreedyResult` with ``budget`` steps, or fewer when stopped.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
+    total = layout.total_heads
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= total:
+        raise ValueError(
+            f"budget must be an int between 1 and {total} (the model's heads), got {budget!r}"
+        )
+
+    save = None
+    stored = None
+    if cache is not None:
+        key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
+        save = lambda result: cache.save(GREEDY_CACHE_KIND, key, result.to_dict())
+        if resume:
+            stored = _load_stored(cache, key, objective, method, layout.num_heads)
+    if stored is not None and stored.steps >= budget:
+        return stored.prefix(budget)
+    with torch.inference_mode():
+        return _search(
+            model,
+            (id_x, id_y, ood_x),
+            layout,
+            objective=objective,
+            budget=budget,
+            method=method,
+            batch_size=batch_size,
+            stored=stored,
+            save=save,
+            progress=progress,
+            should_stop=should_stop,
+        )
+
+
+def _search(
+    model: nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    layout: HeadLayout,
+    *,
+    objective: str,
+    budget: int,
+    method: str,
+    batch_size: int,
+    stored: GreedyResult | None,
+    save: Callable[[GreedyResult], object] | None,
+    progress: Callable[[GreedyStep], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> GreedyResult:
+    """The greedy loop, from ``stored`` (a prefix already computed) or from the dense model."""
+    id_x, id_y, ood_x = data
+    start = time.perf_counter()
+    device, dtype = _device_and_dtype(model)
+    inputs = torch.cat([id_x, ood_x]).to(device=device, dtype=dtype)
+    scorer = _Scorer(id_y, len(id_x))
+    evaluator = _evaluator(method, model, inputs, layout, batch_size)
+    if stored is None:
+        accuracy, auroc = scorer(evaluator.logits[None])
+        base_acc, base_roc = float(accuracy[0]), float(auroc[0])
+        result = GreedyResult(
+            objective=objective,
+            budget=budget,
+            order=[],
+            scores=[],
+            accuracy=[],
+            auroc=[],
+            base_accuracy=base_acc,
+            base_auroc=base_roc,
+            base_score=float(_objective(objective, accuracy, auroc)[0]),
+            candidate_scores=[],
+            complete=False,
+            seconds=time.perf_counter() - start,
+            num_heads=layout.num_heads,
+            method=method,
+        )
+        if save is not None:  # a search stopped before its first step still resumes, budget known
+            save(result)
+    else:
+        result = replace(stored, budget=budget, complete=False)
+        evaluator.set_removed(list(result.order))
+
+    while result.steps < budget:
+        if should_stop is not None and should_stop():
+            break
+        step_start = time.perf_counter()
+        try:
+            acc_map, roc_map = _candidate_maps(evaluator, scorer, layout.shape, should_stop)
+        except Stopped:
+            break
+        candidates = _objective(objective, acc_map, roc_map)
+        layer, head = _best(candidates)
+        accuracy, auroc = scorer(evaluator.remove(layer, head)[None])
+        seconds = time.perf_counter() - step_start
+        with torch.inference_mode(False):  # results stay ordinary tensors outside this call
+            candidates = candidates.clone()
+        result.order.append((layer, head))
+        result.scores.append(float(_objective(objective, accuracy, auroc)[0]))
+        result.accuracy.append(float(accuracy[0]))
+        result.auroc.append(float(auroc[0]))
+        result.candidate_scores.append(candidates)
+        result.step_seconds.append(seconds)
+        result.seconds += seconds
+        result.complete = result.steps == budget
+        if save is not None:
+            save(result)
+        if progress is None:
+            continue
+        with torch.inference_mode(False):  # the callback runs as if called from outside
+            progress(
+                GreedyStep(
+                    step=result.steps - 1,
+                    head=(layer, head),
+                    score=result.scores[-1],
+                    accuracy=result.accuracy[-1],
+                    auroc=result.auroc[-1],
+                    candidate_scores=candidates,
+                    seconds=seconds,
+                    elapsed=time.perf_counter() - start,
+                    result=replace(
+                        result,
+                        order=list(result.order),
+                        scores=list(result.scores),
+                        accuracy=list(result.accuracy),
+                        auroc=list(result.auroc),
+                        candidate_scores=list(result.candidate_scores),
+                        step_seconds=list(result.step_seconds),
+                    ),
+                )
+            )
+    return result
+
+
+def single_head_importance(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_x: torch.Tensor,
+    *,
+    batch_size: int = 256,
+    cache: DiskCache | None = None,
+) -> dict[str, torch.Tensor | float]:
+    """The effect of ablating each head alone: one greedy step's worth of evaluations (fast path).
+
+    Returns:
+        ``delta_accuracy``, ``delta_auroc``, ``delta_avg``: (L, H) float64 maps of the score with
+        that head alone ablated minus the dense model's (NaN for heads a pruned model lacks);
+        ``base_accuracy``, ``base_auroc``: the dense model's scores.
+    """
+    layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
+    key = None
+    if cache is not None:
+        key = cache_key(
+            GREEDY_VERSION, "single-head", model_fingerprint(model), id_x, id_y.long(), ood_x
+        )
+        stored = cache.load(IMPORTANCE_CACHE_KIND, key)
+        if (
+            isinstance(stored, dict)
+            and {"delta_accuracy", "delta_auroc", "delta_avg"} <= stored.keys()
+        ):
+            return stored
+    with torch.inference_mode():
+        device, dtype = _device_and_dtype(model)
+        inputs = torch.cat([id_x, ood_x]).to(device=device, dtype=dtype)
+        scorer = _Scorer(id_y, len(id_x))
+        evaluator = _fast_evaluator(model, inputs, batch_size)
+        base_acc, base_roc = (float(v[0]) for v in scorer(evaluator.logits[None]))
+        acc_map, roc_map = _candidate_maps(evaluator, scorer, layout.shape, None)
+    with torch.inference_mode(False):
+        acc_map, roc_map = acc_map.clone(), roc_map.clone()
+    result = {
+        "delta_accuracy": acc_map - base_acc,
+        "delta_auroc": roc_map - base_roc,
+        "delta_avg": (acc_map + roc_map) / 2 - (base_acc + base_roc) / 2,
+        "base_accuracy": base_acc,
+        "base_auroc": base_roc,
+    }
+    if cache is not None:
+        cache.save(IMPORTANCE_CACHE_KIND, key, result)
+    return result
