@@ -1,0 +1,62 @@
+"""Hydra Lab's engine: find the attention heads that carry a transformer's uncertainty, and fuse
+head-pruned members into one Hydra ensemble. No Streamlit here; the app is a thin layer on top.
+
+The names below are the public API (``hydra_core.greedy_circuit`` and so on). They are imported on
+first use, so that ``import hydra_core.cli`` (and ``python -m hydra_core --help``) does not pay for
+torch, timm and scikit-learn before it needs them."""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "hydra_core.analysis.greedy": ("GreedyResult", "greedy_circuit", "single_head_importance"),
+    "hydra_core.analysis.inputs": ("SearchInputs", "search_inputs"),
+    "hydra_core.analysis.representations": (
+        "centroid_distances",
+        "distance_table_dense_vs_circuit",
+        "head_cls_features",
+    ),
+    "hydra_core.analysis.taylor": ("taylor_prune", "taylor_scores"),
+    "hydra_core.analysis.cahp": ("cahp_select",),
+    "hydra_core.cache": ("DiskCache",),
+    "hydra_core.data.benchmark": ("Benchmark", "default_benchmark"),
+    "hydra_core.evaluate": ("evaluate_model",),
+    "hydra_core.analysis.compare": ("spearman", "spearman_matrix"),
+    "hydra_core.hydra.members": ("build_member_masks", "member_overlap"),
+    "hydra_core.hydra.finetune": ("FinetuneConfig", "finetune_members"),
+    "hydra_core.hydra.systems": ("evaluate_systems",),
+    "hydra_core.hydra.cost": ("cost_table", "measure_latency"),
+    "hydra_core.report": ("run_report",),
+    "hydra_core.hydra.fused": (
+        "HydraViT",
+        "ensemble_probs",
+        "fuse_members",
+        "load_hydra",
+        "save_hydra",
+    ),
+    "hydra_core.masks": (
+        "MemberMask",
+        "load_masks",
+        "mask_from_ranking",
+        "save_masks",
+        "seed_sampled_masks",
+    ),
+    "hydra_core.models.adapter": ("ablate", "head_label", "head_layout", "prune_heads"),
+    "hydra_core.models.default": ("load_default_model",),
+    "hydra_core.models.registry": ("LoadedModel", "load_model"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'hydra_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

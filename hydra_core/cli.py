@@ -6,7 +6,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+COMMANDS: dict[
+    str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+] = {}
 
 
 def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
@@ -26,9 +28,24 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="epochs (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="default: %(default)s")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--out", default=str(DEFAULT_CHECKPOINT), help="where to write the safetensors checkpoint")
+    p.add_argument(
+        "--lr", type=float, default=d.lr, help="AdamW peak learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--warmup-epochs", type=float, default=d.warmup_epochs, help="default: %(default)s"
+    )
+    p.add_argument(
+        "--pad-crop",
+        type=int,
+        default=d.pad_crop,
+        help="random-crop augmentation padding in pixels, 0 = off (default: %(default)s)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    p.add_argument(
+        "--out", default=str(DEFAULT_CHECKPOINT), help="where to write the safetensors checkpoint"
+    )
 
 
 @command("train", _train_arguments)
@@ -41,7 +58,14 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainConfig(seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr)
+    cfg = TrainConfig(
+        seed=args.seed,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_epochs=args.warmup_epochs,
+        pad_crop=args.pad_crop,
+    )
     bar = tqdm(total=None, unit="step", disable=not sys.stderr.isatty())
 
     def progress(done: int, total: int) -> None:
@@ -59,24 +83,41 @@ def _train(args: argparse.Namespace) -> int:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--model/--arch/--device: which model to load and where to run it."""
-    p.add_argument("--model", default="default",
-                   help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
-                        "(default: %(default)s)")
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
+        "(default: %(default)s)",
+    )
     p.add_argument("--arch", default=None, help="timm architecture of a foreign checkpoint file")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
 
 
-def add_data_arguments(p: argparse.ArgumentParser, *, n_search: int | None = 512,
-                       n_report: int | None = None) -> None:
+def add_data_arguments(
+    p: argparse.ArgumentParser, *, n_search: int | None = 512, n_report: int | None = None
+) -> None:
     """--n-search/--n-report/--ood: which images the command uses."""
-    p.add_argument("--n-search", type=int, default=n_search,
-                   help="images per set in the search split (default: %(default)s)")
-    p.add_argument("--n-report", type=int, default=n_report,
-                   help="images per set in the report split (default: all)")
-    p.add_argument("--ood", nargs="+", default=None, metavar="NAME",
-                   help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
-                        "textures, noise)")
+    p.add_argument(
+        "--n-search",
+        type=int,
+        default=n_search,
+        help="images per set in the search split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--n-report",
+        type=int,
+        default=n_report,
+        help="images per set in the report split (default: all)",
+    )
+    p.add_argument(
+        "--ood",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
+        "textures, noise)",
+    )
 
 
 def progress_bar(description: str):
@@ -107,8 +148,12 @@ def load_for_cli(args: argparse.Namespace):
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
-    p.add_argument("--score", default="msp", choices=("msp", "max_logit", "energy", "entropy"),
-                   help="OOD score, higher = more in-distribution (default: %(default)s)")
+    p.add_argument(
+        "--score",
+        default="msp",
+        choices=("msp", "max_logit", "energy", "entropy"),
+        help="OOD score, higher = more in-distribution (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -127,9 +172,16 @@ def _eval(args: argparse.Namespace) -> int:
         bars.setdefault(name, progress_bar(f"predict {name}"))(done, total)
 
     evaluation = evaluate_model(
-        loaded.model, loaded.preprocess, benchmark.id_report, benchmark.ood_report,
-        name=loaded.name, device=args.device, batch_size=args.batch_size, score=args.score,
-        cache=DiskCache(), progress=report,
+        loaded.model,
+        loaded.preprocess,
+        benchmark.id_report,
+        benchmark.ood_report,
+        name=loaded.name,
+        device=args.device,
+        batch_size=args.batch_size,
+        score=args.score,
+        cache=DiskCache(),
+        progress=report,
     )
     if args.json:
         print(json.dumps(evaluation.to_json(loaded.card()), indent=2))
@@ -158,7 +210,9 @@ def _info(args: argparse.Namespace) -> int:
     from hydra_core.evaluate import model_card
 
     loaded, benchmark = load_for_cli(args)
-    card = model_card(loaded, benchmark, cache=DiskCache(), device=args.device, batch_size=args.batch_size)
+    card = model_card(
+        loaded, benchmark, cache=DiskCache(), device=args.device, batch_size=args.batch_size
+    )
     if args.json:
         print(json.dumps(card, indent=2))
         return 0
@@ -168,11 +222,18 @@ def _info(args: argparse.Namespace) -> int:
             for name, auroc in value.items():
                 print(f"{'AUROC ' + name:>{width + 12}}  {auroc:.4f}")
         else:
-            print(f"{key:>{width + 12}}  {value:.4f}" if isinstance(value, float) else f"{key:>{width + 12}}  {value}")
+            print(
+                f"{key:>{width + 12}}  {value:.4f}"
+                if isinstance(value, float)
+                else f"{key:>{width + 12}}  {value}"
+            )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import hydra_core.cli_analysis  # noqa: F401 - registers search, importance, represent, cahp
+    import hydra_core.cli_hydra  # noqa: F401 - registers masks, hydra, train-ensemble, report
+
     parser = argparse.ArgumentParser(
         prog="python -m hydra_core",
         description="Hydra Lab: find the attention heads that carry a transformer's uncertainty, "

@@ -115,8 +115,9 @@ def search_data():
 def test_cahp_select_is_reproducible_and_consistent(search_data):
     model, x, y = search_data
     calls = []
-    first = cahp_select(model, x, y, seed=0, batch_size=32,
-                        progress=lambda done, total: calls.append((done, total)))
+    first = cahp_select(
+        model, x, y, seed=0, batch_size=32, progress=lambda done, total: calls.append((done, total))
+    )
     again = cahp_select(model, x, y, seed=0, batch_size=32)
     assert calls == [(k, 8) for k in range(1, 9)]
     assert first.curve["k"].tolist() == list(range(1, 9))

@@ -139,8 +139,9 @@ def test_empty_input_warns_and_returns_nan(name):
         assert math.isnan(info.fn(*EMPTY[info.kind]))
 
 
-@pytest.mark.parametrize("name", sorted(n for n, info in METRICS.items()
-                                        if info.higher_is_better is not None))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, info in METRICS.items() if info.higher_is_better is not None)
+)
 def test_direction_matches_higher_is_better(name):
     info = METRICS[name]
     if info.kind == "classification":
@@ -177,10 +178,12 @@ def test_auroc_and_aupr_match_sklearn_with_ties(seed):
     s_id, s_ood = ood_inputs(seed)
     is_ood, score = labels_of(s_id, s_ood)
     assert auroc(s_id, s_ood) == pytest.approx(roc_auc_score(is_ood, -score), abs=1e-12)
-    assert aupr_out(s_id, s_ood) == pytest.approx(average_precision_score(is_ood, -score),
-                                                  abs=1e-12)
-    assert aupr_in(s_id, s_ood) == pytest.approx(average_precision_score(1 - is_ood, score),
-                                                 abs=1e-12)
+    assert aupr_out(s_id, s_ood) == pytest.approx(
+        average_precision_score(is_ood, -score), abs=1e-12
+    )
+    assert aupr_in(s_id, s_ood) == pytest.approx(
+        average_precision_score(1 - is_ood, score), abs=1e-12
+    )
 
 
 def test_auroc_is_the_pairwise_probability_with_half_ties():
@@ -200,8 +203,9 @@ def test_fpr95_match_roc_curve_at_every_threshold(seed):
     s_id, s_ood = ood_inputs(seed)
     is_ood, score = labels_of(s_id, s_ood)
     assert fpr_at_95(s_id, s_ood) == first_fpr_at_95(is_ood, -score, drop_intermediate=False)
-    assert fpr_at_95_tpr_id(s_id, s_ood) == first_fpr_at_95(1 - is_ood, score,
-                                                             drop_intermediate=False)
+    assert fpr_at_95_tpr_id(s_id, s_ood) == first_fpr_at_95(
+        1 - is_ood, score, drop_intermediate=False
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -212,19 +216,22 @@ def test_fpr95_equals_openood_code_without_ties(seed):
     assert fpr_at_95(s_id, s_ood) == first_fpr_at_95(is_ood, -score, drop_intermediate=True)
 
 
-@pytest.mark.parametrize(("s_id", "s_ood", "fpr95", "fpr95_tpr_id", "area"), [
-    # Flag OOD when score <= t. Catching 95% of 4 OOD means all 4: t = 0.6, which flags the ID
-    # score 0.3 -> 1/4. ID positive: accepting all 4 ID needs t = 0.3, which accepts the OOD
-    # scores 0.6, 0.5, 0.4 -> 3/4. AUROC: 0.9, 0.8, 0.7 beat all 4 OOD, 0.3 beats only 0.2
-    # -> (4 + 4 + 4 + 1) / 16.
-    ([0.9, 0.8, 0.7, 0.3], [0.6, 0.5, 0.4, 0.2], 0.25, 0.75, 13 / 16),
-    # 20 OOD: 19 of them at 0, 0.02, .., 0.36, one at 0.98. 95% = 19 OOD are caught at t = 0.36,
-    # which flags only the ID score 0.31 -> 1/4 (catching all 20 would flag 3/4). ID positive:
-    # accepting 4 of 4 ID (3 of 4 is below 95%) needs t = 0.31, which accepts the OOD scores
-    # 0.32, 0.34, 0.36, 0.98 -> 4/20. AUROC: 0.31 beats the 16 OOD scores 0 .. 0.30, 0.5 and
-    # 0.97 beat 19 each, 0.99 beats all 20 -> 74 / 80.
-    ([0.31, 0.5, 0.97, 0.99], list(np.arange(19) * 0.02) + [0.98], 0.25, 0.2, 74 / 80),
-])
+@pytest.mark.parametrize(
+    ("s_id", "s_ood", "fpr95", "fpr95_tpr_id", "area"),
+    [
+        # Flag OOD when score <= t. Catching 95% of 4 OOD means all 4: t = 0.6, which flags the ID
+        # score 0.3 -> 1/4. ID positive: accepting all 4 ID needs t = 0.3, which accepts the OOD
+        # scores 0.6, 0.5, 0.4 -> 3/4. AUROC: 0.9, 0.8, 0.7 beat all 4 OOD, 0.3 beats only 0.2
+        # -> (4 + 4 + 4 + 1) / 16.
+        ([0.9, 0.8, 0.7, 0.3], [0.6, 0.5, 0.4, 0.2], 0.25, 0.75, 13 / 16),
+        # 20 OOD: 19 of them at 0, 0.02, .., 0.36, one at 0.98. 95% = 19 OOD are caught at t = 0.36,
+        # which flags only the ID score 0.31 -> 1/4 (catching all 20 would flag 3/4). ID positive:
+        # accepting 4 of 4 ID (3 of 4 is below 95%) needs t = 0.31, which accepts the OOD scores
+        # 0.32, 0.34, 0.36, 0.98 -> 4/20. AUROC: 0.31 beats the 16 OOD scores 0 .. 0.30, 0.5 and
+        # 0.97 beat 19 each, 0.99 beats all 20 -> 74 / 80.
+        ([0.31, 0.5, 0.97, 0.99], list(np.arange(19) * 0.02) + [0.98], 0.25, 0.2, 74 / 80),
+    ],
+)
 def test_ood_metrics_hand_examples(s_id, s_ood, fpr95, fpr95_tpr_id, area):
     assert fpr_at_95(s_id, s_ood) == pytest.approx(fpr95)
     assert fpr_at_95_tpr_id(s_id, s_ood) == pytest.approx(fpr95_tpr_id)
@@ -266,9 +273,12 @@ def test_roc_curve_ood_matches_sklearn():
 def test_ood_metrics_dict_matches_each_metric():
     s_id, s_ood = ood_inputs(5)
     assert ood_metrics(s_id, s_ood) == {
-        "auroc": auroc(s_id, s_ood), "fpr95": fpr_at_95(s_id, s_ood),
-        "aupr_in": aupr_in(s_id, s_ood), "aupr_out": aupr_out(s_id, s_ood),
-        "fpr95_tpr_id": fpr_at_95_tpr_id(s_id, s_ood)}
+        "auroc": auroc(s_id, s_ood),
+        "fpr95": fpr_at_95(s_id, s_ood),
+        "aupr_in": aupr_in(s_id, s_ood),
+        "aupr_out": aupr_out(s_id, s_ood),
+        "fpr95_tpr_id": fpr_at_95_tpr_id(s_id, s_ood),
+    }
 
 
 def test_infinite_scores_are_ordinary_extremes():
@@ -285,25 +295,28 @@ HAND_PROBS = np.array([[0.9, 0.1], [0.25, 0.75], [0.7, 0.3], [0.45, 0.55], [0.95
 HAND_LABELS = np.array([0, 0, 0, 1, 1])
 
 
-@pytest.mark.parametrize(("metric", "n_bins", "expected"), [
-    # 5 bins, edges 0.2 apart: (0.8, 1] holds 0.9 R, 0.95 W: |0.5 - 0.925| = 0.425, weight 2/5;
-    # (0.6, 0.8] holds 0.75 W, 0.7 R: |0.5 - 0.725| = 0.225, weight 2/5; (0.4, 0.6] holds
-    # 0.55 R: |1 - 0.55| = 0.45, weight 1/5. ECE = (0.85 + 0.45 + 0.45) / 5 = 0.35.
-    (ece, 5, 0.35),
-    # 15 bins (k/15 edges) put every sample alone: ECE = mean |correct - confidence|
-    # = (0.1 + 0.75 + 0.3 + 0.45 + 0.95) / 5 = 0.51.
-    (ece, 15, 0.51),
-    # 1 bin: |accuracy - mean confidence| = |3/5 - 3.85/5| = 0.17.
-    (ece, 1, 0.17),
-    # 2 equal-mass bins over sorted confidence, sizes 3 and 2: {0.55 R, 0.7 R, 0.75 W}: accuracy
-    # 2/3 = mean confidence 2/3 -> gap 0; {0.9 R, 0.95 W}: |0.5 - 0.925| = 0.425, weight 2/5.
-    # Adaptive ECE = 0.17.
-    (adaptive_ece, 2, 0.17),
-    # 5 equal-mass bins of one sample each: 0.51 as above.
-    (adaptive_ece, 5, 0.51),
-    # 15 equal-mass bins for 5 samples: 10 empty bins are skipped, the same 0.51.
-    (adaptive_ece, 15, 0.51),
-])
+@pytest.mark.parametrize(
+    ("metric", "n_bins", "expected"),
+    [
+        # 5 bins, edges 0.2 apart: (0.8, 1] holds 0.9 R, 0.95 W: |0.5 - 0.925| = 0.425, weight 2/5;
+        # (0.6, 0.8] holds 0.75 W, 0.7 R: |0.5 - 0.725| = 0.225, weight 2/5; (0.4, 0.6] holds
+        # 0.55 R: |1 - 0.55| = 0.45, weight 1/5. ECE = (0.85 + 0.45 + 0.45) / 5 = 0.35.
+        (ece, 5, 0.35),
+        # 15 bins (k/15 edges) put every sample alone: ECE = mean |correct - confidence|
+        # = (0.1 + 0.75 + 0.3 + 0.45 + 0.95) / 5 = 0.51.
+        (ece, 15, 0.51),
+        # 1 bin: |accuracy - mean confidence| = |3/5 - 3.85/5| = 0.17.
+        (ece, 1, 0.17),
+        # 2 equal-mass bins over sorted confidence, sizes 3 and 2: {0.55 R, 0.7 R, 0.75 W}: accuracy
+        # 2/3 = mean confidence 2/3 -> gap 0; {0.9 R, 0.95 W}: |0.5 - 0.925| = 0.425, weight 2/5.
+        # Adaptive ECE = 0.17.
+        (adaptive_ece, 2, 0.17),
+        # 5 equal-mass bins of one sample each: 0.51 as above.
+        (adaptive_ece, 5, 0.51),
+        # 15 equal-mass bins for 5 samples: 10 empty bins are skipped, the same 0.51.
+        (adaptive_ece, 15, 0.51),
+    ],
+)
 def test_calibration_errors_hand_examples(metric, n_bins, expected):
     assert metric(HAND_PROBS, HAND_LABELS, n_bins=n_bins) == pytest.approx(expected)
 
@@ -348,12 +361,15 @@ def test_nll_clips_at_1e_minus_12():
     assert nll([[1.0, 0.0]], [1]) == pytest.approx(-math.log(1e-12))
 
 
-@pytest.mark.parametrize(("probs", "labels", "expected"), [
-    ([[0.7, 0.2, 0.1]], [0], 0.3**2 + 0.2**2 + 0.1**2),  # 0.14
-    ([[1.0, 0.0]], [0], 0.0),  # perfect
-    ([[1.0, 0.0]], [1], 2.0),  # confidently wrong: the top of the range
-    ([[0.5, 0.5], [0.2, 0.8]], [0, 1], (0.5 + 0.08) / 2),
-])
+@pytest.mark.parametrize(
+    ("probs", "labels", "expected"),
+    [
+        ([[0.7, 0.2, 0.1]], [0], 0.3**2 + 0.2**2 + 0.1**2),  # 0.14
+        ([[1.0, 0.0]], [0], 0.0),  # perfect
+        ([[1.0, 0.0]], [1], 2.0),  # confidently wrong: the top of the range
+        ([[0.5, 0.5], [0.2, 0.8]], [0, 1], (0.5 + 0.08) / 2),
+    ],
+)
 def test_brier_hand_examples(probs, labels, expected):
     assert brier(probs, labels) == pytest.approx(expected)
 
@@ -371,31 +387,44 @@ def test_accuracy_is_top1_with_ties_to_the_lowest_class():
 def test_classification_metrics_dict_matches_each_metric():
     probs, labels = classification_inputs(3)
     assert classification_metrics(probs, labels, n_bins=10) == {
-        "accuracy": accuracy(probs, labels), "nll": nll(probs, labels),
-        "brier": brier(probs, labels), "ece": ece(probs, labels, n_bins=10),
-        "adaptive_ece": adaptive_ece(probs, labels, n_bins=10)}
+        "accuracy": accuracy(probs, labels),
+        "nll": nll(probs, labels),
+        "brier": brier(probs, labels),
+        "ece": ece(probs, labels, n_bins=10),
+        "adaptive_ece": adaptive_ece(probs, labels, n_bins=10),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # Diversity
 
+
 def entropy(p) -> float:
     return -sum(x * math.log(x) for x in p if x > 0)
 
 
-@pytest.mark.parametrize(("members", "mi", "dis"), [
-    # Two members that agree exactly: nothing epistemic, no disagreement.
-    ([[0.7, 0.3], [0.7, 0.3]], 0.0, 0.0),
-    # Two confident members on different classes: H(0.5, 0.5) - 0 = log 2; the one pair differs.
-    ([[1.0, 0.0], [0.0, 1.0]], math.log(2), 1.0),
-    # M = 3 predicting (0, 0, 1): 1 - C(2, 2) / C(3, 2) = 1 - 1/3. Mean probs (2/3, 1/3).
-    ([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8]],
-     entropy([2 / 3, 1 / 3]) - (2 * entropy([0.9, 0.1]) + entropy([0.2, 0.8])) / 3, 1 - 1 / 3),
-    # M = 4 predicting (0, 0, 1, 2): 1 - C(2, 2) / C(4, 2) = 5/6.
-    ([[0.8, 0.1, 0.1], [0.6, 0.2, 0.2], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]],
-     entropy([0.4, 0.3, 0.3]) - (entropy([0.8, 0.1, 0.1]) * 3 + entropy([0.6, 0.2, 0.2])) / 4,
-     5 / 6),
-])
+@pytest.mark.parametrize(
+    ("members", "mi", "dis"),
+    [
+        # Two members that agree exactly: nothing epistemic, no disagreement.
+        ([[0.7, 0.3], [0.7, 0.3]], 0.0, 0.0),
+        # Two confident members on different classes: H(0.5, 0.5) - 0 = log 2; the one pair differs.
+        ([[1.0, 0.0], [0.0, 1.0]], math.log(2), 1.0),
+        # M = 3 predicting (0, 0, 1): 1 - C(2, 2) / C(3, 2) = 1 - 1/3. Mean probs (2/3, 1/3).
+        (
+            [[0.9, 0.1], [0.9, 0.1], [0.2, 0.8]],
+            entropy([2 / 3, 1 / 3]) - (2 * entropy([0.9, 0.1]) + entropy([0.2, 0.8])) / 3,
+            1 - 1 / 3,
+        ),
+        # M = 4 predicting (0, 0, 1, 2): 1 - C(2, 2) / C(4, 2) = 5/6.
+        (
+            [[0.8, 0.1, 0.1], [0.6, 0.2, 0.2], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]],
+            entropy([0.4, 0.3, 0.3])
+            - (entropy([0.8, 0.1, 0.1]) * 3 + entropy([0.6, 0.2, 0.2])) / 4,
+            5 / 6,
+        ),
+    ],
+)
 def test_diversity_hand_examples(members, mi, dis):
     member_probs = np.array([members])  # one sample
     assert mutual_information(member_probs) == pytest.approx(mi, abs=1e-12)
@@ -412,7 +441,8 @@ def test_diversity_per_sample_values_and_ranges():
     assert mutual_information(member_probs) == pytest.approx(mi.mean())
     assert diversity_metrics(member_probs) == {
         "mutual_information": mutual_information(member_probs),
-        "disagreement": disagreement(member_probs)}
+        "disagreement": disagreement(member_probs),
+    }
 
 
 def test_single_member_has_zero_mutual_information():
@@ -429,8 +459,9 @@ def test_scores_match_their_formulas():
     np.testing.assert_allclose(msp(probs), probs.max(dim=1).values.double(), rtol=1e-6)
     np.testing.assert_allclose(max_logit(logits), logits.max(dim=1).values.double())
     np.testing.assert_allclose(energy(logits), torch.logsumexp(logits.double(), dim=1))
-    np.testing.assert_allclose(energy(logits, temperature=2.0),
-                               2 * torch.logsumexp(logits.double() / 2, dim=1))
+    np.testing.assert_allclose(
+        energy(logits, temperature=2.0), 2 * torch.logsumexp(logits.double() / 2, dim=1)
+    )
     expected = (probs.double() * probs.double().log()).sum(dim=1)
     np.testing.assert_allclose(neg_entropy(probs), expected, rtol=1e-6)
     assert neg_entropy(np.full((1, 4), 0.25))[0] == pytest.approx(-math.log(4))
@@ -464,48 +495,70 @@ P2 = np.array([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])
 Y2 = np.array([0, 1, 1])
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda: accuracy(P2, [0, 1]), r"probs has shape \(3, 2\), labels has shape \(2,\)"),
-    (lambda: nll(np.log(P2) * 3, Y2), r"must lie in \[0, 1\].*did you pass logits\? apply softmax"),
-    (lambda: brier(P2 * 0.9, Y2), r"rows must sum to 1 .*did you pass logits\? apply softmax"),
-    (lambda: ece(P2, [0, 1, 2]), r"labels out of range \[0, 2\): found 2"),
-    (lambda: ece(P2, [0, -1, 1]), r"labels out of range \[0, 2\): found -1"),
-    (lambda: accuracy(P2, [0.0, 1.0, 1.0]), r"integer class indices, got dtype float64"),
-    (lambda: accuracy(P2, [[0, 1, 1]]), r"labels must be 1-D"),
-    (lambda: accuracy(np.where(P2 == 0.5, np.nan, P2), Y2), r"probs contains 2 NaN"),
-    (lambda: accuracy(P2[:, None, :], Y2), r"2-D \(N, C\).*mean of member probabilities"),
-    (lambda: accuracy(P2[0], Y2), r"probs must be 2-D \(N, C\), got shape \(2,\)"),
-    (lambda: ece(P2, Y2, n_bins=0), r"n_bins must be a positive integer, got 0"),
-    (lambda: adaptive_ece(P2, Y2, n_bins=2.5), r"n_bins must be a positive integer"),
-    (lambda: auroc([0.1, np.nan], [0.2]), r"id_scores contains 1 NaN"),
-    (lambda: fpr_at_95([0.1], [[0.2]]), r"ood_scores must be 1-D \(N,\), got shape \(1, 1\)"),
-    (lambda: mutual_information(P2), r"member_probs must be 3-D \(N, M, C\), got shape \(3, 2\)"),
-    (lambda: disagreement(P2[:, None] * 2), r"member_probs must lie in \[0, 1\]"),
-    (lambda: disagreement(P2[:, None], reduction="sum"), r"reduction must be 'mean' or 'none'"),
-    (lambda: ood_score("mahalanobis", probs=P2),
-     r"unknown OOD score method 'mahalanobis'; valid methods: 'msp', 'max_logit', 'energy', "
-     r"'entropy'"),
-    (lambda: ood_score("energy", probs=P2), r"'energy' needs logits"),
-    (lambda: ood_score("msp"), r"'msp' needs probs or logits"),
-    (lambda: energy(P2, temperature=0.0), r"temperature must be positive, got 0.0"),
-    (lambda: max_logit([[0.0, np.inf]]), r"logits contain infinite values"),
-    (lambda: max_logit([0.0, 1.0]), r"logits must be \(N, C\) or, for an ensemble, \(N, M, C\)"),
-    (lambda: msp(P2 * 2), r"probs must lie in \[0, 1\].*apply softmax"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: accuracy(P2, [0, 1]), r"probs has shape \(3, 2\), labels has shape \(2,\)"),
+        (
+            lambda: nll(np.log(P2) * 3, Y2),
+            r"must lie in \[0, 1\].*did you pass logits\? apply softmax",
+        ),
+        (lambda: brier(P2 * 0.9, Y2), r"rows must sum to 1 .*did you pass logits\? apply softmax"),
+        (lambda: ece(P2, [0, 1, 2]), r"labels out of range \[0, 2\): found 2"),
+        (lambda: ece(P2, [0, -1, 1]), r"labels out of range \[0, 2\): found -1"),
+        (lambda: accuracy(P2, [0.0, 1.0, 1.0]), r"integer class indices, got dtype float64"),
+        (lambda: accuracy(P2, [[0, 1, 1]]), r"labels must be 1-D"),
+        (lambda: accuracy(np.where(P2 == 0.5, np.nan, P2), Y2), r"probs contains 2 NaN"),
+        (lambda: accuracy(P2[:, None, :], Y2), r"2-D \(N, C\).*mean of member probabilities"),
+        (lambda: accuracy(P2[0], Y2), r"probs must be 2-D \(N, C\), got shape \(2,\)"),
+        (lambda: ece(P2, Y2, n_bins=0), r"n_bins must be a positive integer, got 0"),
+        (lambda: adaptive_ece(P2, Y2, n_bins=2.5), r"n_bins must be a positive integer"),
+        (lambda: auroc([0.1, np.nan], [0.2]), r"id_scores contains 1 NaN"),
+        (lambda: fpr_at_95([0.1], [[0.2]]), r"ood_scores must be 1-D \(N,\), got shape \(1, 1\)"),
+        (
+            lambda: mutual_information(P2),
+            r"member_probs must be 3-D \(N, M, C\), got shape \(3, 2\)",
+        ),
+        (lambda: disagreement(P2[:, None] * 2), r"member_probs must lie in \[0, 1\]"),
+        (lambda: disagreement(P2[:, None], reduction="sum"), r"reduction must be 'mean' or 'none'"),
+        (
+            lambda: ood_score("mahalanobis", probs=P2),
+            r"unknown OOD score method 'mahalanobis'; valid methods: 'msp', 'max_logit', 'energy', "
+            r"'entropy'",
+        ),
+        (lambda: ood_score("energy", probs=P2), r"'energy' needs logits"),
+        (lambda: ood_score("msp"), r"'msp' needs probs or logits"),
+        (lambda: energy(P2, temperature=0.0), r"temperature must be positive, got 0.0"),
+        (lambda: max_logit([[0.0, np.inf]]), r"logits contain infinite values"),
+        (
+            lambda: max_logit([0.0, 1.0]),
+            r"logits must be \(N, C\) or, for an ensemble, \(N, M, C\)",
+        ),
+        (lambda: msp(P2 * 2), r"probs must lie in \[0, 1\].*apply softmax"),
+    ],
+)
 def test_bad_input_raises_a_named_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda: auroc([0.1, 0.2], []), r"auroc is undefined: .* got 2 ID and 0 OOD"),
-    (lambda: aupr_in([], [0.3]), r"aupr_in is undefined: .* got 0 ID and 1 OOD"),
-    (lambda: fpr_at_95_tpr_id([0.1], []), r"fpr_at_95_tpr_id is undefined"),
-    (lambda: disagreement(P2[:, None]), r"disagreement is undefined: .* at least 2 members, got 1"),
-    (lambda: mutual_information(np.zeros((3, 0, 2))),
-     r"mutual_information is undefined: no members"),
-    (lambda: nll(np.zeros((0, 3)), []), r"nll is undefined: no samples"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: auroc([0.1, 0.2], []), r"auroc is undefined: .* got 2 ID and 0 OOD"),
+        (lambda: aupr_in([], [0.3]), r"aupr_in is undefined: .* got 0 ID and 1 OOD"),
+        (lambda: fpr_at_95_tpr_id([0.1], []), r"fpr_at_95_tpr_id is undefined"),
+        (
+            lambda: disagreement(P2[:, None]),
+            r"disagreement is undefined: .* at least 2 members, got 1",
+        ),
+        (
+            lambda: mutual_information(np.zeros((3, 0, 2))),
+            r"mutual_information is undefined: no members",
+        ),
+        (lambda: nll(np.zeros((0, 3)), []), r"nll is undefined: no samples"),
+    ],
+)
 def test_undefined_cases_warn_and_return_nan(call, match):
     with pytest.warns(UndefinedMetricWarning, match=match) as record:
         assert math.isnan(call())
@@ -521,12 +574,17 @@ def test_undefined_per_sample_values_are_nan_arrays():
         assert disagreement(np.zeros((0, 2, 3)), reduction="none").shape == (0,)
 
 
-@pytest.mark.parametrize(("call", "keys"), [
-    (lambda: classification_metrics(np.zeros((0, 2)), []),
-     ["accuracy", "nll", "brier", "ece", "adaptive_ece"]),
-    (lambda: ood_metrics([0.5], []), ["auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_tpr_id"]),
-    (lambda: diversity_metrics(np.zeros((0, 2, 3))), ["mutual_information", "disagreement"]),
-])
+@pytest.mark.parametrize(
+    ("call", "keys"),
+    [
+        (
+            lambda: classification_metrics(np.zeros((0, 2)), []),
+            ["accuracy", "nll", "brier", "ece", "adaptive_ece"],
+        ),
+        (lambda: ood_metrics([0.5], []), ["auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_tpr_id"]),
+        (lambda: diversity_metrics(np.zeros((0, 2, 3))), ["mutual_information", "disagreement"]),
+    ],
+)
 def test_metric_dicts_of_undefined_inputs_are_nan(call, keys):
     with pytest.warns(UndefinedMetricWarning):
         result = call()

@@ -115,9 +115,11 @@ def test_dense_vs_circuit_table():
     table = distance_table_dense_vs_circuit(model, keep, x, ood, layer=2, shrinkage=0.1)
     heads = [(2, 0), (2, 2), (2, 3)]
     for variant, mask in (("circuit", keep), ("dense", None)):  # the "scaled" row, by hand
-        by_hand = centroid_distances(head_cls_features(model, x, keep=mask),
-                                     head_cls_features(model, ood["scaled"], keep=mask),
-                                     shrinkage=0.1)
+        by_hand = centroid_distances(
+            head_cls_features(model, x, keep=mask),
+            head_cls_features(model, ood["scaled"], keep=mask),
+            shrinkage=0.1,
+        )
         for metric, expected in average_distances(by_hand, heads).items():
             assert table.loc[1, f"{variant}_{metric}"] == pytest.approx(expected, rel=1e-5)
     assert table.loc[2, "delta_euclidean"] == pytest.approx(table.loc[:1, "delta_euclidean"].mean())
@@ -137,8 +139,9 @@ def test_pca_separates_separated_sets():
     assert frame["set"].tolist() == ["ID"] * 40 + ["far"] * 30
     x_id, x_far = frame.loc[frame.group == "ID", "x"], frame.loc[frame.group == "OOD", "x"]
     assert x_id.max() < x_far.min() or x_far.max() < x_id.min()
-    three = project_features(torch.from_numpy(ids), torch.from_numpy(far), heads=[(0, 0)],
-                             n_components=3)
+    three = project_features(
+        torch.from_numpy(ids), torch.from_numpy(far), heads=[(0, 0)], n_components=3
+    )
     assert list(three.columns) == ["x", "y", "z", "set", "group"]
     assert set(three["set"]) == {"ID", "OOD"}
     with pytest.raises(ValueError, match="L2H0"):

@@ -78,7 +78,7 @@ def head_cls_features(
         store = stack.enter_context(record_head_outputs(model, sorted(set(layers)), token=token))
         stack.enter_context(torch.no_grad())
         for start in range(0, len(x), batch_size):
-            tokens = embed(model, x[start: start + batch_size].to(device))  # (B, N, d)
+            tokens = embed(model, x[start : start + batch_size].to(device))  # (B, N, d)
             for block in blocks:
                 tokens = block(tokens)
     out = torch.zeros(len(x), len(layers), layout.max_heads, layout.head_dim)
@@ -173,9 +173,15 @@ def _distance_frame(
     layers: list[int], euclidean: np.ndarray, mahalanobis: np.ndarray
 ) -> pd.DataFrame:
     rows = [
-        {"layer": layer, "head": head, "label": head_label(layer, head),
-         "euclidean": euclidean[i, head], "mahalanobis": mahalanobis[i, head]}
-        for i, layer in enumerate(layers) for head in range(euclidean.shape[1])
+        {
+            "layer": layer,
+            "head": head,
+            "label": head_label(layer, head),
+            "euclidean": euclidean[i, head],
+            "mahalanobis": mahalanobis[i, head],
+        }
+        for i, layer in enumerate(layers)
+        for head in range(euclidean.shape[1])
     ]
     return pd.DataFrame(rows, columns=["layer", "head", "label", "euclidean", "mahalanobis"])
 
@@ -312,12 +318,15 @@ def project_features(
         array, labels = _as_layers(feats, layers, f"features of {name!r}")
         position = {layer: i for i, layer in enumerate(labels)}
         missing = [
-            head_label(layer, head) for layer, head in heads
+            head_label(layer, head)
+            for layer, head in heads
             if layer not in position or not 0 <= head < array.shape[2]
         ]
         if missing:
-            raise ValueError(f"heads {', '.join(missing)} are not in the features of {name!r} "
-                             f"(layers {labels}, {array.shape[2]} heads)")
+            raise ValueError(
+                f"heads {', '.join(missing)} are not in the features of {name!r} "
+                f"(layers {labels}, {array.shape[2]} heads)"
+            )
         chosen = [array[:, position[layer], head] for layer, head in heads]  # each (N, d_k)
         blocks.append(np.concatenate(chosen, axis=1))  # (N, len(heads) * d_k)
         names += [name] * len(array)
@@ -329,8 +338,9 @@ def project_features(
     elif method == "umap":
         import umap  # slow first import (numba), so only when asked for
 
-        reducer = umap.UMAP(n_components=n_components, random_state=seed,
-                            n_neighbors=max(2, min(15, len(data) - 1)))
+        reducer = umap.UMAP(
+            n_components=n_components, random_state=seed, n_neighbors=max(2, min(15, len(data) - 1))
+        )
         embedding = reducer.fit_transform(data)
     else:
         raise ValueError(f"method must be 'pca' or 'umap', got {method!r}")

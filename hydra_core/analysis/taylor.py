@@ -97,8 +97,8 @@ def _qkv_gradients(
                 stack.enter_context(ablate(model, keep))
             stack.enter_context(torch.enable_grad())
             for start in range(0, len(x), batch_size):
-                logits = model(x[start: start + batch_size].to(device))
-                labels = y[start: start + batch_size].to(device)
+                logits = model(x[start : start + batch_size].to(device))
+                labels = y[start : start + batch_size].to(device)
                 # This batch's share of the full-data mean loss: the sum of the shares is L.
                 loss = F.cross_entropy(logits, labels, reduction="sum") / len(x)
                 for grad, part in zip(grads, torch.autograd.grad(loss, weights), strict=True):

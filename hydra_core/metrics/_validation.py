@@ -30,8 +30,11 @@ def undefined(metric: str, reason: str) -> float:
     frame, stacklevel = sys._getframe(0), 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith(__package__):
         frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(f"{metric} is undefined: {reason}; returning NaN", UndefinedMetricWarning,
-                  stacklevel=stacklevel)
+    warnings.warn(
+        f"{metric} is undefined: {reason}; returning NaN",
+        UndefinedMetricWarning,
+        stacklevel=stacklevel,
+    )
     return float("nan")
 
 
@@ -67,8 +70,10 @@ def as_labels(labels: Any, n_classes: int) -> np.ndarray:
     array = array.astype(np.int64)
     bad = (array < 0) | (array >= n_classes)
     if bad.any():
-        raise ValueError(f"labels out of range [0, {n_classes}): found {array[bad][0]} "
-                         f"({int(bad.sum())} label(s) out of range)")
+        raise ValueError(
+            f"labels out of range [0, {n_classes}): found {array[bad][0]} "
+            f"({int(bad.sum())} label(s) out of range)"
+        )
     return array
 
 
@@ -81,19 +86,26 @@ def check_probs(probs: Any, name: str = "probs", ndims: tuple[int, ...] = (2,)) 
     array = as_float64(probs, name)
     if array.ndim not in ndims:
         layout = " or ".join(f"{d}-D {_LAYOUTS[d]}" for d in ndims)
-        hint = ("; for an ensemble pass the mean of member probabilities, probs.mean(1)"
-                if ndims == (2,) and array.ndim == 3 else "")
+        hint = (
+            "; for an ensemble pass the mean of member probabilities, probs.mean(1)"
+            if ndims == (2,) and array.ndim == 3
+            else ""
+        )
         raise ValueError(f"{name} must be {layout}, got shape {array.shape}{hint}")
     tol = max(PROB_SUM_TOL, _input_eps(probs))
     if array.size and (array.min() < -tol or array.max() > 1 + tol):
-        raise ValueError(f"{name} must lie in [0, 1], found values in [{array.min():.4g}, "
-                         f"{array.max():.4g}]; did you pass logits? apply softmax first")
+        raise ValueError(
+            f"{name} must lie in [0, 1], found values in [{array.min():.4g}, "
+            f"{array.max():.4g}]; did you pass logits? apply softmax first"
+        )
     sums = array.sum(axis=-1)
     off = np.abs(sums - 1) > tol
     if off.any():
-        raise ValueError(f"{name} rows must sum to 1 (tolerance {tol:.0e}), {int(off.sum())} do "
-                         f"not (e.g. {sums[off].flat[0]:.6g}); did you pass logits? apply softmax "
-                         "first")
+        raise ValueError(
+            f"{name} rows must sum to 1 (tolerance {tol:.0e}), {int(off.sum())} do "
+            f"not (e.g. {sums[off].flat[0]:.6g}); did you pass logits? apply softmax "
+            "first"
+        )
     return array
 
 
@@ -102,8 +114,10 @@ def check_classification(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarra
     p = check_probs(probs)
     y = as_labels(labels, n_classes=p.shape[1])
     if len(y) != len(p):
-        raise ValueError(f"probs and labels disagree on the number of samples: probs has shape "
-                         f"{p.shape}, labels has shape {y.shape}")
+        raise ValueError(
+            f"probs and labels disagree on the number of samples: probs has shape "
+            f"{p.shape}, labels has shape {y.shape}"
+        )
     return p, y
 
 
@@ -119,8 +133,9 @@ def check_logits(logits: Any) -> np.ndarray:
     """Logits (N, C) or, for an ensemble, (N, M, C), finite, as float64."""
     array = as_float64(logits, "logits")
     if array.ndim not in (2, 3):
-        raise ValueError(f"logits must be (N, C) or, for an ensemble, (N, M, C); "
-                         f"got shape {array.shape}")
+        raise ValueError(
+            f"logits must be (N, C) or, for an ensemble, (N, M, C); got shape {array.shape}"
+        )
     if not np.isfinite(array).all():
         raise ValueError("logits contain infinite values")
     return array

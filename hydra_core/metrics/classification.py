@@ -72,16 +72,20 @@ def _equal_mass_bin(confidence: np.ndarray, correct: np.ndarray, n_bins: int) ->
     return bins
 
 
-def _bin_sums(bins: np.ndarray, confidence: np.ndarray, correct: np.ndarray,
-              n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_sums(
+    bins: np.ndarray, confidence: np.ndarray, correct: np.ndarray, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per bin: sample count, sum of confidences, number correct."""
-    return (np.bincount(bins, minlength=n_bins),
-            np.bincount(bins, weights=confidence, minlength=n_bins),
-            np.bincount(bins, weights=correct, minlength=n_bins))
+    return (
+        np.bincount(bins, minlength=n_bins),
+        np.bincount(bins, weights=confidence, minlength=n_bins),
+        np.bincount(bins, weights=correct, minlength=n_bins),
+    )
 
 
-def _calibration_error(bins: np.ndarray, confidence: np.ndarray, correct: np.ndarray,
-                       n_bins: int) -> float:
+def _calibration_error(
+    bins: np.ndarray, confidence: np.ndarray, correct: np.ndarray, n_bins: int
+) -> float:
     # sum_b (n_b / N) |acc_b - conf_b| = sum_b |correct_b - confidence_sum_b| / N
     _, confidence_sum, correct_sum = _bin_sums(bins, confidence, correct, n_bins)
     return float(np.abs(correct_sum - confidence_sum).sum() / len(confidence))
@@ -153,8 +157,13 @@ def classification_metrics(probs: Any, labels: Any, *, n_bins: int = N_BINS) -> 
     if checked is None:
         return dict.fromkeys(("accuracy", "nll", "brier", "ece", "adaptive_ece"), float("nan"))
     p, y = checked
-    return {"accuracy": _accuracy(p, y), "nll": _nll(p, y), "brier": _brier(p, y),
-            "ece": _ece(p, y, n_bins), "adaptive_ece": _adaptive_ece(p, y, n_bins)}
+    return {
+        "accuracy": _accuracy(p, y),
+        "nll": _nll(p, y),
+        "brier": _brier(p, y),
+        "ece": _ece(p, y, n_bins),
+        "adaptive_ece": _adaptive_ece(p, y, n_bins),
+    }
 
 
 def reliability_curve(probs: Any, labels: Any, n_bins: int = N_BINS) -> pd.DataFrame:
@@ -168,9 +177,16 @@ def reliability_curve(probs: Any, labels: Any, n_bins: int = N_BINS) -> pd.DataF
     p, y = check_classification(probs, labels)
     confidence, correct = _top_label(p, y)
     count, confidence_sum, correct_sum = _bin_sums(
-        _equal_width_bin(confidence, n_bins), confidence, correct, n_bins)
+        _equal_width_bin(confidence, n_bins), confidence, correct, n_bins
+    )
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     with np.errstate(invalid="ignore"):  # empty bins: 0 / 0 -> NaN
-        return pd.DataFrame({"bin_lower": edges[:-1], "bin_upper": edges[1:],
-                             "confidence": confidence_sum / count,
-                             "accuracy": correct_sum / count, "count": count})
+        return pd.DataFrame(
+            {
+                "bin_lower": edges[:-1],
+                "bin_upper": edges[1:],
+                "confidence": confidence_sum / count,
+                "accuracy": correct_sum / count,
+                "count": count,
+            }
+        )

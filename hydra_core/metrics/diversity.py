@@ -85,5 +85,7 @@ def disagreement(member_probs: Any, *, reduction: Reduction = "mean") -> float |
 
 def diversity_metrics(member_probs: Any) -> dict[str, float]:
     """Both diversity metrics, averaged over samples: keys mutual_information, disagreement."""
-    return {"mutual_information": mutual_information(member_probs),
-            "disagreement": disagreement(member_probs)}
+    return {
+        "mutual_information": mutual_information(member_probs),
+        "disagreement": disagreement(member_probs),
+    }

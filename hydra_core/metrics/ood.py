@@ -45,8 +45,9 @@ def _checked(metric: str, id_scores: Any, ood_scores: Any) -> tuple[np.ndarray, 
     """Validated (id_scores, ood_scores), or None after warning when either set is empty."""
     s_id, s_ood = check_scores(id_scores, "id_scores"), check_scores(ood_scores, "ood_scores")
     if len(s_id) == 0 or len(s_ood) == 0:
-        undefined(metric, f"it needs both ID and OOD samples, got {len(s_id)} ID and "
-                          f"{len(s_ood)} OOD")
+        undefined(
+            metric, f"it needs both ID and OOD samples, got {len(s_id)} ID and {len(s_ood)} OOD"
+        )
         return None
     return s_id, s_ood
 
@@ -123,13 +124,17 @@ def ood_metrics(id_scores: Any, ood_scores: Any) -> dict[str, float]:
     fpr95, aupr_in, aupr_out, fpr95_tpr_id."""
     checked = _checked("ood metrics", id_scores, ood_scores)
     if checked is None:
-        return dict.fromkeys(("auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_tpr_id"),
-                             float("nan"))
+        return dict.fromkeys(
+            ("auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_tpr_id"), float("nan")
+        )
     ood_positive, id_positive = _ood_positive(*checked), _id_positive(*checked)
-    return {"auroc": _auroc(*ood_positive), "fpr95": _fpr_at_recall(*ood_positive),
-            "aupr_in": _average_precision(*id_positive),
-            "aupr_out": _average_precision(*ood_positive),
-            "fpr95_tpr_id": _fpr_at_recall(*id_positive)}
+    return {
+        "auroc": _auroc(*ood_positive),
+        "fpr95": _fpr_at_recall(*ood_positive),
+        "aupr_in": _average_precision(*id_positive),
+        "aupr_out": _average_precision(*ood_positive),
+        "fpr95_tpr_id": _fpr_at_recall(*id_positive),
+    }
 
 
 def roc_curve_ood(id_scores: Any, ood_scores: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -87,13 +87,17 @@ def ood_score(method: str, *, logits: Any = None, probs: Any = None) -> np.ndarr
     "max_logit" and "energy" (temperature 1) need ``logits``.
     """
     if method not in SCORE_METHODS:
-        raise ValueError(f"unknown OOD score method {method!r}; valid methods: "
-                         f"{', '.join(repr(m) for m in SCORE_METHODS)}")
+        raise ValueError(
+            f"unknown OOD score method {method!r}; valid methods: "
+            f"{', '.join(repr(m) for m in SCORE_METHODS)}"
+        )
     fn, needs = SCORE_METHODS[method]
     if needs == "logits":
         if logits is None:
-            raise ValueError(f"OOD score {method!r} needs logits; probabilities cannot be turned "
-                             "back into logits")
+            raise ValueError(
+                f"OOD score {method!r} needs logits; probabilities cannot be turned "
+                "back into logits"
+            )
         return fn(logits)
     if probs is None:
         if logits is None:

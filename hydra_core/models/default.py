@@ -2,7 +2,8 @@
 
 Reproduce the shipped checkpoint with::
 
-    python -m hydra_core train --seed 0 --threads 1 --out hydra_core/assets/fmnist_vit_default.safetensors
+    python -m hydra_core train --seed 0 --threads 1 \\
+        --out hydra_core/assets/fmnist_vit_default.safetensors
 
 The same code trains the extra independently-seeded copies that Deep Ensembles need.
 """

@@ -210,8 +210,11 @@ def convert_onnx_to_timm(
     state = read_onnx_state_dict(path)
     grid = img_size // PATCH_SIZE
     state["pos_embed"] = resample_abs_pos_embed(
-        state["pos_embed"], new_size=[grid, grid], num_prefix_tokens=1,
-        interpolation="bicubic", antialias=False,
+        state["pos_embed"],
+        new_size=[grid, grid],
+        num_prefix_tokens=1,
+        interpolation="bicubic",
+        antialias=False,
     )  # (1, 1 + grid^2, d)
     model = create_model(
         TIMM_NAME, pretrained=False, num_classes=0, img_size=img_size, weight_init="skip"

@@ -1,0 +1,359 @@
+"""Command line for the head analyses: search, importance, represent, cahp.
+
+Each command writes JSON and CSV files into ``--out`` (default ``results/<command>``) and prints
+where they are. Search and importance results are cached, so a repeated command is instant and an
+interrupted search continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from hydra_core.cli import (
+    add_data_arguments,
+    add_model_arguments,
+    command,
+    load_for_cli,
+    progress_bar,
+)
+from hydra_core.models.adapter import head_label, head_layout, parse_head_label
+
+
+def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
+    """An (L, H) map as a table: one row per layer, one column per head."""
+    frame = pd.DataFrame(values.double().numpy(), columns=[f"H{h}" for h in range(values.shape[1])])
+    frame.index = [f"L{layer}" for layer in range(values.shape[0])]
+    return frame.rename_axis("layer")
+
+
+def prepare(args: argparse.Namespace):
+    """Model (on the requested device), benchmark, search tensors and the cache, for a command."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.cache import DiskCache
+    from hydra_core.evaluate import resolve_device
+
+    loaded, benchmark = load_for_cli(args)
+    device = resolve_device(args.device)
+    loaded.model.to(device)
+    inputs = search_inputs(loaded.preprocess, benchmark)
+    out = Path(args.out or f"results/{args.command}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
+    return loaded, benchmark, inputs.to(device), DiskCache(), out
+
+
+def write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_data_arguments(p)
+    p.add_argument("--out", default=None, help="output folder (default: results/<command>)")
+
+
+def _search_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument(
+        "--objective",
+        default="avg",
+        choices=("acc", "ood", "avg"),
+        help="acc: ID accuracy, ood: MSP AUROC, avg: their mean (default: %(default)s)",
+    )
+    p.add_argument("--budget", type=int, default=24, help="heads to remove (default: %(default)s)")
+    p.add_argument(
+        "--method",
+        default="fast",
+        choices=("fast", "plain"),
+        help="fast: suffix recomputation; plain: full forward per candidate (reference)",
+    )
+    p.add_argument(
+        "--no-resume", action="store_true", help="ignore a cached partial run and start over"
+    )
+
+
+@command("search", _search_arguments)
+def _search(args: argparse.Namespace) -> int:
+    """Greedy Headmap circuit extraction (paper Algorithm 1), resumable; writes the ranking."""
+    from tqdm import tqdm
+
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.masks import MemberMask, model_identity, save_masks
+
+    loaded, _, inputs, cache, out = prepare(args)
+    bar = tqdm(
+        total=args.budget,
+        desc=f"greedy {args.objective}",
+        unit="head",
+        disable=not sys.stderr.isatty(),
+    )
+
+    def progress(step) -> None:
+        bar.n = step.step + 1
+        bar.set_postfix(removed=head_label(*step.head), score=f"{step.score:.4f}")
+        bar.refresh()
+
+    result = greedy_circuit(
+        loaded.model,
+        inputs.id_x,
+        inputs.id_y,
+        inputs.ood_x,
+        objective=args.objective,
+        budget=args.budget,
+        batch_size=args.batch_size,
+        method=args.method,
+        cache=cache,
+        resume=not args.no_resume,
+        progress=progress,
+    )
+    bar.close()
+    stem = f"greedy_{args.objective}"
+    write_json(out / f"{stem}.json", result.to_dict())
+    steps = pd.DataFrame(
+        {
+            "step": range(1, result.steps + 1),
+            "head": result.labels(),
+            "score": result.scores,
+            "accuracy": result.accuracy,
+            "auroc": result.auroc,
+        }
+    )
+    steps.to_csv(out / f"{stem}_steps.csv", index=False)
+    pd.DataFrame(
+        {
+            "rank": range(1, len(result.ranking()) + 1),
+            "head": [head_label(*h) for h in result.ranking()],
+        }
+    ).to_csv(out / f"{stem}_ranking.csv", index=False)
+    circuit = MemberMask(
+        f"Circ{args.objective.capitalize()}-{result.steps}",
+        f"greedy {args.objective}, {result.steps} heads removed",
+        result.keep_mask(),
+    )
+    layout = head_layout(loaded.model)
+    save_masks(
+        out / f"{stem}_masks.json",
+        [circuit],
+        model_identity(loaded.name, layout, loaded.fingerprint()),
+    )
+    print(
+        f"dense: accuracy {result.base_accuracy:.4f}, AUROC {result.base_auroc:.4f}; "
+        f"after removing "
+        f"{result.steps} heads: accuracy {result.accuracy[-1]:.4f}, AUROC {result.auroc[-1]:.4f} "
+        f"({result.seconds:.0f} s of compute)"
+    )
+    print(f"wrote {out}/{stem}.json, {stem}_steps.csv, {stem}_ranking.csv, {stem}_masks.json")
+    return 0
+
+
+def _importance_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument(
+        "--taylor-samples",
+        type=int,
+        default=512,
+        help="ID images for Taylor (default: %(default)s)",
+    )
+    p.add_argument(
+        "--greedy",
+        default=None,
+        metavar="GREEDY_JSON",
+        help="a search result (greedy_*.json) whose removal order becomes a rank map",
+    )
+
+
+@command("importance", _importance_arguments)
+def _importance(args: argparse.Namespace) -> int:
+    """Head importance maps: single-head Δaccuracy/ΔAUROC, Taylor, greedy rank, and Spearman."""
+    from hydra_core.analysis.compare import spearman_matrix
+    from hydra_core.analysis.greedy import GreedyResult, single_head_importance
+    from hydra_core.analysis.taylor import taylor_scores
+
+    loaded, _, inputs, cache, out = prepare(args)
+    single = single_head_importance(
+        loaded.model,
+        inputs.id_x,
+        inputs.id_y,
+        inputs.ood_x,
+        batch_size=args.batch_size,
+        cache=cache,
+    )
+    n = args.taylor_samples
+    taylor = taylor_scores(
+        loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size
+    )
+    # Every map is oriented "higher = more important": removing an important head lowers the score.
+    maps = {
+        "delta_accuracy": -single["delta_accuracy"],
+        "delta_auroc": -single["delta_auroc"],
+        "taylor": taylor.double().cpu(),
+    }
+    if args.greedy:
+        result = GreedyResult.from_dict(json.loads(Path(args.greedy).read_text()))
+        steps = result.removal_step_map().double()
+        steps[steps < 0] = float(result.steps)  # never removed = most important
+        maps[f"greedy_{result.objective}_step"] = steps
+    for name, values in maps.items():
+        head_map_frame(values).to_csv(out / f"{name}.csv")
+    correlations = spearman_matrix(maps)
+    correlations.to_csv(out / "spearman.csv")
+    write_json(
+        out / "importance.json",
+        {
+            "base_accuracy": single["base_accuracy"],
+            "base_auroc": single["base_auroc"],
+            "orientation": "higher = more important (delta maps are negated score changes)",
+            "maps": {k: v.tolist() for k, v in maps.items()},
+            "spearman": correlations.to_dict(),
+        },
+    )
+    print(correlations.round(3).to_string())
+    print(f"wrote {', '.join(f'{k}.csv' for k in maps)}, spearman.csv, importance.json to {out}")
+    return 0
+
+
+def _represent_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument(
+        "--layer", type=int, default=-1, help="layer whose heads are read (default: the last)"
+    )
+    p.add_argument(
+        "--masks",
+        default=None,
+        help="a mask file; its first member is the circuit compared "
+        "with the dense model (paper Table 5)",
+    )
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        default=None,
+        metavar="LxHy",
+        help="heads for the 2-D projection (default: every head of --layer)",
+    )
+    p.add_argument("--method", default="pca", choices=("pca", "umap"))
+
+
+@command("represent", _represent_arguments)
+def _represent(args: argparse.Namespace) -> int:
+    """Per-head CLS representations: ID/OOD centroid distances, dense vs circuit, 2-D projection."""
+    from hydra_core.analysis.representations import (
+        centroid_distances,
+        distance_table_dense_vs_circuit,
+        head_cls_features,
+        project_features,
+    )
+    from hydra_core.masks import load_masks, model_identity
+
+    loaded, _, inputs, _, out = prepare(args)
+    layout = head_layout(loaded.model)
+    layer = args.layer % layout.num_layers
+    id_feats = head_cls_features(
+        loaded.model, inputs.id_x, layers=[layer], batch_size=args.batch_size
+    )
+    tables, ood_feats = [], {}
+    for name, x in inputs.ood_per_set.items():
+        ood_feats[name] = head_cls_features(
+            loaded.model, x, layers=[layer], batch_size=args.batch_size
+        )
+        tables.append(
+            centroid_distances(id_feats, ood_feats[name], layers=[layer]).assign(ood_set=name)
+        )
+    distances = pd.concat(tables, ignore_index=True)
+    distances.to_csv(out / f"distances_layer{layer}.csv", index=False)
+    heads = (
+        [parse_head_label(h) for h in args.heads]
+        if args.heads
+        else [(layer, h) for h in range(layout.num_heads[layer])]
+    )
+    if any(h[0] != layer for h in heads):
+        raise SystemExit(f"--heads must belong to --layer {layer}")
+    projection = project_features(
+        id_feats, ood_feats, heads=heads, method=args.method, layers=[layer]
+    )
+    projection.to_csv(out / f"{args.method}_layer{layer}.csv", index=False)
+    written = [f"distances_layer{layer}.csv", f"{args.method}_layer{layer}.csv"]
+    if args.masks:
+        member = load_masks(
+            args.masks, layout, model_identity(loaded.name, layout, loaded.fingerprint())
+        )[0]
+        table5 = distance_table_dense_vs_circuit(
+            loaded.model,
+            member.keep,
+            inputs.id_x,
+            inputs.ood_per_set,
+            layer=layer,
+            batch_size=args.batch_size,
+        )
+        table5.to_csv(out / "dense_vs_circuit.csv", index=False)
+        written.append("dense_vs_circuit.csv")
+        print(table5.round(3).to_string(index=False))
+    summary = distances.groupby("ood_set")[["euclidean", "mahalanobis"]].mean()
+    print(summary.round(3).to_string())
+    print(f"wrote {', '.join(written)} to {out}")
+    return 0
+
+
+def _cahp_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument(
+        "--degree", type=int, default=3, help="degree of the polynomial fit (default: %(default)s)"
+    )
+    p.add_argument(
+        "--k-step",
+        type=int,
+        default=1,
+        help="evaluate every k-th number of heads (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="k-medoids seed (default: %(default)s)")
+
+
+@command("cahp", _cahp_arguments)
+def _cahp(args: argparse.Namespace) -> int:
+    """CAHP complementary head selection (our reading of the public abstract); writes the mask."""
+    from hydra_core.analysis.cahp import cahp_select
+    from hydra_core.masks import MemberMask, model_identity, save_masks
+
+    loaded, _, inputs, _, out = prepare(args)
+    layout = head_layout(loaded.model)
+    grid = list(range(1, layout.total_heads + 1, max(1, args.k_step)))
+    if grid[-1] != layout.total_heads:
+        grid.append(layout.total_heads)
+    result = cahp_select(
+        loaded.model,
+        inputs.id_x,
+        inputs.id_y,
+        degree=args.degree,
+        k_grid=grid,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=progress_bar("CAHP curve"),
+    )
+    result.curve.to_csv(out / "cahp_curve.csv", index=False)
+    write_json(
+        out / "cahp.json",
+        {
+            "knee_k": result.knee_k,
+            "degree": args.degree,
+            "seed": args.seed,
+            "coefficients": result.coefficients.tolist(),
+            "kept": [head_label(*h) for h in result.medoids[result.knee_k]],
+        },
+    )
+    member = MemberMask(
+        f"CAHP-{result.knee_k}", f"CAHP degree {args.degree} seed {args.seed}", result.keep
+    )
+    save_masks(
+        out / "cahp_masks.json", [member], model_identity(loaded.name, layout, loaded.fingerprint())
+    )
+    print(
+        f"knee at {result.knee_k} heads (of {layout.total_heads}); "
+        "wrote cahp_curve.csv, cahp.json, "
+        f"cahp_masks.json to {out}"
+    )
+    return 0

@@ -1,0 +1,431 @@
+"""Command line for Hydra ensembles: masks, hydra, train-ensemble, report.
+
+- ``masks``: build M member masks with a strategy, write a mask file, print their overlap;
+- ``hydra``: assemble the members of a mask file (optionally fine-tuned), evaluate every system,
+  write the tables and export the fused model;
+- ``train-ensemble``: train the independently seeded copies Deep Ensembles need (cached);
+- ``report``: the replication report (docs/report by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hydra_core.cli import (
+    add_data_arguments,
+    add_model_arguments,
+    command,
+    format_table,
+    load_for_cli,
+    progress_bar,
+)
+
+
+def _stage_bars():
+    """A ``progress(stage, done, total)`` callback with one tqdm bar per stage."""
+    bars: dict = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, progress_bar(stage))(done, total)
+
+    return report
+
+
+def _finetune_arguments(p: argparse.ArgumentParser) -> None:
+    from hydra_core.hydra.finetune import OPTIMIZERS, PARAMETER_GROUPS, FinetuneConfig
+
+    d = FinetuneConfig()
+    g = p.add_argument_group("fine-tuning (paper 4.3 / D.2)")
+    g.add_argument("--finetune", action="store_true", help="fine-tune each member before fusing")
+    g.add_argument(
+        "--ft-optimizer", default=d.optimizer, choices=OPTIMIZERS, help="default: %(default)s"
+    )
+    g.add_argument(
+        "--ft-lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+    )
+    g.add_argument("--ft-epochs", type=float, default=d.epochs, help="default: %(default)s")
+    g.add_argument(
+        "--ft-steps", type=int, default=None, help="optimiser steps (overrides --ft-epochs)"
+    )
+    g.add_argument("--ft-batch-size", type=int, default=d.batch_size, help="default: %(default)s")
+    g.add_argument(
+        "--ft-n-train",
+        type=int,
+        default=d.n_train,
+        help="Fashion-MNIST training images used (default: %(default)s)",
+    )
+    g.add_argument(
+        "--ft-warmup-steps", type=int, default=d.warmup_steps, help="default: %(default)s"
+    )
+    g.add_argument(
+        "--ft-trainable",
+        nargs="+",
+        default=list(d.trainable),
+        choices=PARAMETER_GROUPS,
+        help="parameter groups updated (default: %(default)s)",
+    )
+    g.add_argument(
+        "--ft-vary-batch-order",
+        action="store_true",
+        help="a different batch order per member (default: the same for all)",
+    )
+
+
+def _finetune_config(args: argparse.Namespace):
+    from hydra_core.hydra.finetune import FinetuneConfig
+
+    if not args.finetune:
+        return None
+    return FinetuneConfig(
+        optimizer=args.ft_optimizer,
+        lr=args.ft_lr,
+        epochs=args.ft_epochs,
+        steps=args.ft_steps,
+        batch_size=args.ft_batch_size,
+        n_train=args.ft_n_train,
+        warmup_steps=args.ft_warmup_steps,
+        trainable=tuple(args.ft_trainable),
+    )
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+#: strategies that compute masks (a mask file or hand-drawn masks need no command)
+COMPUTED_STRATEGIES = ("seed-sampling", "circuit", "identical-circuit", "taylor", "cahp")
+
+
+def _masks_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_data_arguments(p)
+    p.add_argument(
+        "--strategy",
+        default="seed-sampling",
+        choices=COMPUTED_STRATEGIES,
+        help="how the members are made (default: %(default)s)",
+    )
+    p.add_argument("--m", type=int, default=3, help="number of members (default: %(default)s)")
+    p.add_argument(
+        "--budget", type=int, default=24, help="heads each member prunes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        help="seed sampling draws from this many least useful heads (default: 2 x budget)",
+    )
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="one per member (default: 0..m-1)"
+    )
+    p.add_argument(
+        "--objective",
+        default="avg",
+        choices=("acc", "ood", "avg"),
+        help="greedy objective of the circuit ranking (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ranking-source",
+        default="greedy",
+        choices=("greedy", "taylor"),
+        help="seed sampling's ranking (default: %(default)s)",
+    )
+    p.add_argument(
+        "--per-layer",
+        type=int,
+        nargs="+",
+        default=None,
+        help="taylor with --m 1: heads removed per layer (one number, or one per layer)",
+    )
+    p.add_argument("--taylor-samples", type=int, default=512, help="default: %(default)s")
+    p.add_argument(
+        "--cahp-degree",
+        type=int,
+        default=3,
+        help="CAHP: degree of the accuracy-vs-heads fit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cahp-k-step",
+        type=int,
+        default=1,
+        help="CAHP: evaluate every k-th number of heads (default: %(default)s)",
+    )
+    p.add_argument(
+        "--allow-identical",
+        action="store_true",
+        help="accept members with equal masks (identical-members ablation)",
+    )
+    p.add_argument("--out", default="results/masks/members.json", help="mask file to write")
+
+
+@command("masks", _masks_arguments)
+def _masks(args: argparse.Namespace) -> int:
+    """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.cache import DiskCache
+    from hydra_core.evaluate import resolve_device
+    from hydra_core.hydra.members import build_member_masks, member_overlap
+    from hydra_core.masks import model_identity, save_masks
+    from hydra_core.models.adapter import head_layout
+
+    loaded, benchmark = load_for_cli(args)
+    device = resolve_device(args.device)
+    loaded.model.to(device)
+    inputs = search_inputs(loaded.preprocess, benchmark).to(device)
+    per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
+    layout = head_layout(loaded.model)
+    k_grid = sorted(
+        {*range(1, layout.total_heads + 1, max(1, args.cahp_k_step)), layout.total_heads}
+    )
+    needs_budget = args.strategy in ("seed-sampling", "circuit", "identical-circuit", "taylor")
+    members = build_member_masks(
+        args.strategy,
+        model=loaded.model,
+        inputs=inputs,
+        m=args.m,
+        budget=args.budget if needs_budget and per_layer is None else None,
+        pool=args.pool,
+        seeds=args.seeds,
+        ranking_source=args.ranking_source,
+        objective=args.objective,
+        per_layer=per_layer,
+        taylor_samples=args.taylor_samples,
+        cahp_degree=args.cahp_degree,
+        cahp_k_grid=k_grid,
+        allow_identical=args.allow_identical,
+        cache=DiskCache(),
+        batch_size=args.batch_size,
+        progress=progress_bar(f"{args.strategy} ranking"),
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_masks(out, members, model_identity(loaded.name, layout, loaded.fingerprint()))
+    overlap = member_overlap(members)
+    print("kept heads per layer:")
+    print(overlap["per_layer"].to_string())
+    print("\nJaccard similarity of kept heads:")
+    print(overlap["jaccard"].round(3).to_string())
+    print(
+        f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
+        f"{len(overlap['kept_by_all'])} heads kept by every member, "
+        f"{len(overlap['kept_by_any'])} by at least one"
+    )
+    print(f"wrote {out} ({len(members)} members)")
+    return 0
+
+
+# --- hydra --------------------------------------------------------------------------------------
+
+
+def _hydra_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_data_arguments(p, n_report=2000)
+    p.add_argument("--masks", required=True, help="mask file with the members (from `masks`)")
+    p.add_argument(
+        "--label", default="Hydra", help="name of the ensemble rows (default: %(default)s)"
+    )
+    _finetune_arguments(p)
+    p.add_argument(
+        "--deep-ensemble",
+        action="store_true",
+        help="add Deep Ensembles from trained copies (see `train-ensemble`)",
+    )
+    p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
+    p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
+    p.add_argument(
+        "--latency-batch",
+        type=int,
+        default=32,
+        help="images per timed forward (default: %(default)s)",
+    )
+    p.add_argument("--out", default="results/hydra", help="output folder (default: %(default)s)")
+
+
+@command("hydra", _hydra_arguments)
+def _hydra(args: argparse.Namespace) -> int:
+    """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
+    from hydra_core.cache import DiskCache
+    from hydra_core.hydra.fused import save_hydra
+    from hydra_core.hydra.systems import evaluate_systems
+    from hydra_core.masks import load_masks, model_identity
+    from hydra_core.models.adapter import head_layout
+
+    loaded, benchmark = load_for_cli(args)
+    layout = head_layout(loaded.model)
+    identity = model_identity(loaded.name, layout, loaded.fingerprint())
+    members = load_masks(args.masks, layout, identity)
+    finetune = _finetune_config(args)
+    seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
+    deep = _deep_ensemble_models(args) if args.deep_ensemble else None
+    report = evaluate_systems(
+        loaded,
+        benchmark,
+        members,
+        label=args.label,
+        finetune=finetune,
+        finetune_seeds=seeds,
+        deep_ensemble=deep,
+        device=args.device,
+        bf16=args.bf16,
+        cache=DiskCache(),
+        progress=_stage_bars(),
+        latency=not args.no_latency,
+        latency_batch=args.latency_batch,
+        batch_size=args.batch_size,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report.table().to_csv(out / "systems_table.csv", index=False)
+    summary = report.summary()
+    summary.to_csv(out / "summary.csv", index=False)
+    report.cost.to_csv(out / "cost.csv")
+    (out / "systems.json").write_text(json.dumps(report.to_json(), indent=1))
+    fused = report.info[f"{args.label} (fused)"].models[0]
+    save_hydra(fused.cpu(), out / "hydra.safetensors")
+    if deep is None and args.deep_ensemble:
+        print(
+            "no trained Deep Ensemble copies found; run `python -m hydra_core train-ensemble`",
+            file=sys.stderr,
+        )
+    columns = [
+        "system",
+        "heads",
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "all_auroc",
+        "all_fpr95",
+        "id_mi",
+        "ood_mi",
+        "params",
+        "latency_ms",
+    ]
+    print(format_table(summary[[c for c in columns if c in summary]]))
+    print(
+        f"wrote systems_table.csv, summary.csv, cost.csv, systems.json, hydra.safetensors to {out}"
+    )
+    return 0
+
+
+def _deep_ensemble_models(args: argparse.Namespace):
+    from hydra_core.hydra.deep_ensembles import available_deep_ensemble
+    from hydra_core.models.default import DEFAULT_CHECKPOINT
+
+    default = args.model in ("default", "fmnist-vit-default")
+    reference = DEFAULT_CHECKPOINT if default else Path(args.model)
+    models = available_deep_ensemble(reference=reference)
+    return models if len(models) > 1 else None
+
+
+# --- train-ensemble -----------------------------------------------------------------------------
+
+
+def _train_ensemble_arguments(p: argparse.ArgumentParser) -> None:
+    from hydra_core.models.default import DEFAULT_CHECKPOINT
+
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="one copy per seed; the shipped model is seed 0 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reference",
+        default=str(DEFAULT_CHECKPOINT),
+        help="checkpoint whose recipe and architecture the copies follow",
+    )
+    p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+@command("train-ensemble", _train_ensemble_arguments)
+def _train_ensemble(args: argparse.Namespace) -> int:
+    """Train the independently seeded copies of the model that Deep Ensembles need (cached)."""
+    from dataclasses import replace
+
+    import torch
+    from tqdm import tqdm
+
+    from hydra_core.hydra.deep_ensembles import copy_path, recipe_of, train_deep_ensemble
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train_config, arch = recipe_of(args.reference)
+    if args.epochs is not None:
+        train_config = replace(train_config, epochs=args.epochs)
+    bars: dict = {}
+
+    def progress(seed: int, done: int, total: int) -> None:
+        bars.setdefault(seed, progress_bar(f"train seed {seed}"))(done, total)
+
+    train_deep_ensemble(
+        args.seeds,
+        train_config=train_config,
+        arch=arch,
+        reference=args.reference,
+        progress=progress,
+        log=tqdm.write,
+    )
+    for seed in args.seeds:
+        print(f"seed {seed}: {copy_path(seed, train_config, arch)}")
+    return 0
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    from hydra_core.report import DEFAULT_OUT
+
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small subsets, short fine-tuning: every section in a couple of minutes",
+    )
+    p.add_argument("--model", default=None, help="model source (default: the default model)")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--n-search", type=int, default=None, help="images per search part")
+    p.add_argument("--n-report", type=int, default=None, help="images per report part")
+    p.add_argument("--ood", nargs="+", default=None, metavar="NAME", help="OOD sets (default: all)")
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="pruning seeds, one per member"
+    )
+    p.add_argument(
+        "--removed-per-layer",
+        type=int,
+        default=None,
+        help="heads removed per layer (default: a third of a layer's heads)",
+    )
+    p.add_argument("--no-finetune", action="store_true", help="zero-shot systems only")
+    p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default: %(default)s)")
+
+
+@command("report", _report_arguments)
+def _report(args: argparse.Namespace) -> int:
+    """Replication report of the paper's analyses on the default model (Markdown + CSV)."""
+    from dataclasses import replace
+
+    from hydra_core.report import config_from_args, run_report
+
+    config = config_from_args(
+        args.quick,
+        model=args.model,
+        device=args.device,
+        n_search=args.n_search,
+        n_report=args.n_report,
+        ood=tuple(args.ood) if args.ood else None,
+        seeds=tuple(args.seeds) if args.seeds else None,
+        removed_per_layer=args.removed_per_layer,
+    )
+    if args.no_finetune:
+        config = replace(config, finetune=None)
+    if args.no_deep_ensemble:
+        config = replace(config, deep_ensemble=False)
+    from tqdm import tqdm
+
+    run_report(config, args.out, progress=_stage_bars(), log=tqdm.write)
+    return 0

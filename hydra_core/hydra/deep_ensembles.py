@@ -1,0 +1,156 @@
+"""Deep Ensembles: independently trained copies of the default model, differing only in the seed.
+
+The baseline of the paper's Table 1 (Lakshminarayanan et al., 2017): the same architecture and the
+same recipe, trained from scratch with other random seeds. The recipe is the one the reference
+checkpoint (by default the shipped one) was trained with, read from its metadata, so the copies
+match it; only the seed changes. Each copy is stored as a Hydra Lab checkpoint under
+``<cache>/deep_ensembles/seed{N}-{recipe}.safetensors``, where ``recipe`` hashes the architecture
+and every training setting except the seed; a copy that is there is loaded, not trained again.
+
+Training one copy of the default model takes roughly 15-40 minutes on two CPU cores, so nothing
+here trains unless asked (:func:`train_deep_ensemble`, CLI ``train-ensemble``);
+:func:`available_deep_ensemble` only collects what exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+from safetensors import safe_open
+from torch import nn
+
+from hydra_core.cache import cache_key
+from hydra_core.models.default import (
+    DEFAULT_CHECKPOINT,
+    TrainConfig,
+    VitConfig,
+    load_checkpoint,
+    save_checkpoint,
+    train_vit,
+)
+from hydra_core.paths import cache_dir
+
+FOLDER = "deep_ensembles"
+_NAME = re.compile(r"seed(\d+)-([0-9a-f]+)\.safetensors")
+
+
+def recipe_of(checkpoint: str | Path = DEFAULT_CHECKPOINT) -> tuple[TrainConfig, VitConfig]:
+    """The training recipe and architecture stored in a Hydra Lab checkpoint's metadata
+    (:class:`TrainConfig` defaults for a checkpoint that lacks ``train_config``)."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"reference checkpoint {path} does not exist")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "vit_config" not in meta:
+        raise ValueError(
+            f"{path} has no 'vit_config' metadata; Deep Ensembles need a Hydra Lab "
+            "checkpoint (written by save_checkpoint) as the reference"
+        )
+    arch = VitConfig(**json.loads(meta["vit_config"]))
+    known = {f.name for f in fields(TrainConfig)}
+    stored = json.loads(meta.get("train_config", "{}"))
+    return TrainConfig(**{k: v for k, v in stored.items() if k in known}), arch
+
+
+def recipe_key(train_config: TrainConfig, arch: VitConfig) -> str:
+    """A short hash of the architecture and every training setting except the seed."""
+    settings = {k: v for k, v in asdict(train_config).items() if k != "seed"}
+    return cache_key("deep-ensemble-1", settings, asdict(arch))[:12]
+
+
+def copy_path(
+    seed: int, train_config: TrainConfig, arch: VitConfig, root: str | Path | None = None
+) -> Path:
+    """Where the copy trained with ``seed`` and this recipe is stored."""
+    folder = Path(root) if root is not None else cache_dir() / FOLDER
+    return folder / f"seed{int(seed)}-{recipe_key(train_config, arch)}.safetensors"
+
+
+def train_deep_ensemble(
+    seeds: Sequence[int] = (1, 2),
+    *,
+    train_config: TrainConfig | None = None,
+    arch: VitConfig | None = None,
+    reference: str | Path = DEFAULT_CHECKPOINT,
+    root: str | Path | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[nn.Module]:
+    """Train (or load, when stored) one copy of the model per seed.
+
+    Args:
+        seeds: one copy per seed; the shipped default was trained with seed 0.
+        train_config: the recipe (its seed is replaced by each of ``seeds``); default: the
+            reference checkpoint's recipe.
+        arch: the architecture; default: the reference checkpoint's.
+        reference: the checkpoint whose recipe and architecture the copies follow when
+            ``train_config`` or ``arch`` is not given.
+        root: the folder the copies are stored in (default ``<cache>/deep_ensembles``).
+        progress: ``progress(seed, done, total)`` after every optimiser step.
+        log: receives train_vit's per-epoch lines.
+
+    Returns:
+        The copies (eval mode, CPU), in the order of ``seeds``.
+    """
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+    if train_config is None or arch is None or Path(reference).is_file():
+        stored_config, stored_arch = recipe_of(reference)
+        train_config = train_config or stored_config
+        arch = arch or stored_arch
+        same_recipe = recipe_key(train_config, arch) == recipe_key(stored_config, stored_arch)
+        if same_recipe and stored_config.seed in seeds:
+            raise ValueError(
+                f"seed {stored_config.seed} is the seed the reference checkpoint "
+                f"{reference} was trained with; its copy would be the reference "
+                "itself - choose other seeds"
+            )
+    models = []
+    for seed in seeds:
+        path = copy_path(seed, train_config, arch, root)
+        if path.is_file():
+            model, _ = load_checkpoint(path)
+        else:
+            cfg = replace(train_config, seed=seed)
+            report = (
+                None if progress is None else (lambda done, total, s=seed: progress(s, done, total))
+            )
+            model, summary = train_vit(cfg, arch, log=log, progress=report)
+            save_checkpoint(model, path, arch, train_config=asdict(cfg), summary=summary)
+        models.append(model.eval())
+    return models
+
+
+def available_deep_ensemble(
+    *,
+    reference: str | Path = DEFAULT_CHECKPOINT,
+    root: str | Path | None = None,
+) -> list[nn.Module]:
+    """The reference model followed by every stored copy trained with its recipe (other seeds),
+    without training anything. Fewer than two models means no Deep Ensemble is available yet."""
+    train_config, arch = recipe_of(reference)
+    model, _ = load_checkpoint(reference)
+    members = [model.eval()]
+    for seed in stored_seeds(train_config, arch, root):
+        if seed != train_config.seed:
+            copy, _ = load_checkpoint(copy_path(seed, train_config, arch, root))
+            members.append(copy.eval())
+    return members
+
+
+def stored_seeds(
+    train_config: TrainConfig, arch: VitConfig, root: str | Path | None = None
+) -> list[int]:
+    """Seeds of the copies stored for this recipe, in increasing order."""
+    folder = Path(root) if root is not None else cache_dir() / FOLDER
+    key = recipe_key(train_config, arch)
+    if not folder.is_dir():
+        return []
+    found = (_NAME.fullmatch(p.name) for p in folder.glob("seed*.safetensors"))
+    return sorted(int(m.group(1)) for m in found if m is not None and m.group(2) == key)

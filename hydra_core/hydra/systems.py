@@ -1,0 +1,637 @@
+"""Every system of a Hydra experiment, evaluated on the same report split (SPEC sections 6-7).
+
+:func:`evaluate_systems` evaluates, on the ID report split and every OOD report set:
+
+- ``single``: the source model;
+- any extra single pruned models (``pruned={"Taylor": mask, "CircAvg": mask}``);
+- each member alone (zero-shot: the source model under the member's head mask; fine-tuned: the
+  member's own pruned model);
+- ``<label> (unfused)``: the ensemble of the members run separately, probabilities averaged;
+- ``<label> (fused)``: the Hydra model (:func:`~hydra_core.hydra.fused.fuse_members`), one forward
+  for all members, MLPs averaged when the members were fine-tuned;
+- ``Deep Ensembles``: independently trained full copies, when given.
+
+Ensembles keep their member logits (N, M, C), so the tables carry mutual information and
+disagreement on ID and OOD data. The cost of each system (parameters, multiply-adds, latency on
+the current device; bf16 too on CUDA) is measured in one round-robin so that load drifts hit all
+systems alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from hydra_core import metrics
+from hydra_core.cache import DiskCache, model_fingerprint
+from hydra_core.evaluate import (
+    ID_COLUMNS,
+    OOD_COLUMNS,
+    Evaluation,
+    SetPredictions,
+    evaluate_model,
+    evaluate_system,
+    group_averages,
+    ood_score,
+    probabilities,
+    resolve_device,
+)
+from hydra_core.hydra.cost import (
+    VitShape,
+    count_macs,
+    count_params,
+    formula_params,
+    forward_fn,
+    measure_latencies,
+)
+from hydra_core.hydra.finetune import (
+    FinetuneConfig,
+    FinetunedMember,
+    finetune_members,
+    fuse_finetuned,
+)
+from hydra_core.hydra.fused import fuse_members
+from hydra_core.masks import MemberMask
+from hydra_core.models.adapter import head_layout, prune_heads
+
+DIVERSITY_COLUMNS = ("mutual_information", "disagreement")
+#: The kinds of system a report holds, in the order tables list them.
+KINDS = ("single", "pruned", "member", "unfused", "fused", "deep-ensemble")
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class SystemInfo:
+    """What a system is: its kind (one of :data:`KINDS`), heads kept ("72", "48", "48x3",
+    "47/48/50"), number of members, and the models that make it up (for the cost)."""
+
+    kind: str
+    heads: str
+    members: int = 1
+    models: list[nn.Module] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class SystemsReport:
+    """Evaluations of several systems on the same sets, and their cost.
+
+    Attributes:
+        evaluations: system name -> :class:`~hydra_core.evaluate.Evaluation`.
+        info: system name -> :class:`SystemInfo`.
+        cost: one row per system (params, macs, formula_params, latency_ms, latency_iqr_ms and,
+            on CUDA, latency_bf16_ms; ratios to the single model), or None.
+        setup: how the numbers were made (device, sets, sizes, seconds per stage).
+    """
+
+    evaluations: dict[str, Evaluation]
+    info: dict[str, SystemInfo]
+    cost: pd.DataFrame | None = None
+    setup: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.evaluations) != set(self.info):
+            raise ValueError("evaluations and info must name the same systems")
+
+    @property
+    def systems(self) -> list[str]:
+        return list(self.evaluations)
+
+    def _evaluation(self, system: str) -> Evaluation:
+        if system not in self.evaluations:
+            raise KeyError(f"no system {system!r}; the report has {', '.join(self.evaluations)}")
+        return self.evaluations[system]
+
+    def table(self) -> pd.DataFrame:
+        """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
+        of SPEC section 6, with mutual information and disagreement for ensembles (also averaged
+        over the OOD sets of each group)."""
+        frames = []
+        for name, ev in self.evaluations.items():
+            ood = ev.ood_rows()
+            rows = [{"set": ev.id.name, "group": "id", "n": len(ev.id.logits), **ev.id_metrics()}]
+            rows += [{"set": r["name"], **{k: v for k, v in r.items() if k != "name"}} for r in ood]
+            for avg in group_averages(ood):
+                chosen = [r for r in ood if r["group"] in avg["group"].split("+")]
+                for col in DIVERSITY_COLUMNS:
+                    if all(col in r for r in chosen):
+                        avg[col] = float(np.mean([r[col] for r in chosen]))
+                rows.append(avg)
+            frame = pd.DataFrame(rows)
+            frame.insert(0, "system", name)
+            frame.insert(1, "kind", self.info[name].kind)
+            frames.append(frame)
+        table = pd.concat(frames, ignore_index=True)
+        columns = [
+            "system",
+            "kind",
+            "set",
+            "group",
+            "n",
+            *ID_COLUMNS,
+            *OOD_COLUMNS,
+            "fpr95_tpr_id",
+            *DIVERSITY_COLUMNS,
+        ]
+        return table.reindex(columns=columns)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per system: heads, accuracy, NLL, Brier, ECE, aECE; AUROC, FPR95, AUPR-In and
+        AUPR-Out averaged over near, far and all OOD sets; MI and disagreement on ID and OOD (mean
+        over the OOD sets); params, multiply-adds and latency when the cost was measured."""
+        table = self.table()
+        rows = []
+        for name in self.evaluations:
+            t = table[table["system"] == name].set_index("set")
+            id_row = t[t["group"] == "id"].iloc[0]
+            row = {"system": name, "kind": self.info[name].kind, "heads": self.info[name].heads}
+            row.update({k: id_row[k] for k in ID_COLUMNS})
+            for prefix, label in (
+                ("near", "near-OOD average"),
+                ("far", "far-OOD average"),
+                ("all", "OOD average"),
+            ):
+                for col in OOD_COLUMNS:
+                    row[f"{prefix}_{col}"] = t.loc[label, col] if label in t.index else math.nan
+            ood_avg = t.loc["OOD average"] if "OOD average" in t.index else None
+            for col, short in (("mutual_information", "mi"), ("disagreement", "di")):
+                row[f"id_{short}"] = id_row[col]
+                row[f"ood_{short}"] = math.nan if ood_avg is None else ood_avg[col]
+            if self.cost is not None and name in self.cost.index:
+                for col in ("params", "macs", "latency_ms", "latency_bf16_ms"):
+                    if col in self.cost:
+                        row[col] = self.cost.loc[name, col]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def reliability(self, system: str, n_bins: int = 15) -> pd.DataFrame:
+        """Reliability-diagram data of a system on the ID set (equal-width confidence bins)."""
+        ev = self._evaluation(system)
+        return metrics.reliability_curve(probabilities(ev.id.logits), ev.id.labels, n_bins)
+
+    def roc(self, system: str, ood_set: str = "all") -> tuple[np.ndarray, np.ndarray]:
+        """(fpr, tpr) of the OOD-positive ROC curve of a system against one OOD set, or against
+        all OOD sets pooled (``"all"``)."""
+        ev = self._evaluation(system)
+        names = [s.name for s in ev.ood]
+        if ood_set == "all":
+            ood = np.concatenate([ood_score(s.logits, ev.score) for s in ev.ood])
+        elif ood_set in names:
+            ood = ood_score(ev.ood[names.index(ood_set)].logits, ev.score)
+        else:
+            raise KeyError(f"no OOD set {ood_set!r}; the report has {', '.join(names)} (or 'all')")
+        return metrics.roc_curve_ood(ood_score(ev.id.logits, ev.score), ood)
+
+    def fusion_table(self, label: str = "Hydra") -> pd.DataFrame:
+        """The paper's Table 11: single, fused and unfused rows of :meth:`summary`, and the
+        largest difference between the fused and unfused ensemble probabilities on any image."""
+        fused, unfused = f"{label} (fused)", f"{label} (unfused)"
+        summary = self.summary().set_index("system")
+        table = summary.loc[["single", fused, unfused]].reset_index()
+        table.attrs["max_prob_diff"] = self.max_probability_gap(fused, unfused)
+        return table
+
+    def max_probability_gap(self, a: str, b: str) -> float:
+        """The largest |p_a - p_b| of the ensemble probabilities of two systems, over every image
+        of every set (0 up to float error for zero-shot fused vs unfused members)."""
+        ea, eb = self._evaluation(a), self._evaluation(b)
+        pairs = [(ea.id, eb.id), *zip(ea.ood, eb.ood, strict=True)]
+        return max(
+            float((probabilities(x.logits) - probabilities(y.logits)).abs().max()) for x, y in pairs
+        )
+
+    def add_system(self, name: str, evaluation: Evaluation, info: SystemInfo) -> None:
+        """Add a system evaluated elsewhere on the same sets (e.g. a fine-tuned pruned model)."""
+        if name in self.evaluations:
+            raise ValueError(f"the report already has a system named {name!r}")
+        first = self.evaluations[self.systems[0]] if self.evaluations else None
+        if first is not None and _set_names(first) != _set_names(evaluation):
+            raise ValueError(
+                f"{name!r} was evaluated on {_set_names(evaluation)}, the report on "
+                f"{_set_names(first)}"
+            )
+        if info.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {info.kind!r}")
+        self.evaluations[name] = evaluation
+        self.info[name] = info
+
+    def measure(
+        self,
+        images: torch.Tensor,
+        *,
+        systems: Sequence[str] | None = None,
+        latency: bool = True,
+        repeats: int = 20,
+    ) -> pd.DataFrame:
+        """Measure the cost of ``systems`` (default: all) on the batch ``images`` (see
+        :func:`measure_cost`); the result becomes :attr:`cost` and is returned."""
+        chosen = self.systems if systems is None else list(systems)
+        missing = [n for n in chosen if n not in self.info]
+        if missing:
+            raise KeyError(f"no systems {missing}; the report has {', '.join(self.systems)}")
+        self.cost = measure_cost(
+            {n: self.info[n] for n in chosen}, images, latency=latency, repeats=repeats
+        )
+        return self.cost
+
+    def merge(self, other: SystemsReport) -> SystemsReport:
+        """Both reports' systems in one (systems ``other`` shares with this one are taken from
+        this one; they must be on the same sets)."""
+        if _set_names(self.evaluations[self.systems[0]]) != _set_names(
+            other.evaluations[other.systems[0]]
+        ):
+            raise ValueError("the two reports were evaluated on different sets")
+        evaluations = dict(self.evaluations)
+        info = dict(self.info)
+        for name, ev in other.evaluations.items():
+            if name not in evaluations:
+                evaluations[name] = ev
+                info[name] = other.info[name]
+        cost = self.cost
+        if other.cost is not None:
+            new = [n for n in other.cost.index if cost is None or n not in cost.index]
+            extra = other.cost.loc[new]
+            cost = extra if cost is None else pd.concat([cost, extra])
+        setup = {**other.setup, **self.setup}
+        setup["seconds"] = {**other.setup.get("seconds", {}), **self.setup.get("seconds", {})}
+        return SystemsReport(evaluations, info, cost, setup)
+
+    def to_json(self) -> dict:
+        """JSON-safe (NaN as None): setup, per system its kind, heads and evaluation, the summary
+        and the cost."""
+        systems = {
+            name: {
+                "kind": self.info[name].kind,
+                "heads": self.info[name].heads,
+                "members": self.info[name].members,
+                "evaluation": ev.to_json({"name": name}),
+            }
+            for name, ev in self.evaluations.items()
+        }
+        out = {
+            "setup": self.setup,
+            "systems": systems,
+            "summary": self.summary().to_dict(orient="records"),
+            "cost": None
+            if self.cost is None
+            else self.cost.reset_index(names="system").to_dict(orient="records"),
+        }
+        return _json_safe(out)
+
+
+def evaluate_systems(
+    loaded,
+    benchmark,
+    members: Sequence[MemberMask] | Sequence[FinetunedMember],
+    *,
+    label: str = "Hydra",
+    pruned: Mapping[str, torch.Tensor] | None = None,
+    finetune: FinetuneConfig | None = None,
+    finetune_seeds: Sequence[int] | None = None,
+    train_set=None,
+    deep_ensemble: Sequence[nn.Module] | None = None,
+    device: str | torch.device | None = "auto",
+    bf16: bool = False,
+    cache: DiskCache | None = None,
+    progress: Progress | None = None,
+    latency: bool = True,
+    latency_batch: int = 32,
+    latency_repeats: int = 20,
+    batch_size: int = 256,
+    score: str = "msp",
+) -> SystemsReport:
+    """Evaluate the single model, members, unfused and fused ensembles (and more) on the report
+    split.
+
+    Args:
+        loaded: a :class:`~hydra_core.models.registry.LoadedModel` (the source model).
+        benchmark: a :class:`~hydra_core.data.benchmark.Benchmark`; only its report parts are used.
+        members: member masks (zero-shot members, or fine-tuned first when ``finetune`` is given)
+            or already fine-tuned members.
+        label: prefix of the ensemble system names (``"Hydra (Circ)"`` gives ``"Hydra (Circ)
+            (fused)"``) and of the member rows.
+        pruned: extra single pruned models to evaluate, name -> head mask (e.g. Taylor, CircAvg).
+        finetune: fine-tune each member separately with this configuration before evaluating.
+        finetune_seeds: batch-order seed per member (default 0 for all).
+        train_set: fine-tuning images (default Fashion-MNIST train).
+        deep_ensemble: independently trained full models (two or more), e.g. from
+            :func:`~hydra_core.hydra.deep_ensembles.available_deep_ensemble`.
+        device: "auto", "cpu" or "cuda".
+        bf16: predict under bfloat16 autocast (meant for CUDA).
+        cache: predictions and fine-tuned weights are read from and saved to it.
+        progress: ``progress(stage, done, total)`` for fine-tuning steps and prediction batches.
+        latency: measure latency (otherwise params and multiply-adds only).
+        latency_batch: images per forward when timing; latency_repeats: timed calls per system.
+        batch_size: images per forward when predicting; score: the OOD score.
+    """
+    if not members:
+        raise ValueError("no members: pass the member masks (or fine-tuned members) to evaluate")
+    device = resolve_device(device)
+    model, preprocess = loaded.model.to(device).eval(), loaded.preprocess
+    id_set, ood_sets = benchmark.id_report, list(benchmark.ood_report)
+    seconds: dict[str, float] = {}
+    common = dict(device=device, cache=cache, batch_size=batch_size, score=score, bf16=bf16)
+
+    def predictions(stage: str):
+        if progress is None:
+            return None
+        return lambda s, done, total: progress(f"{stage}: {s}", done, total)
+
+    def timed(stage: str, fn):
+        start = time.perf_counter()
+        value = fn()
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
+        return value
+
+    total_heads = head_layout(model).total_heads
+    evaluations: dict[str, Evaluation] = {}
+    info: dict[str, SystemInfo] = {}
+    evaluations["single"] = timed(
+        "evaluate",
+        lambda: evaluate_model(
+            model,
+            preprocess,
+            id_set,
+            ood_sets,
+            name="single",
+            progress=predictions("single"),
+            **common,
+        ),
+    )
+    info["single"] = SystemInfo("single", str(total_heads), models=[model])
+
+    for name, keep in (pruned or {}).items():
+        evaluations[name] = timed(
+            "evaluate",
+            lambda keep=keep, name=name: evaluate_model(
+                model,
+                preprocess,
+                id_set,
+                ood_sets,
+                keep=keep,
+                name=name,
+                progress=predictions(name),
+                **common,
+            ),
+        )
+        info[name] = SystemInfo("pruned", str(int(keep.sum())), models=[prune_heads(model, keep)])
+
+    finetuned = _finetuned(
+        members, finetune, finetune_seeds, loaded, train_set, device, cache, progress, timed
+    )
+    member_models, member_evals, kept = [], [], []
+    for i, member in enumerate(members if finetuned is None else finetuned):
+        name = f"{label}: {member.name}"
+        if finetuned is None:  # the source model under the member's mask
+            system, keep = model, member.keep
+            member_models.append(prune_heads(model, member.keep))
+            kept.append(int(member.keep.sum()))
+        else:
+            system, keep = member.model, None
+            member_models.append(member.model)
+            kept.append(head_layout(member.model).total_heads)
+        evaluations[name] = timed(
+            "evaluate",
+            lambda system=system, keep=keep, name=name: evaluate_model(
+                system,
+                preprocess,
+                id_set,
+                ood_sets,
+                keep=keep,
+                name=name,
+                progress=predictions(name),
+                **common,
+            ),
+        )
+        info[name] = SystemInfo("member", str(kept[i]), models=[member_models[i]])
+        member_evals.append(evaluations[name])
+
+    heads = _heads_label(kept)
+    unfused = f"{label} (unfused)"
+    evaluations[unfused] = _stacked(unfused, member_evals)
+    info[unfused] = SystemInfo("unfused", heads, len(member_evals), models=member_models)
+
+    fused = f"{label} (fused)"
+    start = time.perf_counter()
+    hydra = (
+        (
+            fuse_members([(model, m.keep) for m in members])
+            if finetuned is None
+            else fuse_finetuned(finetuned)
+        )
+        .to(device)
+        .eval()
+    )
+    seconds["fuse"] = time.perf_counter() - start
+    evaluations[fused] = timed(
+        "evaluate",
+        lambda: evaluate_system(
+            hydra,
+            preprocess,
+            id_set,
+            ood_sets,
+            name=fused,
+            cache_parts=("hydra", model_fingerprint(hydra)),
+            progress=predictions(fused),
+            **common,
+        ),
+    )
+    info[fused] = SystemInfo("fused", heads, len(member_evals), models=[hydra])
+
+    if deep_ensemble is not None:
+        if len(deep_ensemble) < 2:
+            raise ValueError(
+                f"Deep Ensembles need two or more independently trained models, got "
+                f"{len(deep_ensemble)}; train copies with train_deep_ensemble"
+            )
+        de_models = [m.to(device).eval() for m in deep_ensemble]
+        de_evals = [
+            timed(
+                "evaluate",
+                lambda m=m, i=i: evaluate_model(
+                    m,
+                    preprocess,
+                    id_set,
+                    ood_sets,
+                    name=f"Deep Ensembles {i}",
+                    progress=predictions(f"Deep Ensembles member {i}"),
+                    **common,
+                ),
+            )
+            for i, m in enumerate(de_models)
+        ]
+        evaluations["Deep Ensembles"] = _stacked("Deep Ensembles", de_evals)
+        de_heads = _heads_label([head_layout(m).total_heads for m in de_models])
+        info["Deep Ensembles"] = SystemInfo(
+            "deep-ensemble", de_heads, len(de_models), models=de_models
+        )
+
+    setup = {
+        "device": str(device),
+        "bf16": bf16,
+        "score": score,
+        "label": label,
+        "id_set": f"{id_set.name} (report split, n={len(id_set)})",
+        "ood_sets": {s.name: {"group": s.group, "n": len(s)} for s in ood_sets},
+        "members": [m.name for m in members],
+        "finetune": None if finetune is None else asdict(finetune),
+        "latency_batch": latency_batch,
+        "latency_repeats": latency_repeats,
+        "torch_threads": torch.get_num_threads(),
+        "machine": machine_description(device),
+        "seconds": seconds,
+    }
+    if finetuned is not None:
+        setup["finetune_seconds"] = {m.name: m.seconds for m in finetuned}
+        setup["finetune_cached"] = {m.name: m.cached for m in finetuned}
+    report = SystemsReport(evaluations, {k: info[k] for k in evaluations}, None, setup)
+    images = preprocess(id_set.images[:latency_batch]).to(device)
+    timed("cost", lambda: report.measure(images, latency=latency, repeats=latency_repeats))
+    return report
+
+
+def measure_cost(
+    info: Mapping[str, SystemInfo],
+    images: torch.Tensor,
+    *,
+    latency: bool = True,
+    warmup: int = 3,
+    repeats: int = 20,
+) -> pd.DataFrame:
+    """Params, multiply-adds (for the batch ``images``), the paper's formula parameter count, and
+    latency (ms per batch, median and inter-quartile range over ``repeats`` round-robin calls;
+    on CUDA also under bf16 autocast) of each system's models run one after another."""
+    macs_one: dict[int, int] = {}
+    rows = {}
+    # every system here comes from one architecture; a plain ViT among them gives its sizes
+    shape = VitShape.of(next(m for s in info.values() if s.kind != "fused" for m in s.models))
+    for name, system in info.items():
+        for m in system.models:
+            if id(m) not in macs_one:
+                macs_one[id(m)] = count_macs(m, images[:1])
+        rows[name] = {
+            "params": sum(count_params(m) for m in system.models),
+            "macs": len(images) * sum(macs_one[id(m)] for m in system.models),
+            "formula_params": _formula_params(system, shape),
+        }
+    if latency:
+        precisions = [("latency", None)]
+        if images.device.type == "cuda":
+            precisions.append(("latency_bf16", torch.bfloat16))
+        for column, dtype in precisions:
+            fns = {
+                name: forward_fn(s.models, images, autocast_dtype=dtype) for name, s in info.items()
+            }
+            timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=images.device)
+            for name, t in timings.items():
+                rows[name][f"{column}_ms"] = t["median_ms"]
+                rows[name][f"{column}_iqr_ms"] = t["iqr_ms"]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    for column in ("params", "macs", "latency_ms", "latency_bf16_ms"):
+        if column in table and "single" in table.index:
+            ratio = column.replace("_ms", "") + "_ratio"
+            table[ratio] = table[column] / table.loc["single", column]
+    return table.rename_axis("system")
+
+
+def machine_description(device: torch.device | str) -> str:
+    """CPU model and core count, or the GPU's name, for the setup section of a report."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu}, {cores} cores available, {torch.get_num_threads()} torch threads"
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _finetuned(members, finetune, seeds, loaded, train_set, device, cache, progress, timed):
+    """The fine-tuned members, or None for zero-shot members."""
+    given = [isinstance(m, FinetunedMember) for m in members]
+    if all(given):
+        if finetune is not None:
+            raise ValueError("the members are already fine-tuned; pass finetune=None")
+        return list(members)
+    if any(given):
+        raise TypeError("members must be all MemberMask or all FinetunedMember, not a mix")
+    if finetune is None:
+        return None
+    report = (
+        None
+        if progress is None
+        else (lambda name, done, total: progress(f"fine-tune {name}", done, total))
+    )
+    return timed(
+        "finetune",
+        lambda: finetune_members(
+            loaded.model,
+            members,
+            finetune,
+            preprocess=loaded.preprocess,
+            train_set=train_set,
+            seeds=seeds,
+            device=device,
+            cache=cache,
+            progress=report,
+        ),
+    )
+
+
+def _stacked(name: str, evaluations: Sequence[Evaluation]) -> Evaluation:
+    """An ensemble's evaluation from its members': member logits stacked to (N, M, C)."""
+    first = evaluations[0]
+
+    def stack(parts: Sequence[SetPredictions]) -> SetPredictions:
+        logits = torch.stack([p.logits for p in parts], dim=1)  # (N, M, C)
+        return SetPredictions(parts[0].name, parts[0].group, logits, parts[0].labels)
+
+    ood = [stack([ev.ood[i] for ev in evaluations]) for i in range(len(first.ood))]
+    return Evaluation(name, stack([ev.id for ev in evaluations]), ood, score=first.score)
+
+
+def _set_names(evaluation: Evaluation) -> list[str]:
+    return [s.name for s in [evaluation.id, *evaluation.ood]]
+
+
+def _heads_label(kept: Sequence[int]) -> str:
+    if len(set(kept)) == 1:
+        return f"{kept[0]}x{len(kept)}" if len(kept) > 1 else str(kept[0])
+    return "/".join(str(k) for k in kept)
+
+
+def _formula_params(system: SystemInfo, shape: VitShape) -> int:
+    """The paper's per-layer weight count (Appendix B.4), summed over layers."""
+    if system.kind == "fused":
+        return formula_params(shape, system.models[0].member_head_counts(), merged_mlp=True)
+    heads = [list(head_layout(m).num_heads) for m in system.models]
+    return formula_params(shape, heads, merged_mlp=False)
+
+
+def _json_safe(value):
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value

@@ -1,0 +1,140 @@
+"""The command line, run as a user runs it, on a tiny checkpoint written by the fixture."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from hydra_core.cli import COMMANDS, build_parser, main
+from hydra_core.masks import load_masks
+from hydra_core.models.adapter import HeadLayout
+from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+
+TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)
+DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    model = build_vit(TINY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_checkpoint(model, path, TINY)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([name, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_eval_json(checkpoint, capsys):
+    assert main(["eval", "--model", checkpoint, *DATA, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["layers"] == 2 and out["model"]["heads"] == 4
+    assert out["id"]["n"] == 60 and 0 <= out["id"]["accuracy"] <= 1
+    assert [o["name"] for o in out["ood"]] == ["mnist", "noise"]
+    assert {o["group"] for o in out["ood"]} == {"near", "far"}
+    assert all(0 <= o["auroc"] <= 1 for o in out["ood"])
+
+
+def test_info_json(checkpoint, capsys):
+    assert main(["info", "--model", checkpoint, *DATA, "--json"]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert card["params"] == sum(p.numel() for p in build_vit(TINY).parameters())
+    assert set(card["ood_auroc"]) == {"mnist", "noise"}
+
+
+def test_search_importance_represent(checkpoint, tmp_path, capsys):
+    out = tmp_path / "search"
+    assert main(["search", "--model", checkpoint, *DATA, "--budget", "3", "--out", str(out)]) == 0
+    steps = pd.read_csv(out / "greedy_avg_steps.csv")
+    assert len(steps) == 3 and steps["head"].str.match(r"L\dH\d").all()
+    members = load_masks(out / "greedy_avg_masks.json", HeadLayout((4, 4), 6, 24))
+    assert members[0].kept == 8 - 3
+    result = json.loads((out / "greedy_avg.json").read_text())
+    assert result["scores"] == pytest.approx(steps["score"].tolist())
+
+    imp = tmp_path / "importance"
+    assert (
+        main(
+            [
+                "importance",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--greedy",
+                str(out / "greedy_avg.json"),
+                "--taylor-samples",
+                "20",
+                "--out",
+                str(imp),
+            ]
+        )
+        == 0
+    )
+    for name in ("delta_accuracy", "delta_auroc", "taylor", "greedy_avg_step"):
+        assert pd.read_csv(imp / f"{name}.csv", index_col=0).shape == (2, 4)
+    spearman = pd.read_csv(imp / "spearman.csv", index_col=0)
+    assert spearman.loc["taylor", "taylor"] == pytest.approx(1.0)
+
+    rep = tmp_path / "represent"
+    assert (
+        main(
+            [
+                "represent",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--masks",
+                str(out / "greedy_avg_masks.json"),
+                "--out",
+                str(rep),
+            ]
+        )
+        == 0
+    )
+    distances = pd.read_csv(rep / "distances_layer1.csv")
+    assert len(distances) == 4 * 2 and (distances["mahalanobis"] >= 0).all()
+    table5 = pd.read_csv(rep / "dense_vs_circuit.csv")
+    assert list(table5["dataset"]) == ["mnist", "noise", "Average"]
+    assert len(pd.read_csv(rep / "pca_layer1.csv")) == 40 + 2 * 40
+
+
+def test_cahp(checkpoint, tmp_path):
+    out = tmp_path / "cahp"
+    assert main(["cahp", "--model", checkpoint, *DATA, "--k-step", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "cahp.json").read_text())
+    members = load_masks(out / "cahp_masks.json", HeadLayout((4, 4), 6, 24))
+    assert members[0].kept == summary["knee_k"] == len(summary["kept"])
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["eval", "--model", "/nonexistent.safetensors"], "does not exist"),
+        (["eval", "--model", "vit_tiny_patch16_2244"], "did you mean"),
+        (["eval", "--model", "{checkpoint}", "--ood", "cifar"], "unknown OOD set"),
+        (
+            ["eval", "--model", "{checkpoint}", "--n-search", "0"],
+            "n_search must be a positive number",
+        ),
+    ],
+)
+def test_bad_arguments_are_explained(argv, match, checkpoint):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        main([a.format(checkpoint=checkpoint) for a in argv])

@@ -1,0 +1,216 @@
+"""The Hydra commands (masks, hydra, train-ensemble), run as a user would, on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import hydra_core.cli_hydra  # noqa: F401 - registers the commands
+from hydra_core.cli import build_parser, main
+from hydra_core.data.benchmark import default_benchmark
+from hydra_core.data.images import ImageSet
+from hydra_core.evaluate import probabilities
+from hydra_core.hydra.deep_ensembles import available_deep_ensemble
+from hydra_core.hydra.fused import load_hydra
+from hydra_core.masks import load_masks
+from hydra_core.metrics import accuracy
+from hydra_core.models.adapter import HeadLayout
+from hydra_core.models.default import VitConfig, build_vit, preprocess, save_checkpoint
+
+TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)
+DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    model = build_vit(TINY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_checkpoint(model, path, TINY)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", ["masks", "hydra", "train-ensemble", "report"])
+def test_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([name, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_masks_then_hydra(checkpoint, tmp_path, capsys):
+    masks = tmp_path / "members.json"
+    assert (
+        main(
+            [
+                "masks",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--budget",
+                "2",
+                "--pool",
+                "5",
+                "--seeds",
+                "0",
+                "2",
+                "3",
+                "--out",
+                str(masks),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "Jaccard" in printed and "mean pairwise Jaccard" in printed
+    members = load_masks(masks, HeadLayout((4, 4), 6, 24))
+    assert [m.name for m in members] == ["CircAvg seed 0", "CircAvg seed 2", "CircAvg seed 3"]
+    assert all(m.kept == 6 for m in members)
+
+    out = tmp_path / "hydra"
+    assert (
+        main(
+            [
+                "hydra",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--masks",
+                str(masks),
+                "--out",
+                str(out),
+                "--latency-batch",
+                "4",
+            ]
+        )
+        == 0
+    )
+    summary = pd.read_csv(out / "summary.csv").set_index("system")
+    assert {"single", "Hydra (unfused)", "Hydra (fused)"} <= set(summary.index)
+    assert summary.loc["Hydra (fused)", "heads"] == "6x3"
+    assert len(pd.read_csv(out / "systems_table.csv")) == 6 * len(summary)
+    systems = json.loads((out / "systems.json").read_text())["systems"]
+    assert systems["Hydra (fused)"]["kind"] == "fused"
+    # the exported model reproduces the fused row's accuracy on the report split
+    hydra = load_hydra(out / "hydra.safetensors")
+    id_report = default_benchmark(n_search=40, n_report=60, ood=["mnist", "noise"]).id_report
+    with torch.no_grad():
+        probs = probabilities(hydra(preprocess(id_report.images)))
+    expected = summary.loc["Hydra (fused)", "accuracy"]
+    assert accuracy(probs, id_report.labels) == pytest.approx(expected)
+
+    tuned = tmp_path / "tuned"
+    assert (
+        main(
+            [
+                "hydra",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--masks",
+                str(masks),
+                "--out",
+                str(tuned),
+                "--finetune",
+                "--ft-steps",
+                "2",
+                "--ft-n-train",
+                "64",
+                "--ft-batch-size",
+                "32",
+                "--ft-vary-batch-order",
+                "--no-latency",
+                "--label",
+                "Tuned",
+            ]
+        )
+        == 0
+    )
+    setup = json.loads((tuned / "systems.json").read_text())["setup"]
+    assert setup["finetune"]["steps"] == 2 and setup["label"] == "Tuned"
+    assert "latency_ms" not in pd.read_csv(tuned / "cost.csv").columns
+
+
+def _tiny_fashion_mnist(split: str = "test") -> ImageSet:
+    n = {"train": 64, "validation": 32, "test": 32, "train-full": 96}[split]
+    g = torch.Generator().manual_seed(len(split))
+    images = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
+    return ImageSet("fashion_mnist", images, torch.arange(n) % 10, "id")
+
+
+def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatch, capsys):
+    # train_vit reads Fashion-MNIST itself; a tiny stand-in keeps this to a few optimiser steps
+    monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", _tiny_fashion_mnist)
+    assert (
+        main(["train-ensemble", "--reference", checkpoint, "--seeds", "1", "2", "--epochs", "1"])
+        == 0
+    )
+    paths = [
+        line.split(": ", 1)[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("seed")
+    ]
+    assert len(paths) == 2 and all(p.endswith(".safetensors") for p in paths)
+    with pytest.raises(ValueError, match="seed 0 is the seed the reference"):
+        main(["train-ensemble", "--reference", checkpoint, "--seeds", "0"])
+    # the recipe changed (--epochs 1), so the reference's own recipe has no copies
+    assert len(available_deep_ensemble(reference=checkpoint)) == 1
+    from hydra_core.hydra import deep_ensembles
+
+    one_epoch = deep_ensembles.TrainConfig(epochs=1)
+    monkeypatch.setattr(deep_ensembles, "recipe_of", lambda reference: (one_epoch, TINY))
+    assert len(available_deep_ensemble(reference=checkpoint)) == 3
+    masks = tmp_path / "members.json"
+    assert (
+        main(
+            [
+                "masks",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--strategy",
+                "taylor",
+                "--budget",
+                "2",
+                "--pool",
+                "6",
+                "--m",
+                "2",
+                "--out",
+                str(masks),
+            ]
+        )
+        == 0
+    )
+    out = tmp_path / "hydra"
+    assert (
+        main(
+            [
+                "hydra",
+                "--model",
+                checkpoint,
+                *DATA,
+                "--masks",
+                str(masks),
+                "--deep-ensemble",
+                "--no-latency",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    summary = pd.read_csv(out / "summary.csv").set_index("system")
+    assert summary.loc["Deep Ensembles", "heads"] == "8x3"
+    assert summary.loc["Deep Ensembles", "id_mi"] > 0

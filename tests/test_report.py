@@ -1,0 +1,129 @@
+"""``python -m hydra_core report --quick`` on a tiny checkpoint: every section, every file."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import hydra_core.cli_hydra  # noqa: F401 - registers the report command
+from hydra_core.cli import main
+from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+from hydra_core.report import Budgets, ReportConfig, markdown_table
+
+TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)
+
+SECTIONS = [
+    "## Setup",
+    "## Circuits found by the greedy search",
+    "## Table 4",
+    "## Table 5",
+    "## Table 6",
+    "## Tables 1-2",
+    "## Table 9",
+    "## Table 11",
+    "## Table 7",
+]
+CSVS = [
+    "table4_zero_shot",
+    "table5_distances",
+    "table6_circuits",
+    "table1_systems",
+    "table9_diversity",
+    "table11_fusion",
+    "table7_cost",
+    "circuits",
+    "summary_all_systems",
+    "all_sets",
+]
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory) -> tuple:
+    torch.manual_seed(0)
+    model = build_vit(TINY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    root = tmp_path_factory.mktemp("report")
+    checkpoint = root / "tiny.safetensors"
+    save_checkpoint(model, checkpoint, TINY)
+    out = root / "out"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HYDRA_LAB_CACHE", str(root / "cache"))
+    try:
+        # seeds 0 and 1 draw the same 2 of 5 heads; 0, 2, 3 give three different members
+        assert (
+            main(
+                [
+                    "report",
+                    "--quick",
+                    "--model",
+                    str(checkpoint),
+                    "--ood",
+                    "mnist",
+                    "noise",
+                    "--device",
+                    "cpu",
+                    "--seeds",
+                    "0",
+                    "2",
+                    "3",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+    finally:
+        mp.undo()
+    return out
+
+
+def test_every_section_and_file(report_dir):
+    text = (report_dir / "report.md").read_text()
+    for section in SECTIONS:
+        assert section in text
+    assert "Deep Ensembles**: not available" in text and "train-ensemble" in text
+    for name in CSVS:
+        assert len(pd.read_csv(report_dir / f"{name}.csv")) > 0, name
+    data = json.loads((report_dir / "report.json").read_text())
+    assert data["setup"]["budgets"] == {"removed_per_layer": 1, "budget": 2, "pool": 5, "total": 8}
+    assert data["setup"]["total_seconds"] > 0
+    assert "evaluate zero-shot systems" in data["setup"]["seconds"]
+
+
+def test_key_numbers(report_dir):
+    table4 = pd.read_csv(report_dir / "table4_zero_shot.csv")
+    assert list(table4["system"]) == ["single", "Taylor", "CircAvg"]
+    assert list(table4["heads"]) == [8, 6, 6]
+    fusion = pd.read_csv(report_dir / "table11_fusion.csv").set_index("system")
+    assert fusion.loc["Hydra (Circ) (fused)", "max_prob_diff"] < 1e-5  # zero-shot: exact
+    assert fusion.loc["Hydra (Circ), fine-tuned (fused)", "max_prob_diff"] > 0
+    diversity = pd.read_csv(report_dir / "table9_diversity.csv").set_index("system")
+    identical = diversity.loc["Hydra (Circ, identical members) (fused)"]
+    assert identical["id_mi"] == pytest.approx(0, abs=1e-6) and identical["ood_di"] == 0
+    assert diversity.loc["Hydra (Circ) (fused)", "id_mi"] > 0
+    table5 = pd.read_csv(report_dir / "table5_distances.csv")
+    assert list(table5["dataset"]) == ["mnist", "noise", "Average"]
+    cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
+    assert cost.loc["single", "latency_ratio"] == 1.0 and cost["latency_ms"].gt(0).all()
+    members = json.loads((report_dir / "members.json").read_text())["members"]
+    assert len(members) == 6  # 3 Hydra (Circ) + 3 Hydra (Taylor)
+
+
+def test_budgets_and_markdown():
+    from hydra_core.models.adapter import HeadLayout
+
+    budgets = Budgets.of(HeadLayout((12,) * 6, 16, 192), ReportConfig())
+    assert (budgets.removed_per_layer, budgets.budget, budgets.pool) == (4, 24, 48)
+    frame = pd.DataFrame(
+        {"system": ["a"], "accuracy": [0.9123], "ece": [0.01234], "near_auroc": [float("nan")]}
+    )
+    assert markdown_table(frame).splitlines() == [
+        "| System | Acc↑ | ECE↓ | near AUROC↑ |",
+        "|---|---|---|---|",
+        "| a | 91.23 | 0.0123 | – |",
+    ]

@@ -1,0 +1,264 @@
+"""Every system of a Hydra experiment, checked against plain computations on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hydra_core import metrics
+from hydra_core.data.benchmark import build_benchmark
+from hydra_core.data.images import ImageSet
+from hydra_core.evaluate import evaluate_model
+from hydra_core.hydra.cost import count_params
+from hydra_core.hydra.finetune import FinetuneConfig, finetune_members, fused_vs_unfused
+from hydra_core.hydra.systems import SystemInfo, evaluate_systems
+from hydra_core.masks import MemberMask
+from hydra_core.models.adapter import ablate, prune_heads
+from hydra_core.models.registry import LoadedModel
+from tests.conftest import make_tiny_vit
+
+ATOL = 1e-5
+
+
+def preprocess(images: torch.Tensor) -> torch.Tensor:
+    return images.float() / 127.5 - 1.0
+
+
+def image_set(name: str, n: int, group: str, seed: int, labelled: bool = False) -> ImageSet:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, 16, 16), generator=g, dtype=torch.uint8)
+    labels = torch.arange(n) % 5 if labelled else None
+    return ImageSet(name, images, labels, group)
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    ood = [image_set("near_set", 30, "near", 2), image_set("far_set", 30, "far", 3)]
+    return build_benchmark(image_set("id_set", 60, "id", 1, labelled=True), None, ood)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return LoadedModel("tiny", make_tiny_vit(depth=3, num_heads=4), preprocess)
+
+
+@pytest.fixture(scope="module")
+def members():
+    masks = torch.ones(3, 3, 4, dtype=torch.bool)
+    masks[0, 0, :2] = False
+    masks[1, 1, 1:3] = False
+    masks[2, 2, 0] = False
+    masks[2, 0, 3] = False
+    return [MemberMask(f"m{i}", "test", masks[i]) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def report(loaded, benchmark, members):
+    deep = [loaded.model, make_tiny_vit(seed=7, depth=3, num_heads=4)]
+    taylor = torch.ones(3, 4, dtype=torch.bool)
+    taylor[:, 3] = False
+    return evaluate_systems(
+        loaded,
+        benchmark,
+        members,
+        pruned={"Taylor": taylor},
+        deep_ensemble=deep,
+        device="cpu",
+        latency=True,
+        latency_batch=4,
+        latency_repeats=2,
+    )
+
+
+def test_systems_and_their_kinds(report):
+    kinds = {name: info.kind for name, info in report.info.items()}
+    assert kinds == {
+        "single": "single",
+        "Taylor": "pruned",
+        "Hydra: m0": "member",
+        "Hydra: m1": "member",
+        "Hydra: m2": "member",
+        "Hydra (unfused)": "unfused",
+        "Hydra (fused)": "fused",
+        "Deep Ensembles": "deep-ensemble",
+    }
+    assert report.info["Hydra (fused)"].heads == "10x3" and report.info["Taylor"].heads == "9"
+
+
+def test_fused_equals_unfused_for_zero_shot_members(report):
+    assert report.max_probability_gap("Hydra (fused)", "Hydra (unfused)") < ATOL
+    fused, unfused = report.evaluations["Hydra (fused)"], report.evaluations["Hydra (unfused)"]
+    torch.testing.assert_close(fused.id.logits, unfused.id.logits, rtol=0, atol=1e-4)
+    table = report.fusion_table()
+    assert list(table["system"]) == ["single", "Hydra (fused)", "Hydra (unfused)"]
+    assert table.attrs["max_prob_diff"] < ATOL
+    assert table.loc[1, "accuracy"] == table.loc[2, "accuracy"]
+
+
+def test_member_rows_equal_evaluate_model_with_the_mask(report, loaded, benchmark, members):
+    for member in members:
+        expected = evaluate_model(
+            loaded.model,
+            preprocess,
+            benchmark.id_report,
+            benchmark.ood_report,
+            keep=member.keep,
+            name=f"Hydra: {member.name}",
+            device="cpu",
+        )
+        got = report.evaluations[f"Hydra: {member.name}"]
+        assert torch.equal(got.id.logits, expected.id.logits)
+        numbers = ["system", "set", "group"]
+        np.testing.assert_array_equal(
+            got.table().drop(columns=numbers).to_numpy(float),
+            expected.table().drop(columns=numbers).to_numpy(float),
+        )
+
+
+def test_ensemble_metrics_against_plain_numbers(report, loaded, benchmark, members):
+    x = preprocess(benchmark.id_report.images)
+    with torch.no_grad():
+        member_probs = []
+        for m in members:
+            with ablate(loaded.model, m.keep):
+                member_probs.append(loaded.model(x).softmax(-1))
+    member_probs = torch.stack(member_probs, dim=1)  # (N, M, C)
+    probs = member_probs.mean(1)
+    summary = report.summary().set_index("system")
+    row = summary.loc["Hydra (unfused)"]
+    expected = metrics.classification_metrics(probs, benchmark.id_report.labels)
+    for key, value in expected.items():
+        assert row[key] == pytest.approx(value, abs=1e-6)
+    assert row["id_mi"] == pytest.approx(metrics.mutual_information(member_probs), abs=1e-6)
+    assert row["id_di"] == pytest.approx(metrics.disagreement(member_probs), abs=1e-9)
+    assert np.isnan(summary.loc["single", "id_mi"]) and np.isnan(summary.loc["Hydra: m0", "ood_di"])
+    # OOD diversity: the mean over the OOD sets of the per-set values
+    table = report.table().set_index(["system", "set"])
+    per_set = [
+        table.loc[("Hydra (fused)", s), "mutual_information"] for s in ("near_set", "far_set")
+    ]
+    assert summary.loc["Hydra (fused)", "ood_mi"] == pytest.approx(np.mean(per_set))
+    near = table.loc[("Hydra (fused)", "near_set"), "auroc"]  # the only near set: its average
+    assert summary.loc["Hydra (fused)", "near_auroc"] == near
+
+
+def test_deep_ensemble_averages_independent_models(report, loaded, benchmark):
+    other = make_tiny_vit(seed=7, depth=3, num_heads=4)
+    x = preprocess(benchmark.id_report.images)
+    with torch.no_grad():
+        probs = (loaded.model(x).softmax(-1) + other(x).softmax(-1)) / 2
+    row = report.summary().set_index("system").loc["Deep Ensembles"]
+    assert row["accuracy"] == pytest.approx(metrics.accuracy(probs, benchmark.id_report.labels))
+    assert row["nll"] == pytest.approx(metrics.nll(probs, benchmark.id_report.labels), abs=1e-6)
+    assert row["heads"] == "12x2"
+
+
+def test_table_reliability_and_roc(report, benchmark):
+    table = report.table()
+    sets = ["id_set", "near_set", "far_set", "near-OOD average", "far-OOD average", "OOD average"]
+    for system in report.systems:
+        assert table[table["system"] == system]["set"].tolist() == sets
+    ev = report.evaluations["Hydra (fused)"]
+    mean_probs = ev.id.logits.softmax(-1).mean(1)
+    expected = metrics.reliability_curve(mean_probs, benchmark.id_report.labels)
+    got = report.reliability("Hydra (fused)")
+    np.testing.assert_allclose(got.to_numpy(float), expected.to_numpy(float), equal_nan=True)
+    fpr, tpr = report.roc("Hydra (fused)", "far_set")
+    msp_id = mean_probs.max(-1).values
+    msp_ood = ev.ood[1].logits.softmax(-1).mean(1).max(-1).values
+    ref_fpr, ref_tpr = metrics.roc_curve_ood(msp_id, msp_ood)
+    np.testing.assert_allclose(fpr, ref_fpr, atol=1e-12)
+    np.testing.assert_allclose(tpr, ref_tpr, atol=1e-12)
+    assert len(report.roc("single", "all")[0]) > 2
+    with pytest.raises(KeyError, match="no OOD set 'cifar'"):
+        report.roc("single", "cifar")
+
+
+def test_cost(report, loaded, members):
+    cost = report.cost
+    assert cost.loc["single", "params"] == count_params(loaded.model)
+    pruned = [prune_heads(loaded.model, m.keep) for m in members]
+    assert cost.loc["Hydra: m1", "params"] == count_params(pruned[1])
+    assert cost.loc["Hydra (unfused)", "params"] == sum(count_params(p) for p in pruned)
+    assert cost.loc["Deep Ensembles", "params"] == 2 * count_params(loaded.model)
+    assert cost.loc["single", "params_ratio"] == 1.0
+    assert cost.loc["Hydra (unfused)", "macs"] > cost.loc["Hydra: m0", "macs"] > 0
+    assert (cost["latency_ms"] > 0).all() and "latency_bf16_ms" not in cost  # CPU: fp32 only
+    # the paper's per-layer count: 12 d^2 per layer at MLP ratio 4; ours is 2: 4d^2 + 4d^2 = 8 d^2
+    assert cost.loc["single", "formula_params"] == 3 * 8 * 24**2
+    summary = report.summary().set_index("system")
+    assert summary.loc["Hydra (fused)", "params"] == cost.loc["Hydra (fused)", "params"]
+
+
+def test_json_and_merge(report, loaded, benchmark, members):
+    text = json.dumps(report.to_json(), allow_nan=False)
+    data = json.loads(text)
+    assert set(data["systems"]) == set(report.systems)
+    assert data["setup"]["device"] == "cpu" and "evaluate" in data["setup"]["seconds"]
+
+    other = evaluate_systems(
+        loaded, benchmark, members[:2], label="Pair", device="cpu", latency=False
+    )
+    merged = report.merge(other)
+    assert "Pair (fused)" in merged.systems and merged.systems.count("single") == 1
+    assert "Pair (fused)" in merged.cost.index and "latency_ms" not in other.cost
+    with pytest.raises(ValueError, match="already has a system named 'single'"):
+        merged.add_system("single", other.evaluations["single"], SystemInfo("single", "12"))
+
+
+def test_finetuned_members_are_evaluated_as_trained(loaded, benchmark, members, tmp_path):
+    from hydra_core.cache import DiskCache
+
+    train = image_set("train", 32, "id", 9, labelled=True)
+    config = FinetuneConfig(n_train=32, batch_size=16, steps=2, warmup_steps=1, lr=1e-2)
+    cache = DiskCache(tmp_path)
+    report = evaluate_systems(
+        loaded,
+        benchmark,
+        members,
+        finetune=config,
+        train_set=train,
+        device="cpu",
+        cache=cache,
+        latency=False,
+    )
+    assert report.setup["finetune_cached"] == {"m0": False, "m1": False, "m2": False}
+    again = evaluate_systems(
+        loaded,
+        benchmark,
+        members,
+        finetune=config,
+        train_set=train,
+        device="cpu",
+        cache=cache,
+        latency=False,
+    )
+    assert all(again.setup["finetune_cached"].values())
+    member = again.info["Hydra: m1"].models[0]
+    expected = evaluate_model(
+        member, preprocess, benchmark.id_report, benchmark.ood_report, device="cpu"
+    )
+    assert torch.equal(again.evaluations["Hydra: m1"].id.logits, expected.id.logits)
+    # fine-tuned MLPs differ, so fusion (MLPs averaged) is no longer the unfused ensemble
+    gap = report.max_probability_gap("Hydra (fused)", "Hydra (unfused)")
+    assert gap > 1e-4
+    # Table 11 from already fine-tuned members (loaded from the cache)
+    tuned = finetune_members(
+        loaded.model, members, config, preprocess=preprocess, train_set=train, cache=cache
+    )
+    assert all(t.cached for t in tuned)
+    table = fused_vs_unfused(loaded, benchmark, tuned, device="cpu", cache=cache)
+    assert list(table["system"]) == ["single", "Hydra (fused)", "Hydra (unfused)"]
+    assert table.attrs["max_prob_diff"] == pytest.approx(gap)
+
+
+def test_bad_calls_are_explained(loaded, benchmark, members):
+    with pytest.raises(ValueError, match="no members"):
+        evaluate_systems(loaded, benchmark, [], device="cpu")
+    with pytest.raises(ValueError, match="two or more independently trained"):
+        evaluate_systems(
+            loaded, benchmark, members, deep_ensemble=[loaded.model], device="cpu", latency=False
+        )
