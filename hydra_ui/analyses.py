@@ -1,0 +1,136 @@
+"""The analyses the pages show, cached: once per setup in memory (``st.cache_data`` /
+``st.cache_resource``, keyed by the setup's key; unhashable arguments start with ``_``) and, where
+hydra_core offers it, on disk (the :class:`DiskCache`), so nothing is computed twice.
+
+Each function takes the page's :class:`~hydra_ui.context.Context`; the work itself is hydra_core's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+import torch
+
+from hydra_core.analysis.greedy import (
+    GREEDY_CACHE_KIND,
+    OBJECTIVES,
+    GreedyResult,
+    greedy_cache_key,
+    single_head_importance,
+)
+from hydra_core.analysis.inputs import SearchInputs, search_inputs
+from hydra_core.analysis.representations import (
+    centroid_distances,
+    distance_table_dense_vs_circuit,
+    head_cls_features,
+    project_features,
+)
+from hydra_core.analysis.taylor import taylor_scores
+from hydra_core.cache import cache_key
+from hydra_ui.context import Context, disk_cache
+
+TAYLOR_CACHE_KIND = "taylor"
+TAYLOR_VERSION = "taylor-1"
+
+
+@st.cache_resource(show_spinner="Preparing the search split...", max_entries=4)
+def _search_inputs(setup_key: str, _context: Context) -> SearchInputs:
+    return search_inputs(_context.loaded.preprocess, _context.benchmark).to(_context.device)
+
+
+def search_data(context: Context) -> SearchInputs:
+    """The preprocessed search split (ID with labels, pooled OOD, each OOD set) on the device."""
+    return _search_inputs(context.config.key, context)
+
+
+def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:
+    """The greedy searches saved in the disk cache for this model and search split, by objective
+    (finished or interrupted; read fresh each time, since a running search extends them)."""
+    runs = {}
+    for objective in OBJECTIVES:
+        key = greedy_cache_key(
+            context.loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x, objective
+        )
+        data = disk_cache().load(GREEDY_CACHE_KIND, key)
+        if data is None:
+            continue
+        try:
+            runs[objective] = GreedyResult.from_dict(data)
+        except ValueError:
+            continue  # a malformed entry: greedy_circuit replaces it on the next run
+    return runs
+
+
+@st.cache_data(show_spinner="Ablating every head on its own...", max_entries=4)
+def single_head(setup_key: str, _context: Context, _inputs: SearchInputs) -> dict:
+    """Single-head Δaccuracy / ΔAUROC maps (L, H) as numpy, and the dense scores."""
+    found = single_head_importance(
+        _context.loaded.model, _inputs.id_x, _inputs.id_y, _inputs.ood_x, cache=disk_cache()
+    )
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in found.items()}
+
+
+@st.cache_data(
+    show_spinner="Computing Taylor scores (one backward pass per batch)...", max_entries=8
+)
+def taylor(setup_key: str, n_samples: int, _context: Context, _inputs: SearchInputs) -> np.ndarray:
+    """Taylor importance (L, H) on the first ``n_samples`` ID search images."""
+    model = _context.loaded.model
+    x, y = _inputs.id_x[:n_samples], _inputs.id_y[:n_samples]
+    key = cache_key(TAYLOR_VERSION, _context.loaded.fingerprint(), x, y)
+    scores = disk_cache().get_or_compute(TAYLOR_CACHE_KIND, key, lambda: taylor_scores(model, x, y))
+    return scores.double().numpy()
+
+
+@st.cache_resource(show_spinner="Reading every head's CLS output...", max_entries=4)
+def _features(setup_key: str, _context: Context, _inputs: SearchInputs) -> dict[str, torch.Tensor]:
+    model = _context.loaded.model
+    feats = {"ID": head_cls_features(model, _inputs.id_x)}  # (N, L, H, d_k)
+    feats.update({name: head_cls_features(model, x) for name, x in _inputs.ood_per_set.items()})
+    return feats
+
+
+def features(context: Context, inputs: SearchInputs) -> dict[str, torch.Tensor]:
+    """Per-head CLS features (N, L, H, d_k) of the ID search images and of each OOD set."""
+    return _features(context.config.key, context, inputs)
+
+
+@st.cache_data(show_spinner="Centroid distances...", max_entries=4)
+def distances(setup_key: str, _feats: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """Per OOD set and head: Euclidean and Mahalanobis distance between ID and OOD centroids."""
+    tables = [
+        centroid_distances(_feats["ID"], feats).assign(ood_set=name)
+        for name, feats in _feats.items()
+        if name != "ID"
+    ]
+    return pd.concat(tables, ignore_index=True)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def projection(
+    setup_key: str,
+    heads: tuple[tuple[int, int], ...],
+    sets: tuple[str, ...],
+    method: str,
+    _feats: dict[str, torch.Tensor],
+) -> pd.DataFrame:
+    """2-D PCA/UMAP of the chosen heads' features, ID and the chosen OOD sets together."""
+    return project_features(
+        _feats["ID"], {s: _feats[s] for s in sets}, heads=list(heads), method=method
+    )
+
+
+@st.cache_data(show_spinner="Comparing the circuit with the dense model...", max_entries=16)
+def dense_vs_circuit(
+    setup_key: str,
+    keep_key: str,
+    layer: int,
+    _keep: torch.Tensor,
+    _context: Context,
+    _inputs: SearchInputs,
+) -> pd.DataFrame:
+    """The paper's Table 5 for the circuit ``_keep`` at ``layer`` (``keep_key`` identifies it)."""
+    return distance_table_dense_vs_circuit(
+        _context.loaded.model, _keep, _inputs.id_x, _inputs.ood_per_set, layer=layer
+    )

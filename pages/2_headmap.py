@@ -1,0 +1,211 @@
+"""Headmap search: greedy circuit extraction, watched live, stoppable and resumable."""
+
+import copy
+
+import pandas as pd
+import streamlit as st
+
+from hydra_core.analysis.greedy import greedy_circuit
+from hydra_core.models.adapter import head_label, head_layout
+from hydra_ui.analyses import search_data, stored_greedy_runs
+from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.figures import greedy_curves, removal_step_heatmap
+from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
+from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+
+JOB = "search"
+OBJECTIVES = {
+    "avg": "S_avg = (accuracy + AUROC) / 2",
+    "acc": "S_acc: ID accuracy",
+    "ood": "S_ood: OOD AUROC (MSP)",
+}
+
+
+def evaluations(steps: int, total: int) -> int:
+    """Candidate evaluations in the first ``steps`` steps: step t tries the total - t heads left."""
+    return steps * total - steps * (steps - 1) // 2
+
+
+def start_search(
+    context, inputs, objective: str, budget: int, resume: bool, done_before: int
+) -> None:
+    # The search gets its own copy: heads other pages ablate with hooks on the shared model
+    # while it runs must not reach it. The copy has the same weights, so the same cache key.
+    model = copy.deepcopy(context.loaded.model)
+    total = head_layout(model).total_heads
+
+    def work(job):
+        job.begin(evaluations(budget, total), evaluations(done_before, total))
+        return greedy_circuit(
+            model,
+            inputs.id_x,
+            inputs.id_y,
+            inputs.ood_x,
+            objective=objective,
+            budget=budget,
+            cache=disk_cache(),
+            resume=resume,
+            should_stop=job.should_stop,
+            progress=lambda step: job.report(step, done=evaluations(step.step + 1, total)),
+        )
+
+    results()["jobs"][JOB] = start_job(JOB, work, {"objective": objective, "budget": budget})
+
+
+@st.fragment(run_every=1.5)
+def live_view(job) -> None:
+    """Redrawn every 1.5 s from the job's latest step while the search runs."""
+    if not job.running:
+        st.rerun()  # the whole page now shows the finished run
+    step, info = job.progress, job.info
+    removed = step.step + 1 if step is not None else 0
+    st.progress(
+        job.fraction(),
+        text=f"**{info['objective']}** search: {removed} of {info['budget']} heads "
+        f"removed · {format_seconds(job.eta_seconds())} left · {job.elapsed():.0f} s so far",
+    )
+    if st.button("Stop", icon=":material/stop:", disabled=job.stopping, key="stop-search"):
+        job.stop()
+    if job.stopping:
+        st.info("Stopping: the current step is dropped, finished steps are saved.")
+    if step is None:
+        st.info("Scoring the dense model and the first round of candidates...")
+        return
+    left, right = st.columns(2)
+    left.plotly_chart(removal_step_heatmap(step.result, budget=info["budget"]), key="live-heatmap")
+    right.plotly_chart(greedy_curves({info["objective"]: step.result}), key="live-curves")
+    st.caption(
+        f"Last removed: **{head_label(*step.head)}** (step {removed}, {step.seconds:.1f} s); "
+        f"accuracy {step.accuracy:.4f}, AUROC {step.auroc:.4f}."
+    )
+
+
+def steps_table(result) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "step": range(1, result.steps + 1),
+            "head": result.labels(),
+            "score": result.scores,
+            "accuracy": result.accuracy,
+            "auroc": result.auroc,
+            "seconds": result.step_seconds or [float("nan")] * result.steps,
+        }
+    )
+
+
+st.title("Headmap search")
+st.caption(
+    "Greedy circuit extraction (paper Algorithm 1): every step ablates each remaining head on "
+    "its own, scores the model, and removes for good the head whose removal leaves the "
+    "highest score. Steps are saved as they finish, so a stopped search resumes where it "
+    "stopped and finished searches come back at once, also after a restart."
+)
+
+with show_error("Could not run the head search"):
+    context = get_context()
+    inputs = search_data(context)
+    layout = head_layout(context.loaded.model)
+    total = layout.total_heads
+    job = results()["jobs"].get(JOB)
+    running = job is not None and job.running
+    stored = stored_greedy_runs(context, inputs)
+
+    st.caption(
+        f"Search split: {inputs.describe()} (sizes are set on the Setup page). "
+        f"{layout.num_layers} layers x {layout.max_heads} heads = {total} heads."
+    )
+    c1, c2, c3 = st.columns([2, 1, 1])
+    objective = c1.radio(
+        "Objective", list(OBJECTIVES), format_func=OBJECTIVES.get, horizontal=True, disabled=running
+    )
+    budget = int(
+        c2.number_input("Budget (heads to remove)", 1, total, min(24, total), disabled=running)
+    )
+    fresh = c3.checkbox(
+        "Start over",
+        help="Ignore the saved search for this objective and run again",
+        disabled=running,
+    )
+    previous = stored.get(objective)
+    b1, b2, _ = st.columns([1, 1, 4])
+    if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
+        start_search(
+            context,
+            inputs,
+            objective,
+            budget,
+            resume=not fresh,
+            done_before=0 if fresh or previous is None else min(previous.steps, budget),
+        )
+        st.rerun()
+    can_resume = previous is not None and not previous.complete and previous.steps < previous.budget
+    if b2.button(
+        "Resume",
+        icon=":material/resume:",
+        disabled=running or not can_resume,
+        help="Continue the interrupted search for this objective up to its budget",
+    ):
+        start_search(
+            context, inputs, objective, previous.budget, resume=True, done_before=previous.steps
+        )
+        st.rerun()
+
+    if running:
+        live_view(job)
+    elif job is not None and job.status == FAILED:
+        st.error(f"The search failed: {job.error}")
+    elif job is not None and job.status == STOPPED and job.result is not None:
+        st.info(
+            f"Stopped after {job.result.steps} of {job.info['budget']} steps; Resume continues it."
+        )
+
+    st.subheader("Saved searches")
+    if not stored:
+        st.info(
+            "No search saved yet for this model and search split: choose an objective and a "
+            "budget, then Run."
+        )
+    else:
+        table_with_download(
+            [
+                {
+                    "objective": o,
+                    "heads removed": r.steps,
+                    "budget": r.budget,
+                    "finished": r.complete,
+                    "accuracy": r.accuracy[-1] if r.steps else r.base_accuracy,
+                    "auroc": r.auroc[-1] if r.steps else r.base_auroc,
+                    "dense accuracy": r.base_accuracy,
+                    "dense auroc": r.base_auroc,
+                    "compute s": r.seconds,
+                }
+                for o, r in stored.items()
+            ],
+            "greedy_runs.csv",
+            float_format="{:.4f}",
+        )
+        compare = st.multiselect(
+            "Compare",
+            list(stored),
+            format_func=OBJECTIVES.get,
+            default=[objective] if objective in stored else list(stored)[:1],
+        )
+        if compare:
+            longest = max(stored[o].steps for o in compare)
+            shown = longest
+            if longest > 1:
+                shown = st.slider("Heads removed shown (compare budgets)", 1, longest, longest)
+            runs = {o: stored[o].prefix(min(shown, stored[o].steps)) for o in compare}
+            for column, (o, run) in zip(st.columns(len(runs)), runs.items(), strict=True):
+                with column:
+                    figure_with_download(
+                        removal_step_heatmap(run, budget=shown), f"headmap_{o}_{run.steps}"
+                    )
+            figure_with_download(greedy_curves(runs), "greedy_curves_" + "_".join(runs))
+            for o, run in runs.items():
+                with st.expander(f"{o}: removal order ({run.steps} steps)"):
+                    table_with_download(
+                        steps_table(run), f"greedy_{o}_steps.csv", float_format="{:.4f}"
+                    )
+                    ranking = [head_label(*h) for h in stored[o].ranking()]
+                    st.caption("Full ranking, least useful first: " + ", ".join(ranking))

@@ -1,0 +1,207 @@
+"""Representations: each head's CLS output for ID and OOD images, projected and compared."""
+
+import numpy as np
+import streamlit as st
+
+from hydra_core.analysis.representations import most_and_least_important
+from hydra_core.cache import cache_key
+from hydra_core.models.adapter import head_label, head_layout, parse_head_label
+from hydra_ui.analyses import (
+    dense_vs_circuit,
+    distances,
+    features,
+    projection,
+    search_data,
+    stored_greedy_runs,
+)
+from hydra_ui.context import get_context, results
+from hydra_ui.figures import head_heatmap, matrix_heatmap, projection_pair, projection_scatter
+from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+
+st.title("Representations")
+st.caption(
+    "What each head writes: its output Z at the CLS token, before W_O (paper B.2), for the ID "
+    "and OOD search images. Heads whose ID and OOD outputs lie apart help tell them apart."
+)
+
+
+def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: str):
+    """The cached projection, or None while a UMAP has not been asked for (it is slow)."""
+    request = (tuple(heads), tuple(sets))
+    done = results().setdefault("umap", set())
+    if method == "umap" and request not in done:
+        if not st.button(
+            f"Compute UMAP ({what})", key=f"umap-{what}", icon=":material/scatter_plot:"
+        ):
+            st.info("UMAP takes a while the first time (its compiler warms up); PCA is instant.")
+            return None
+    with st.spinner(f"{method.upper()} of {len(heads)} head(s)..."):
+        frame = projection(context.config.key, request[0], request[1], method, feats)
+    if method == "umap":
+        done.add(request)
+    return frame
+
+
+with show_error("Could not compute the representations"):
+    context = get_context()
+    inputs = search_data(context)
+    layout = head_layout(context.loaded.model)
+    feats = features(context, inputs)
+    key = context.config.key
+    ood_names = list(inputs.ood_per_set)
+    last = layout.num_layers - 1
+    c1, c2 = st.columns([3, 1])
+    sets = c1.multiselect("OOD sets shown", ood_names, default=ood_names)
+    method = c2.radio("Projection", ["pca", "umap"], format_func=str.upper, horizontal=True)
+
+    tabs = st.tabs(
+        ["Chosen heads", "Most vs least important", "Centroid distances", "Dense vs circuit"]
+    )
+    with tabs[0]:
+        layers = st.multiselect(
+            "Layers",
+            range(layout.num_layers),
+            default=[last],
+            format_func=lambda layer: f"L{layer}",
+        )
+        options = [
+            head_label(layer, h) for layer in sorted(layers) for h in range(layout.num_heads[layer])
+        ]
+        chosen = st.multiselect(
+            "Heads (their features are concatenated)", options, default=options[:4]
+        )
+        if chosen and sets:
+            heads = [parse_head_label(h) for h in chosen]
+            frame = project(heads, sets, method, "chosen heads")
+            if frame is not None:
+                figure_with_download(
+                    projection_scatter(
+                        frame,
+                        method=method.upper(),
+                        title=f"{method.upper()} of {', '.join(chosen)}",
+                    ),
+                    f"{method}_{'_'.join(chosen[:6])}",
+                )
+        else:
+            st.info("Choose at least one head and one OOD set.")
+
+    with tabs[1]:
+        stored = stored_greedy_runs(context, inputs)
+        if not stored:
+            st.info("This view ranks heads by a greedy search: run one on the Headmap search page.")
+        elif sets:
+            c1, c2 = st.columns(2)
+            objective = c1.selectbox("Ranking from the saved search", list(stored))
+            k = int(
+                c2.slider(
+                    "Heads per side",
+                    1,
+                    max(1, layout.total_heads // 2),
+                    min(6, layout.total_heads // 2),
+                )
+            )
+            most, least = most_and_least_important(stored[objective].ranking(), k)
+            pair = [
+                project(group, sets, method, which)
+                for group, which in ((most, "most"), (least, "least"))
+            ]
+            if all(p is not None for p in pair):
+                titles = (
+                    f"most important: {', '.join(head_label(*h) for h in most)}",
+                    f"least important: {', '.join(head_label(*h) for h in least)}",
+                )
+                figure_with_download(
+                    projection_pair(
+                        *pair,
+                        titles=titles,
+                        method=method.upper(),
+                        title=f"Most vs least important heads ({objective})",
+                    ),
+                    f"most_vs_least_{objective}_{k}",
+                )
+            st.caption(
+                "As in the paper's Figure 4: the heads the search removed last (most important) "
+                "against those it removed first."
+            )
+
+    with tabs[2]:
+        table = distances(key, feats)
+        c1, c2 = st.columns(2)
+        metric = c1.radio(
+            "Distance", ["mahalanobis", "euclidean"], horizontal=True, format_func=str.capitalize
+        )
+        where = c2.selectbox("OOD set", ["mean over OOD sets", *ood_names])
+        part = table if where == "mean over OOD sets" else table[table["ood_set"] == where]
+        per_head = part.groupby(["layer", "head"])[["euclidean", "mahalanobis"]].mean()
+        grid = {m: np.full(layout.shape, np.nan) for m in ("euclidean", "mahalanobis")}
+        for (layer, head), row in per_head.iterrows():
+            for m in grid:
+                grid[m][layer, head] = row[m]
+        other = "euclidean" if metric == "mahalanobis" else "mahalanobis"
+        figure_with_download(
+            head_heatmap(
+                grid[metric],
+                value_name=metric,
+                hover={other: grid[other]},
+                title=f"ID/OOD centroid distance per head ({where})",
+            ),
+            f"distances_{metric}_{where.replace(' ', '_')}",
+        )
+        st.caption(
+            "Mahalanobis uses each head's ID covariance, regularised (Ledoit-Wolf) so it is "
+            "always defined."
+        )
+        summary = table.groupby("ood_set", sort=False)[["euclidean", "mahalanobis"]].mean()
+        table_with_download(
+            summary.reset_index(), "distances_per_ood_set.csv", float_format="{:.4f}"
+        )
+        table_with_download(table, "distances_per_head.csv", float_format="{:.4f}")
+
+    with tabs[3]:
+        stored = stored_greedy_runs(context, inputs)
+        members = results().get("members", [])
+        circuits = {f"greedy {o}": o for o in stored} | {f"member {m.name}": m for m in members}
+        if not circuits:
+            st.info(
+                "Compare a circuit with the dense model: run a search (Headmap search) or build "
+                "masks (Masks) first."
+            )
+        else:
+            c1, c2, c3 = st.columns(3)
+            source = c1.selectbox("Circuit", list(circuits))
+            if source.startswith("greedy"):
+                run = stored[circuits[source]]
+                removed = (
+                    int(c2.number_input("Heads removed", 1, run.steps, run.steps))
+                    if run.steps > 1
+                    else 1
+                )
+                keep = run.keep_mask(removed)
+            else:
+                keep = circuits[source].keep
+                c2.metric("Heads kept", int(keep.sum()))
+            layer = int(
+                c3.selectbox(
+                    "Layer", range(layout.num_layers), index=last, format_func=lambda x: f"L{x}"
+                )
+            )
+            if st.button("Compare dense vs circuit", icon=":material/compare_arrows:"):
+                results()["table5"] = (cache_key(keep), layer)
+            if results().get("table5") == (cache_key(keep), layer):
+                table5 = dense_vs_circuit(key, cache_key(keep), layer, keep, context, inputs)
+                table_with_download(table5, "dense_vs_circuit.csv", float_format="{:.4f}")
+                deltas = table5.set_index("dataset")[["delta_euclidean", "delta_mahalanobis"]]
+                figure_with_download(
+                    matrix_heatmap(
+                        deltas,
+                        title="Circuit minus dense",
+                        value_name="Δ distance",
+                        colorscale="RdBu",
+                        text_format=".3f",
+                    ),
+                    "dense_vs_circuit_delta",
+                )
+                st.caption(
+                    f"Paper Table 5: mean distance over the heads the circuit keeps in layer "
+                    f"{layer} ({', '.join(table5.attrs.get('heads', []))})."
+                )

@@ -1,0 +1,312 @@
+"""Masks: the heads each ensemble member keeps, built from a strategy, drawn by hand or imported."""
+
+import copy
+import json
+
+import streamlit as st
+import torch
+
+from hydra_core.analysis.taylor import taylor_global_ranking
+from hydra_core.hydra.members import (
+    CIRCUIT_NAMES,
+    build_member_masks,
+    check_members,
+    member_overlap,
+)
+from hydra_core.masks import (
+    MaskFileError,
+    MemberMask,
+    masks_from_json,
+    masks_to_json,
+    model_identity,
+)
+from hydra_core.models.adapter import head_layout
+from hydra_ui.analyses import search_data, stored_greedy_runs, taylor
+from hydra_ui.context import get_context, results
+from hydra_ui.figures import matrix_heatmap, member_masks_figure
+from hydra_ui.jobs import start_job
+from hydra_ui.widgets import (
+    figure_with_download,
+    job_outcome,
+    show_error,
+    table_with_download,
+    watch_job,
+)
+
+STRATEGIES = {
+    "seed-sampling": "Seed sampling: each member prunes B heads drawn from the K least useful",
+    "circuit": "Circuit: one member without the B least useful heads",
+    "taylor": "Layer-wise Taylor: one member without the r lowest-scoring heads of each layer",
+}
+
+st.title("Masks")
+st.caption(
+    "Each ensemble member keeps some heads and drops the rest. Members must differ: the "
+    "overlap below shows how much they share (Jaccard: heads kept by both / by either)."
+)
+
+
+def use_members(new: list[MemberMask], replace: bool) -> None:
+    """Make ``new`` the members (or add them), refusing identical masks or clashing names."""
+    members = list(new) if replace else [*results().get("members", []), *new]
+    check_members(members, layout)
+    results()["members"] = members
+
+
+def set_manual(keep: torch.Tensor) -> None:
+    """Callback: load a mask into the per-layer toggles."""
+    for layer in range(keep.shape[0]):
+        st.session_state[f"manual-L{layer}"] = [
+            f"H{h}" for h in keep[layer].nonzero().flatten().tolist()
+        ]
+
+
+def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, replace: bool) -> None:
+    model = copy.deepcopy(context.loaded.model)  # heads other pages ablate must not reach it
+    total = head_layout(model).total_heads
+    grid = sorted(set(range(1, total + 1, k_step)) | {total})
+
+    def work(job):
+        def progress(done: int, all_: int) -> None:
+            job.check()  # a stop ends the run here
+            job.report(done=done, total=all_)
+
+        return build_member_masks(
+            "cahp",
+            model=model,
+            inputs=inputs,
+            m=len(seeds),
+            seeds=seeds,
+            cahp_degree=degree,
+            cahp_k_grid=grid,
+            progress=progress,
+        )
+
+    results()["jobs"]["cahp"] = start_job("cahp", work, {"seeds": seeds, "replace": replace})
+
+
+with show_error("Could not build the masks"):
+    context = get_context()
+    inputs = search_data(context)
+    layout = head_layout(context.loaded.model)
+    identity = model_identity(context.loaded.name, layout, context.loaded.fingerprint())
+    members: list[MemberMask] = results().get("members", [])
+    stored = stored_greedy_runs(context, inputs)
+    total = layout.total_heads
+
+    st.subheader("Build members")
+    tabs = st.tabs(["From a ranking", "CAHP", "Draw by hand", "Import / export"])
+    with tabs[0], show_error("Could not build these members"):
+        c1, c2 = st.columns([2, 1])
+        strategy = c1.radio("Strategy", list(STRATEGIES), format_func=STRATEGIES.get)
+        sources = [f"greedy {o}" for o in stored] + ["Taylor"]
+        source = c2.selectbox(
+            "Ranking (least useful first)",
+            sources,
+            disabled=strategy == "taylor",
+            help="Greedy rankings come from saved searches (Headmap search); Taylor "
+            "scores the heads on the ID search images",
+        )
+        c1, c2, c3, c4 = st.columns(4)
+        if strategy == "taylor":
+            per_layer = int(
+                c1.number_input(
+                    "r: heads removed per layer",
+                    1,
+                    layout.max_heads - 1,
+                    max(1, layout.max_heads // 3),
+                )
+            )
+        else:
+            budget = int(
+                c1.number_input(
+                    "B: heads to prune", 1, total - 1, max(1, min(total // 3, total - 1))
+                )
+            )
+        if strategy == "seed-sampling":
+            pool = int(
+                c2.number_input(
+                    "K: pool of least useful heads",
+                    1,
+                    total,
+                    min(total, max(budget + 1, 2 * total // 3)),
+                )
+            )
+            count = int(c3.number_input("M: members", 2, 16, 3))
+            first_seed = int(c4.number_input("First seed", 0, 10_000, 0))
+        replace = st.checkbox("Replace the current members", value=True, key="replace-ranking")
+        if st.button("Build", type="primary", icon=":material/build:"):
+            common = dict(model=context.loaded.model, inputs=inputs)
+            if strategy == "taylor":
+                new = build_member_masks("taylor", m=1, per_layer=per_layer, **common)
+            else:
+                if source == "Taylor":
+                    scores = taylor(context.config.key, len(inputs.id_x), context, inputs)
+                    ranking, origin = taylor_global_ranking(torch.from_numpy(scores)), "taylor"
+                else:
+                    ranking, origin = stored[source.split()[1]].ranking(), "greedy"
+                objective = source.split()[1] if origin == "greedy" else "avg"
+                if strategy == "circuit":
+                    new = build_member_masks(
+                        "circuit",
+                        m=1,
+                        budget=budget,
+                        ranking=ranking,
+                        objective=objective,
+                        **common,
+                    )
+                    if origin == "taylor":
+                        new = [
+                            MemberMask(
+                                f"Taylor-{budget}",
+                                new[0].source + " (Taylor global ranking)",
+                                new[0].keep,
+                            )
+                        ]
+                else:
+                    new = build_member_masks(
+                        "seed-sampling",
+                        m=count,
+                        budget=budget,
+                        pool=pool,
+                        seeds=range(first_seed, first_seed + count),
+                        ranking=ranking,
+                        ranking_source=origin,
+                        objective=objective,
+                        **common,
+                    )
+            use_members(new, replace)
+            st.rerun()
+        if stored:
+            st.caption(
+                "Circuit names follow the paper: "
+                + ", ".join(f"{CIRCUIT_NAMES[o]} = greedy {o}" for o in stored)
+                + "."
+            )
+
+    with tabs[1], show_error("CAHP failed"):
+        st.caption(
+            "Complementary heads (our reading of CAHP's abstract): heads described by how they "
+            "separate the classes, clustered (k-medoids), one representative per cluster; the "
+            "number of heads from the knee of a polynomial fit to accuracy vs heads. One member "
+            "per clustering seed."
+        )
+        job = results()["jobs"].get("cahp")
+        c1, c2, c3 = st.columns(3)
+        degree = int(c1.number_input("Polynomial degree", 1, 6, 3))
+        k_step = int(
+            c2.number_input(
+                "Evaluate every k-th head count", 1, max(1, total // 2), max(1, total // 24)
+            )
+        )
+        count = int(c3.number_input("Members (seeds 0..M-1)", 1, 8, 3, key="cahp-members"))
+        if job is not None and job.running:
+            watch_job(job, lambda j: f"CAHP for {len(j.info['seeds'])} seed(s)")
+        else:
+            job_outcome(job, "CAHP")
+            if job is not None and job.result and not job.info.get("used"):
+                job.info["used"] = True
+                use_members(job.result, job.info["replace"])
+                st.rerun()
+            replace_cahp = st.checkbox(
+                "Replace the current members", value=True, key="replace-cahp"
+            )
+            if st.button("Run CAHP", icon=":material/hub:"):
+                start_cahp(context, inputs, list(range(count)), degree, k_step, replace_cahp)
+                st.rerun()
+
+    with tabs[2], show_error("Could not add this member"):
+        start = st.selectbox(
+            "Start from", ["every head", *[m.name for m in members]], key="manual-start"
+        )
+        base = (
+            layout.all_kept()
+            if start == "every head"
+            else next(m.keep for m in members if m.name == start)
+        )
+        st.button(
+            "Load into the grid", on_click=set_manual, args=(base,), icon=":material/grid_on:"
+        )
+        st.caption("Click a head to drop it or keep it (highlighted = kept); one row per layer.")
+        keep = torch.zeros(layout.shape, dtype=torch.bool)
+        for layer, n in enumerate(layout.num_heads):
+            heads = [f"H{h}" for h in range(n)]
+            state = f"manual-L{layer}"
+            if state not in st.session_state:
+                st.session_state[state] = heads
+            for label in st.pills(f"L{layer}", heads, selection_mode="multi", key=state):
+                keep[layer, int(label[1:])] = True
+        c1, c2 = st.columns([2, 1])
+        name = c1.text_input("Member name", value=f"manual {len(members) + 1}").strip() or "manual"
+        c2.metric("Heads kept", f"{int(keep.sum())} of {total}")
+        if st.button("Add member", icon=":material/add:", disabled=not keep.any()):
+            use_members([MemberMask(name, "drawn by hand", keep)], replace=False)
+            st.rerun()
+
+    with tabs[3]:
+        upload = st.file_uploader("Import a mask file (JSON, SPEC section 9)", type=["json"])
+        other = st.checkbox("Accept masks made for other weights of the same shape")
+        if upload is not None:
+            try:
+                imported = masks_from_json(
+                    json.loads(upload.getvalue()), layout, identity, allow_other_weights=other
+                )
+            except (MaskFileError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+                st.error(f"{upload.name} does not fit the loaded model: {exc}")
+            else:
+                st.success(
+                    f"{upload.name}: {len(imported)} member(s): "
+                    + ", ".join(m.name for m in imported)
+                )
+                if st.button("Use the imported members", icon=":material/upload:"):
+                    use_members(imported, replace=True)
+                    st.rerun()
+        if members:
+            st.download_button(
+                "Export the members (JSON)",
+                lambda: json.dumps(masks_to_json(members, identity), indent=2),
+                file_name="hydra_masks.json",
+                mime="application/json",
+                icon=":material/download:",
+                on_click="ignore",
+            )
+
+    st.subheader(f"Members ({len(members)})")
+    if not members:
+        st.info("No members yet: build them above, draw them by hand or import a mask file.")
+    else:
+        overlap = member_overlap(members)
+        table_with_download(
+            [{"member": m.name, "source": m.source, "heads kept": m.kept} for m in members],
+            "members.csv",
+        )
+        c1, c2, c3 = st.columns(3)
+        c1.metric(
+            "Mean pairwise Jaccard",
+            f"{overlap['mean_pairwise_jaccard']:.3f}" if len(members) > 1 else "–",
+        )
+        c2.metric("Heads kept by every member", len(overlap["kept_by_all"]))
+        c3.metric("Heads kept by none", total - len(overlap["kept_by_any"]))
+        figure_with_download(member_masks_figure(members), "member_masks")
+        left, right = st.columns(2)
+        with left:
+            st.caption("Kept heads per layer")
+            table_with_download(
+                overlap["per_layer"].reset_index(names="layer"), "members_per_layer.csv"
+            )
+        with right:
+            figure_with_download(
+                matrix_heatmap(
+                    overlap["jaccard"],
+                    title="Overlap (Jaccard)",
+                    value_name="Jaccard",
+                    colorscale="Blues",
+                    zmin=0,
+                    zmax=1,
+                ),
+                "members_jaccard",
+            )
+        drop = st.multiselect("Remove members", [m.name for m in members])
+        if st.button("Remove", disabled=not drop, icon=":material/delete:"):
+            results()["members"] = [m for m in members if m.name not in drop]
+            st.rerun()

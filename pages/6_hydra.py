@@ -1,0 +1,270 @@
+"""Hydra: fuse the members into one model, evaluate it against the alternatives, export it."""
+
+import copy
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from hydra_core.hydra.deep_ensembles import available_deep_ensemble, recipe_of, stored_seeds
+from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
+from hydra_core.hydra.fused import save_hydra
+from hydra_core.hydra.systems import evaluate_systems
+from hydra_core.models.default import DEFAULT_CHECKPOINT
+from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.figures import cost_scatter, reliability_diagram, roc_curves
+from hydra_ui.jobs import start_job
+from hydra_ui.widgets import (
+    figure_with_download,
+    job_outcome,
+    show_error,
+    table_with_download,
+    watch_job,
+)
+
+JOB = "hydra"
+COST_AXES = {
+    "macs": "multiply-adds (batch)",
+    "params": "parameters",
+    "latency_ms": "latency (ms / batch)",
+}
+
+st.title("Hydra")
+st.caption(
+    "The members are fused into one model (paper 4.2): their token streams are stacked, "
+    "attention runs for every member's heads in one grouped call, the MLP is shared. It is "
+    "evaluated on the report split, which head selection never saw, next to the single "
+    "model, each member alone and the members run one by one (unfused)."
+)
+
+
+def deep_ensemble_reference(model: str) -> Path | None:
+    """The checkpoint whose Deep Ensemble copies apply to the loaded model, if it has any."""
+    if model == "default":
+        return DEFAULT_CHECKPOINT
+    return Path(model) if model.endswith(".safetensors") else None
+
+
+def stored_copies(reference: Path | None) -> list[int]:
+    if reference is None:
+        return []
+    try:
+        return stored_seeds(*recipe_of(reference))
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def start_evaluation(
+    context, members, label: str, finetune, reference: Path | None, latency: bool, repeats: int
+) -> None:
+    # A private copy of the model: heads other pages ablate with hooks must not reach it.
+    loaded = dataclasses.replace(context.loaded, model=copy.deepcopy(context.loaded.model))
+
+    def work(job):
+        stage = {"name": None}
+
+        def progress(name: str, done: int, total: int) -> None:
+            job.check()  # a stop ends the evaluation here
+            if name != stage["name"]:
+                stage["name"] = name
+                job.begin(total)
+            job.report(name, done=done, total=total)
+
+        deep = available_deep_ensemble(reference=reference) if reference is not None else None
+        return evaluate_systems(
+            loaded,
+            context.benchmark,
+            members,
+            label=label,
+            finetune=finetune,
+            deep_ensemble=deep if deep is not None and len(deep) > 1 else None,
+            device=context.device,
+            bf16=context.bf16,
+            cache=disk_cache(),
+            progress=progress,
+            latency=latency,
+            latency_repeats=repeats,
+        )
+
+    results()["jobs"][JOB] = start_job(
+        JOB, work, {"members": [m.name for m in members], "label": label}
+    )
+
+
+def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
+    fpr, tpr = report.roc(system, ood_set)
+    frame = pd.DataFrame({"fpr": fpr, "tpr": tpr})
+    frame.attrs["auroc"] = float(np.trapezoid(tpr, fpr)) if len(fpr) else float("nan")
+    return frame
+
+
+def fused_file(hydra) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "hydra.safetensors"
+        save_hydra(hydra, path)
+        return path.read_bytes()
+
+
+with show_error("Could not assemble or evaluate the Hydra ensemble"):
+    context = get_context()
+    members = results().get("members", [])
+    job = results()["jobs"].get(JOB)
+    running = job is not None and job.running
+    if not members:
+        st.info("No members yet: build the members' head masks on the Masks page first.")
+        st.stop()
+    st.markdown("**Members:** " + ", ".join(f"{m.name} ({m.kept} heads)" for m in members))
+
+    c1, c2, c3 = st.columns(3)
+    label = c1.text_input("Ensemble name", "Hydra", disabled=running).strip() or "Hydra"
+    latency = c2.checkbox(
+        "Measure latency",
+        value=True,
+        disabled=running,
+        help=f"On {context.device.type}, {context.config.precision}, batches of 32 images",
+    )
+    repeats = int(c3.number_input("Timed calls per system", 3, 200, 20, disabled=running))
+    tune = st.toggle("Fine-tune each member first (paper 4.3)", disabled=running)
+    finetune = None
+    if tune:
+        c1, c2, c3, c4 = st.columns(4)
+        optimizer = c1.selectbox("Optimizer", OPTIMIZERS, disabled=running)
+        lr = c2.number_input("Learning rate", 1e-6, 1.0, 1e-4, format="%.0e", disabled=running)
+        epochs = c3.number_input("Epochs", 0.05, 20.0, 1.0, step=0.25, disabled=running)
+        n_train = int(
+            c4.number_input("Training images", 128, 55_000, 10_000, step=1000, disabled=running)
+        )
+        finetune = FinetuneConfig(optimizer=optimizer, lr=lr, epochs=epochs, n_train=n_train)
+        st.caption(
+            "Each member is trained separately (label smoothing 0.1), then fused with the MLPs "
+            "averaged. Fine-tuned weights are cached."
+        )
+    reference = deep_ensemble_reference(context.config.model)
+    copies = stored_copies(reference)
+    if len(copies) >= 1:
+        use_deep = st.checkbox(
+            f"Include Deep Ensembles ({len(copies) + 1} independently trained models)",
+            value=True,
+            disabled=running,
+        )
+        reference = reference if use_deep else None
+    else:
+        st.caption(
+            "Deep Ensembles: no independently trained copies of this model are stored "
+            "(train them with `python -m hydra_core train-ensemble`)."
+        )
+        reference = None
+
+    if st.button(
+        "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
+    ):
+        start_evaluation(context, members, label, finetune, reference, latency, repeats)
+        st.rerun()
+    if running:
+        watch_job(job, lambda j: f"{j.progress or 'starting'}")
+    else:
+        job_outcome(job, "The evaluation")
+        if job is not None and job.result is not None and not job.info.get("stored"):
+            job.info["stored"] = True
+            results()["hydra"] = (job.result, job.info["members"])
+
+    found = results().get("hydra")
+    if found is not None and not running:
+        report, used = found
+        if used != [m.name for m in members]:
+            st.warning(
+                f"These results are for the members {', '.join(used)}; the members have "
+                "changed since. Evaluate again to update them."
+            )
+        setup = report.setup
+        st.caption(
+            f"Report split: {setup['id_set']}; OOD: "
+            + ", ".join(f"{n} ({s['group']}, n={s['n']})" for n, s in setup["ood_sets"].items())
+            + f". Device: {setup['device']}{' (bf16)' if setup['bf16'] else ''}; "
+            + f"{setup['machine']}."
+        )
+        st.subheader("Summary")
+        summary = report.summary()
+        table_with_download(summary, "hydra_summary.csv", float_format="{:.4f}")
+        st.caption(
+            "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
+            "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "
+            "disagreement are the ensembles' diversity on ID and OOD."
+        )
+        with st.expander("Every metric per OOD set", expanded=True):
+            table_with_download(report.table(), "hydra_metrics_per_set.csv", float_format="{:.4f}")
+
+        systems = report.systems
+        fused, unfused = f"{setup['label']} (fused)", f"{setup['label']} (unfused)"
+        default = [s for s in ("single", fused, unfused, "Deep Ensembles") if s in systems]
+        chosen = st.multiselect("Systems in the plots", systems, default=default)
+        if chosen:
+            left, right = st.columns(2)
+            with left:
+                figure_with_download(
+                    reliability_diagram(
+                        {s: report.reliability(s) for s in chosen},
+                        title="Reliability (ID report split)",
+                    ),
+                    "hydra_reliability",
+                )
+            with right:
+                ood_names = list(setup["ood_sets"])
+                where = st.selectbox(
+                    "ROC against",
+                    ["all", *ood_names],
+                    format_func=lambda n: "all OOD sets pooled" if n == "all" else n,
+                )
+                figure_with_download(
+                    roc_curves(
+                        {s: roc_frame(report, s, where) for s in chosen},
+                        title=f"ROC, OOD = positive ({where})",
+                    ),
+                    f"hydra_roc_{where}",
+                )
+
+        if report.cost is not None:
+            st.subheader("Cost")
+            table_with_download(report.cost.reset_index(), "hydra_cost.csv", float_format="{:.4g}")
+            st.caption(
+                f"Parameters, multiply-adds for a batch of {setup['latency_batch']} images, and "
+                f"latency (median of {setup['latency_repeats']} round-robin calls) on "
+                f"{setup['device']}; ratios are to the single model."
+            )
+            axes = [a for a in COST_AXES if a in summary]
+            axis = st.radio("Cost axis", axes, format_func=COST_AXES.get, horizontal=True)
+            points = summary[["system", axis, "all_auroc"]].dropna()
+            figure_with_download(
+                cost_scatter(
+                    points,
+                    x=axis,
+                    y="all_auroc",
+                    x_title=COST_AXES[axis],
+                    y_title="OOD AUROC (mean over OOD sets)",
+                ),
+                f"hydra_cost_vs_auroc_{axis}",
+            )
+
+        st.subheader("Export")
+        c1, c2 = st.columns(2)
+        hydra = report.info[fused].models[0]
+        c1.download_button(
+            "Fused model (safetensors)",
+            lambda: fused_file(hydra),
+            file_name="hydra.safetensors",
+            mime="application/octet-stream",
+            icon=":material/download:",
+            on_click="ignore",
+        )
+        c2.download_button(
+            "Report (JSON)",
+            lambda: json.dumps(report.to_json(), indent=2),
+            file_name="hydra_report.json",
+            mime="application/json",
+            icon=":material/download:",
+            on_click="ignore",
+        )

@@ -1,0 +1,309 @@
+"""The app in a real browser: `streamlit run app.py` driven by headless Chromium through Selenium,
+Setup -> Headmap search -> Head importance -> Representations -> Masks -> Hydra, with a screenshot
+of every page in ``e2e-artifacts/`` (git-ignored; look at them).
+
+Run with ``make test-e2e`` (``pytest -m e2e tests/e2e``). Uses the embedded default model when its
+checkpoint is present, else a tiny checkpoint written here, entered through Setup's "Checkpoint
+file" source; small search/report sizes, a greedy budget of 2 and few timed calls keep the run
+to a few minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "e2e-artifacts"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+N_SEARCH, N_REPORT, BUDGET, TIMED_CALLS = 32, 200, 2, 5
+WINDOW = (1400, 1000)
+PAGE_TIMEOUT = 240  # seconds for one page's work on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_checkpoint(folder: Path) -> str:
+    import torch
+
+    from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+
+    config = VitConfig(embed_dim=48, depth=3, num_heads=6, mlp_ratio=2.0)  # 18 heads
+    torch.manual_seed(0)
+    model = build_vit(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
+    path = folder / "tiny.safetensors"
+    save_checkpoint(model, path, config)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app on a free local port, with a private cache; stopped after the module."""
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(
+            "needs Debian's chromium and chromium-driver (scripts/system-packages.sh browser)"
+        )
+    root = tmp_path_factory.mktemp("e2e")
+    port = free_port()
+    env = dict(os.environ, HYDRA_LAB_CACHE=str(root / "cache"))
+    log = open(root / "streamlit.log", "w")  # noqa: SIM115 - closed when the server stops
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start; see {root / 'streamlit.log'}")
+            time.sleep(0.5)
+        yield url, root
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = server[1] / "chromium-profile"
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def wait_for(driver, xpath: str, timeout: float = PAGE_TIMEOUT):
+    """The first element matching ``xpath`` once it is displayed; on timeout, a screenshot of what
+    the page showed instead goes to ``e2e-artifacts/timeout.png``."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(
+            ec.visibility_of_element_located((By.XPATH, xpath))
+        )
+    except TimeoutException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "timeout.png"))
+        raise AssertionError(
+            f"nothing matched {xpath} within {timeout} s; see e2e-artifacts/timeout.png"
+        ) from None
+
+
+def wait_idle(driver, timeout: float = PAGE_TIMEOUT) -> None:
+    """Until the script has finished its run (Streamlit's 'running' indicator is gone)."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 3:  # three quiet polls in a row: reruns that follow each other are over too
+        running = driver.find_elements(
+            By.CSS_SELECTOR, "[data-testid='stStatusWidget'] button, [data-testid='stSkeleton']"
+        )
+        quiet = 0 if running else quiet + 1
+        assert time.monotonic() < deadline, "the app kept running"
+        time.sleep(0.5)
+
+
+def no_errors(driver) -> None:
+    from selenium.webdriver.common.by import By
+
+    problems = driver.find_elements(
+        By.CSS_SELECTOR, "[data-testid='stException'], [data-testid='stAlertContentError']"
+    )
+    assert not problems, [p.text for p in problems]
+
+
+def button(label: str) -> str:
+    return f"//button[.//p[normalize-space()='{label}']]"
+
+
+def click(driver, xpath: str) -> None:
+    element = wait_for(driver, xpath)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+    element.click()
+
+
+def open_page(driver, title: str) -> None:
+    click(driver, f"//a[@data-testid='stSidebarNavLink'][.//span[normalize-space()='{title}']]")
+    wait_for(driver, f"//h1[contains(., '{title}')]")
+    wait_idle(driver)
+
+
+def type_into(driver, label: str, text: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    field = wait_for(driver, f"//input[@aria-label='{label}']")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(text, Keys.ENTER)
+
+
+def screenshot(driver, name: str, height: int = 1400, start: str | None = None) -> Path:
+    """A screenshot of the page from the top, or from the element ``start`` (an XPath), with the
+    window made taller so that more of the page shows."""
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.set_window_size(WINDOW[0], height)
+    time.sleep(1.5)  # Plotly redraws for the new size
+    driver.execute_script(
+        "const main = document.querySelector('[data-testid=\"stMain\"]');"
+        "if (main) main.scrollTo(0, 0); window.scrollTo(0, 0);"
+    )
+    if start is not None:
+        driver.execute_script(
+            "arguments[0].scrollIntoView({block: 'start'});", driver.find_element(By.XPATH, start)
+        )
+    path = ARTIFACTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(*WINDOW)
+    return path
+
+
+# --- the walk ------------------------------------------------------------------------------------
+
+
+def test_setup_search_masks_hydra(server, browser, tmp_path):
+    url, _ = server
+    from hydra_core.models.default import DEFAULT_CHECKPOINT
+
+    driver = browser
+    driver.get(url)
+    wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
+    if not DEFAULT_CHECKPOINT.is_file():
+        click(driver, "//label[.//p[normalize-space()='Checkpoint file']]")
+        type_into(
+            driver,
+            "timm name or checkpoint path (for those two sources)",
+            tiny_checkpoint(tmp_path),
+        )
+    type_into(driver, "Search images per set (head selection)", str(N_SEARCH))
+    type_into(driver, "Report images per set (0 = all)", str(N_REPORT))
+    click(driver, button("Apply"))
+    wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "setup", 1100, start="//h3[contains(., 'Model card')]")
+
+    open_page(driver, "Headmap search")
+    type_into(driver, "Budget (heads to remove)", str(BUDGET))
+    wait_idle(driver)
+    click(driver, button("Run"))
+    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "headmap", 1300)
+
+    open_page(driver, "Head importance")
+    click(driver, button("Compute importance maps"))
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "importance", 1200)
+
+    open_page(driver, "Representations")
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'scatterlayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "representations", 1100)
+
+    open_page(driver, "Masks")
+    click(driver, button("Build"))
+    wait_for(driver, "//h3[contains(., 'Members (3)')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "masks", 1900)
+
+    open_page(driver, "Hydra")
+    type_into(driver, "Timed calls per system", str(TIMED_CALLS))
+    wait_idle(driver)
+    click(driver, button("Assemble and evaluate"))
+    wait_for(driver, "//h3[contains(., 'Summary')]")
+    wait_for(driver, "//h3[contains(., 'Cost')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "hydra", 2000)
+
+
+def test_screenshots_are_real_pictures():
+    """Each page's screenshot exists and is not blank (the walk above wrote them)."""
+    from PIL import Image
+
+    for name in ("setup", "headmap", "importance", "representations", "masks", "hydra"):
+        path = ARTIFACTS / f"{name}.png"
+        assert path.is_file(), f"{path} is missing"
+        image = Image.open(path).convert("L")
+        low, high = image.getextrema()
+        assert image.width == WINDOW[0] and high - low > 100, f"{path} looks blank"

@@ -1,0 +1,263 @@
+"""Pages 2-6 driven the way a user drives them, with Streamlit's AppTest, on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import numpy as np
+import plotly.io as pio
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from hydra_core.analysis import greedy
+from hydra_core.analysis.greedy import single_head_importance
+from hydra_core.analysis.inputs import search_inputs
+from hydra_core.analysis.representations import centroid_distances, head_cls_features
+from hydra_core.data.benchmark import default_benchmark
+from hydra_core.masks import MemberMask, masks_to_json, model_identity
+from hydra_core.models.adapter import head_layout
+from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+from hydra_core.models.registry import load_model
+from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.figures import rank_percentile
+
+TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)  # 2 x 4 = 8 heads
+OOD = ("mnist", "noise")
+N_SEARCH, N_REPORT = 40, 60
+PAGES = [
+    "pages/2_headmap.py",
+    "pages/3_importance.py",
+    "pages/4_representations.py",
+    "pages/5_masks.py",
+    "pages/6_hydra.py",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    model = build_vit(TINY)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_checkpoint(model, path, TINY)
+    return str(path)
+
+
+@pytest.fixture
+def setup(checkpoint) -> SetupConfig:
+    return SetupConfig(
+        model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
+    )
+
+
+@pytest.fixture
+def app(setup, tmp_path, monkeypatch) -> AppTest:
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = setup
+    return at
+
+
+def open_page(at: AppTest, page: str) -> AppTest:
+    at.run()
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def button(at: AppTest, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def figures(at: AppTest) -> list:
+    return [pio.from_json(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def array(value) -> np.ndarray:
+    """A Plotly JSON array: a list, or the typed-array dict Plotly 6 writes (dtype, bdata)."""
+    if isinstance(value, dict):
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        return data.reshape([int(n) for n in str(value.get("shape", len(data))).split(",")])
+    return np.asarray(value, dtype=float)
+
+
+def finish_job(at: AppTest, name: str, timeout: float = 180) -> None:
+    """Wait for a page's background job to end, then rerun the page as its timer would."""
+    job = at.session_state["results"]["jobs"][name]
+    assert job.wait(timeout), f"{name} still running after {timeout} s"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """The model and search tensors the pages use, built directly with hydra_core."""
+    loaded = load_model(checkpoint)
+    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
+    return loaded, search_inputs(loaded.preprocess, benchmark)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_without_errors(app, page):
+    open_page(app, page)
+    assert not app.error, [e.value for e in app.error]
+    assert app.title[0].value
+
+
+def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
+    open_page(app, "pages/2_headmap.py")
+    app.number_input[0].set_value(2)  # budget
+    button(app, "Run").click()
+    app.run()
+    finish_job(app, "search")
+    heatmap = next(f for f in figures(app) if f.data[0].type == "heatmap")
+    z = array(heatmap.data[0].z)
+    assert z.shape == (2, 4)
+    assert sorted(z[np.isfinite(z)].tolist()) == [1.0, 2.0]  # two heads removed, at steps 1 and 2
+    runs = app.dataframe[0].value
+    assert runs.loc[0, "objective"] == "avg" and runs.loc[0, "heads removed"] == 2
+
+    again = AppTest.from_file("../app.py", default_timeout=180)  # a new visit, same disk cache
+    again.session_state[CONFIG_KEY] = setup
+    open_page(again, "pages/2_headmap.py")
+    assert again.dataframe[0].value.loc[0, "heads removed"] == 2
+    same = next(f for f in figures(again) if f.data[0].type == "heatmap")
+    np.testing.assert_array_equal(array(same.data[0].z), z)
+
+
+def test_a_stopped_search_can_be_resumed(app, monkeypatch):
+    real = greedy.greedy_circuit
+
+    def slow_search(*args, progress, **kwargs):
+        def slow_progress(step) -> None:
+            time.sleep(0.3)  # a tiny model is fast: give the Stop click time to arrive
+            progress(step)
+
+        return real(*args, progress=slow_progress, **kwargs)
+
+    monkeypatch.setattr(greedy, "greedy_circuit", slow_search)  # the page imports it on each run
+    open_page(app, "pages/2_headmap.py")
+    app.number_input[0].set_value(8)  # every head
+    button(app, "Run").click()
+    app.run()
+    next(b for b in app.button if b.key == "stop-search").click()
+    app.run()
+    finish_job(app, "search")
+    job = app.session_state["results"]["jobs"]["search"]
+    assert job.status == "stopped" and job.result.steps < 8
+    assert not button(app, "Resume").disabled
+    button(app, "Resume").click()
+    app.run()
+    finish_job(app, "search")
+    assert app.dataframe[0].value.loc[0, "heads removed"] == 8
+
+
+def test_importance_maps_match_hydra_core(app, reference):
+    open_page(app, "pages/3_importance.py")
+    button(app, "Compute importance maps").click()
+    app.run()
+    assert not app.exception and not app.error
+    panels = figures(app)[0]
+    assert [a.text for a in panels.layout.annotations] == ["Δaccuracy", "ΔAUROC", "Taylor"]
+    loaded, inputs = reference
+    single = single_head_importance(loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
+    np.testing.assert_allclose(
+        array(panels.data[0].z), rank_percentile(-single["delta_accuracy"].numpy())
+    )
+    np.testing.assert_allclose(
+        array(panels.data[1].z), rank_percentile(-single["delta_auroc"].numpy())
+    )
+    assert np.asarray(panels.data[0].customdata)[1, 3, 0] == "L1H3"
+
+
+def test_representations_distances_match_hydra_core(app, reference):
+    open_page(app, "pages/4_representations.py")
+    loaded, inputs = reference
+    id_feats = head_cls_features(loaded.model, inputs.id_x)
+    expected = centroid_distances(
+        id_feats, head_cls_features(loaded.model, inputs.ood_per_set["noise"])
+    )
+    shown = next(d.value for d in app.dataframe if {"ood_set", "label"} <= set(d.value.columns))
+    noise = shown[shown["ood_set"] == "noise"].reset_index(drop=True)
+    np.testing.assert_allclose(noise["mahalanobis"], expected["mahalanobis"], rtol=1e-6)
+    np.testing.assert_allclose(noise["euclidean"], expected["euclidean"], rtol=1e-6)
+
+
+def test_masks_build_draw_export_and_import(app):
+    open_page(app, "pages/5_masks.py")
+    app.radio[0].set_value("seed-sampling")
+    app.selectbox[0].set_value("Taylor")
+    app.number_input[0].set_value(2)  # B
+    app.number_input[1].set_value(6)  # K
+    app.number_input[2].set_value(3)  # M
+    button(app, "Build").click()
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    members = app.session_state["results"]["members"]
+    assert [m.name for m in members] == ["Taylor seed 0", "Taylor seed 1", "Taylor seed 2"]
+    assert all(m.kept == 8 - 2 for m in members)
+
+    app.pills[0].set_value(["H1", "H2"])  # layer 0 keeps two heads; layer 1 keeps all four
+    app.text_input[0].set_value("drawn")
+    button(app, "Add member").click()
+    app.run()
+    drawn = app.session_state["results"]["members"][-1]
+    assert drawn.name == "drawn" and drawn.keep.tolist() == [[False, True, True, False], [True] * 4]
+
+    exported = exported_masks(app)
+    assert [m["name"] for m in exported["members"]][-1] == "drawn"
+    wrong = dict(exported, model={**exported["model"], "layers": 6, "heads": 12})
+    app.file_uploader[0].set_value(("wrong.json", json.dumps(wrong).encode(), "application/json"))
+    app.run()
+    assert not app.exception
+    assert any(
+        "wrong.json does not fit the loaded model" in e.value and "6 layers x 12 heads" in e.value
+        for e in app.error
+    )
+
+    app.file_uploader[0].set_value(
+        ("masks.json", json.dumps(exported).encode(), "application/json")
+    )
+    app.run()
+    assert any("4 member(s)" in s.value for s in app.success)
+
+
+def exported_masks(at: AppTest) -> dict:
+    """The mask file the page's export button downloads (built by the same call)."""
+    loaded = load_model(at.session_state[CONFIG_KEY].model)
+    identity = model_identity(loaded.name, head_layout(loaded.model), loaded.fingerprint())
+    return masks_to_json(at.session_state["results"]["members"], identity)
+
+
+def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    first, second = keep.clone(), keep.clone()
+    first[0, 0], second[1, 2] = False, False
+    members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
+    app.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
+    open_page(app, "pages/6_hydra.py")
+    app.number_input[0].set_value(3)  # timed calls per system: enough for a test
+    button(app, "Assemble and evaluate").click()
+    app.run()
+    finish_job(app, "hydra")
+    assert not app.error, [e.value for e in app.error]
+    summary = app.dataframe[0].value.set_index("system")
+    systems = ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)", "Hydra (fused)"]
+    assert list(summary.index) == systems
+    assert list(summary["heads"]) == ["8", "7", "7", "7x2", "7x2"]
+    # zero-shot fusion: the fused model computes exactly what the members compute one by one
+    fused, unfused = summary.loc["Hydra (fused)"], summary.loc["Hydra (unfused)"]
+    for column in ("accuracy", "nll", "all_auroc", "id_mi"):
+        assert fused[column] == pytest.approx(unfused[column], abs=1e-5)
+    per_set = app.dataframe[1].value
+    assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
+    cost = app.dataframe[2].value.set_index("system")
+    assert (cost["latency_ms"] > 0).all() and cost.loc["single", "params_ratio"] == 1
+    assert len(figures(app)) == 3  # reliability, ROC, cost vs AUROC

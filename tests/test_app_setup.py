@@ -1,0 +1,63 @@
+"""The Setup page, driven the way a user drives it, with Streamlit's AppTest."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from hydra_ui.context import CONFIG_KEY, SetupConfig
+
+SMALL = SetupConfig(n_search=64, n_report=300)
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch) -> AppTest:
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = SMALL
+    return at
+
+
+def metric_values(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_setup_shows_the_default_model_card(app):
+    app.run()
+    assert not app.exception, app.exception
+    values = metric_values(app)
+    assert values["Layers"] == "6" and values["Heads / layer"] == "12"
+    assert float(values["ID accuracy"].rstrip("%")) > 80
+    ood_table = app.dataframe[0].value
+    assert list(ood_table["OOD set"]) == list(SMALL.ood)
+    assert ood_table["AUROC (MSP)"].between(0, 1).all()
+    assert any("Device" in m.label for m in app.metric)
+
+
+def test_apply_changes_the_setup(app):
+    app.run()
+    app.number_input[1].set_value(500)  # report images per set
+    app.button[0].click()  # the form's Apply button
+    app.run()
+    assert not app.exception, app.exception
+    assert app.session_state[CONFIG_KEY].n_report == 500
+
+
+def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):
+    app.run()
+    app.radio[0].set_value("Checkpoint file")
+    app.text_input[0].set_value("/nonexistent/model.safetensors")
+    app.button[0].click()
+    app.run()
+    assert not app.exception
+    assert any("does not exist" in e.value for e in app.error)
+
+
+def test_unknown_timm_name_is_an_error_message(app):
+    app.run()
+    app.radio[0].set_value("timm model name (online)")
+    app.text_input[0].set_value("vit_tiny_patch16_2244")
+    app.button[0].click()
+    app.run()
+    assert not app.exception
+    assert any("did you mean" in e.value for e in app.error)

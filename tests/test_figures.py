@@ -1,0 +1,258 @@
+"""The app's figure builders (hydra_ui.figures), their PNG/SVG export and the background jobs."""
+
+from __future__ import annotations
+
+import threading
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hydra_core.analysis.greedy import GreedyResult
+from hydra_core.masks import MemberMask
+from hydra_ui import figures
+from hydra_ui.export import figure_png, figure_svg, to_matplotlib
+from hydra_ui.jobs import DONE, FAILED, STOPPED, Job, format_seconds, start_job
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def a_map() -> np.ndarray:
+    values = np.arange(12, dtype=np.float64).reshape(3, 4) / 10
+    values[2, 3] = np.nan  # a head that does not exist
+    return values
+
+
+def a_search() -> GreedyResult:
+    """3 steps of a search on a 3 x 4 model: L1H2, then L0H0, then L2H1."""
+    return GreedyResult(
+        objective="avg",
+        budget=5,
+        order=[(1, 2), (0, 0), (2, 1)],
+        scores=[0.80, 0.75, 0.70],
+        accuracy=[0.90, 0.85, 0.81],
+        auroc=[0.70, 0.65, 0.59],
+        base_accuracy=0.92,
+        base_auroc=0.72,
+        base_score=0.82,
+        candidate_scores=[torch.zeros(3, 4)] * 3,
+        complete=False,
+        seconds=1.5,
+        num_heads=(4, 4, 4),
+    )
+
+
+def test_head_heatmap_shows_the_map_and_names_every_head():
+    values = a_map()
+    fig = figures.head_heatmap(values, value_name="Δacc", hover={"other": values * 2})
+    trace = fig.data[0]
+    np.testing.assert_array_equal(np.asarray(trace.z, dtype=float), values)  # NaN stays NaN
+    assert list(trace.y) == ["L0", "L1", "L2"] and list(trace.x) == ["H0", "H1", "H2", "H3"]
+    custom = np.asarray(trace.customdata)
+    assert custom[1, 2, 0] == "L1H2"
+    assert custom[1, 2, 1] == "Δacc: 0.6<br>other: 1.2"
+    assert custom[2, 3, 1].startswith("Δacc: –")
+    assert fig.layout.yaxis.autorange == "reversed"  # L0 at the top
+
+
+def test_head_heatmap_rejects_a_vector():
+    with pytest.raises(ValueError, match="layers, heads"):
+        figures.head_heatmap(np.zeros(5))
+
+
+def test_rank_percentile():
+    out = figures.rank_percentile([[3.0, 1.0], [np.nan, 1.0]])
+    np.testing.assert_allclose(
+        out, [[1.0, 0.25], [np.nan, 0.25]]
+    )  # ties share their mean rank, 1.5
+    np.testing.assert_allclose(figures.rank_percentile([5.0, 1.0, 3.0]), [1.0, 0.0, 0.5])
+    np.testing.assert_allclose(figures.rank_percentile([np.nan, 2.0]), [np.nan, 1.0])
+
+
+def test_importance_heatmaps_share_one_colour_meaning():
+    values = a_map()
+    maps = {"a": values, "b": -values}
+    fig = figures.importance_heatmaps(maps, raw={"b": ("Δacc", values)})
+    assert [t.coloraxis for t in fig.data] == ["coloraxis", "coloraxis"]
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (0, 1)
+    np.testing.assert_allclose(
+        np.asarray(fig.data[0].z, dtype=float), figures.rank_percentile(values)
+    )
+    np.testing.assert_allclose(
+        np.asarray(fig.data[1].z, dtype=float), figures.rank_percentile(-values)
+    )
+    custom_a, custom_b = np.asarray(fig.data[0].customdata), np.asarray(fig.data[1].customdata)
+    assert custom_a[2, 2, 0] == "L2H2" and "rank (1 = most important): 1 of 11" in custom_a[2, 2, 1]
+    assert "rank (1 = most important): 1 of 11" in custom_b[0, 0, 1]  # -values: L0H0 is largest
+    assert "Δacc: 0" in custom_b[0, 0, 1]  # the raw value, not the oriented one
+
+
+def test_removal_step_heatmap_fills_in_the_removed_heads():
+    result = a_search()
+    fig = figures.removal_step_heatmap(result)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    expected = np.full((3, 4), np.nan)
+    expected[1, 2], expected[0, 0], expected[2, 1] = 1, 2, 3
+    np.testing.assert_array_equal(z, expected)
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (1, 5)  # the budget fixes the colours
+    custom = np.asarray(fig.data[0].customdata)
+    assert custom[0, 0, 0] == "L0H0"
+    assert "accuracy after: 0.85" in custom[0, 0, 1] and "AUROC after: 0.65" in custom[0, 0, 1]
+
+
+def test_greedy_curves_start_at_the_dense_model():
+    result = a_search()
+    fig = figures.greedy_curves({"avg": result})
+    by_name = {t.name.split(" (")[0]: t for t in fig.data}
+    assert list(by_name["accuracy"].y) == [0.92, 0.90, 0.85, 0.81]
+    assert list(by_name["AUROC"].y) == [0.72, 0.70, 0.65, 0.59]
+    assert list(by_name["objective"].y) == [0.82, 0.80, 0.75, 0.70]
+    assert list(by_name["accuracy"].x) == [0, 1, 2, 3]
+    acc_run = GreedyResult.from_dict({**result.to_dict(), "objective": "acc"})
+    two = figures.greedy_curves({"avg": result, "acc": acc_run})
+    assert len(two.data) == 3 + 2  # the acc run's objective is its accuracy curve
+    assert {t.name for t in two.data} >= {"avg · accuracy", "acc · AUROC"}
+
+
+def test_projection_scatter_has_one_trace_per_set():
+    frame = pd.DataFrame(
+        {"x": [0.0, 1, 2, 3], "y": [1.0, 2, 3, 4], "set": ["ID", "ID", "mnist", "noise"]}
+    )
+    fig = figures.projection_scatter(frame)
+    assert [t.name for t in fig.data] == ["ID", "mnist", "noise"]
+    assert list(fig.data[0].x) == [0.0, 1.0] and list(fig.data[2].y) == [4.0]
+    assert fig.data[0].marker.color == figures.ID_COLOUR
+    pair = figures.projection_pair(frame, frame, titles=("most", "least"))
+    assert len(pair.data) == 6 and [t.showlegend for t in pair.data] == [True] * 3 + [False] * 3
+
+
+def test_member_masks_and_matrix():
+    keep = torch.tensor([[True, False], [False, True]])
+    members = [MemberMask("a", "test", keep), MemberMask("b", "test", ~keep)]
+    fig = figures.member_masks_figure(members)
+    np.testing.assert_array_equal(np.asarray(fig.data[1].z, dtype=float), (~keep).double().numpy())
+    assert np.asarray(fig.data[0].customdata)[0, 1, 1] == "a: removed"
+    frame = pd.DataFrame([[1.0, 0.25], [0.25, 1.0]], index=["a", "b"], columns=["a", "b"])
+    matrix = figures.matrix_heatmap(frame, value_name="Jaccard")
+    np.testing.assert_array_equal(np.asarray(matrix.data[0].z), frame.to_numpy())
+    assert matrix.data[0].texttemplate == "%{z:.2f}"
+
+
+def test_reliability_roc_and_cost_figures():
+    bins = pd.DataFrame(
+        {"confidence": [0.3, 0.6, 0.9], "accuracy": [0.2, 0.6, 0.95], "count": [4, 0, 9]}
+    )
+    fig = figures.reliability_diagram({"single": bins})
+    assert list(fig.data[1].x) == [0.3, 0.9]  # the empty bin is left out
+    roc = pd.DataFrame({"fpr": [0.0, 0.5, 1.0], "tpr": [0.0, 0.8, 1.0]})
+    roc.attrs["auroc"] = 0.65
+    assert figures.roc_curves({"hydra": roc}).data[1].name == "hydra (AUROC 0.650)"
+    cost = pd.DataFrame({"system": ["single", "Hydra"], "macs": [1e6, 2.5e6], "auroc": [0.8, 0.9]})
+    scatter = figures.cost_scatter(cost, x="macs", log_x=True)
+    assert [t.name for t in scatter.data] == ["single", "Hydra"]
+    assert list(scatter.data[1].x) == [2.5e6] and scatter.layout.xaxis.type == "log"
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+def test_png_and_svg_are_valid_files():
+    fig = figures.head_heatmap(a_map(), title="a map")
+    png = figure_png(fig)
+    assert png.startswith(PNG_SIGNATURE)
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width > 500 and height > 300
+    svg = figure_svg(figures.greedy_curves({"avg": a_search()}))
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg")
+
+
+def test_matplotlib_rendering_draws_the_same_data():
+    values = a_map()
+    drawn = to_matplotlib(figures.head_heatmap(values, title="map"))
+    image = drawn.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(image.filled(np.nan), values)
+    assert drawn._suptitle.get_text() == "map"
+    curves = to_matplotlib(figures.greedy_curves({"avg": a_search()}))
+    lines = {line.get_label(): line for line in curves.axes[0].get_lines()}
+    assert list(lines["accuracy"].get_ydata()) == [0.92, 0.90, 0.85, 0.81]
+    panels = to_matplotlib(figures.importance_heatmaps({"a": values, "b": -values}))
+    assert len([ax for ax in panels.axes if ax.images]) == 2  # and one shared colour bar
+    assert len(panels.axes) == 3
+
+
+def test_export_refuses_trace_types_it_cannot_draw():
+    import plotly.graph_objects as go
+
+    with pytest.raises(ValueError, match="'bar'"):
+        figure_png(go.Figure(go.Bar(x=[1], y=[2])))
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+
+def test_job_reports_progress_and_returns_its_result():
+    gate = threading.Event()
+
+    def work(job: Job) -> int:
+        job.begin(10)
+        job.report("half", done=5)
+        gate.wait(5)
+        return 42
+
+    job = start_job("count", work, {"what": "test"})
+    for _ in range(100):
+        if job.progress == "half":
+            break
+        threading.Event().wait(0.01)
+    assert job.running and job.progress == "half" and job.fraction() == 0.5
+    gate.set()
+    assert job.wait(5)
+    assert (job.status, job.result, job.info) == (DONE, 42, {"what": "test"})
+
+
+def test_job_time_left_counts_only_its_own_work(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("hydra_ui.jobs.time.monotonic", lambda: now[0])
+    job = Job("resumed", lambda job: None)
+    assert job.eta_seconds() is None and job.fraction() == 0
+    job.begin(10, done=2)  # 2 of 10 were done by an earlier run
+    now[0] += 4
+    job.report(done=4)  # 2 units in 4 s: the 6 left take 12 s
+    assert job.eta_seconds() == pytest.approx(12.0)
+    assert job.fraction() == pytest.approx(0.4)
+    job.report(done=4, total=20)  # work that learns its total as it goes
+    assert job.eta_seconds() == pytest.approx(32.0)
+
+
+def test_job_stop_and_failure():
+    def until_stopped(job: Job) -> str:
+        while not job.should_stop():
+            threading.Event().wait(0.005)
+        return "partial"
+
+    job = start_job("loop", until_stopped)
+    job.stop()
+    assert job.wait(5) and (job.status, job.result) == (STOPPED, "partial")
+
+    def checks(job: Job) -> None:
+        job.stop()
+        job.check()  # raises Cancelled
+
+    cancelled = start_job("check", checks)
+    assert cancelled.wait(5) and cancelled.status == STOPPED and cancelled.error is None
+
+    def fails(job: Job) -> None:
+        raise RuntimeError("out of memory")
+
+    failed = start_job("fail", fails)
+    assert failed.wait(5) and failed.status == FAILED and str(failed.error) == "out of memory"
+
+
+def test_format_seconds():
+    assert format_seconds(None) == "estimating..."
+    assert format_seconds(42.4) == "42 s"
+    assert format_seconds(75) == "1 min 15 s"
+    assert format_seconds(3 * 3600 + 60 * 5) == "3 h 05 min"
