@@ -10,9 +10,11 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from hydra_core.models.adapter import (
+    SHORT_SEQUENCE,
     UnsupportedModelError,
     ablate,
     as_keep_mask,
+    attention,
     attention_projection,
     block_heads,
     block_rest,
@@ -235,3 +237,15 @@ def test_default_shape_vit_base_layout():
         img_size=32, patch_size=16, embed_dim=64, depth=2, num_heads=8, num_classes=3
     )
     assert head_layout(model).shape == (2, 8)
+
+
+@pytest.mark.parametrize("keys", [1, 17, SHORT_SEQUENCE, SHORT_SEQUENCE + 1, 197])
+@pytest.mark.parametrize("queries", [1, 17])
+def test_attention_equals_scaled_dot_product_attention(keys, queries):
+    g = torch.Generator().manual_seed(keys)
+    q = torch.randn(3, 4, queries, 16, generator=g)
+    k, v = torch.randn(2, 3, 4, keys, 16, generator=g)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    reference = (q @ k.transpose(-2, -1) / 4.0).softmax(-1) @ v  # d_k = 16: scale 1/4
+    torch.testing.assert_close(attention(q, k, v), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(attention(q, k, v), reference, atol=1e-6, rtol=1e-5)
