@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydra-setup
 PORT   ?= 8501
 
-.PHONY: setup run test test-e2e test-all lint bench report clean-cache
+.PHONY: setup run test test-unit test-e2e lint bench report clean-cache
 
 setup: $(STAMP)
 	@scripts/system-packages.sh data
@@ -21,14 +21,17 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-data.txt
 run: setup
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true
 
+# Unit tests and the real-browser test (skipped, with its reason, where chromium cannot be installed).
 test: setup
+	-@scripts/system-packages.sh browser
+	$(BIN)/python -m pytest -q -rs -m "not slow"
+
+test-unit: setup
 	$(BIN)/python -m pytest -q
 
 test-e2e: setup
 	@scripts/system-packages.sh browser
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
-
-test-all: test test-e2e
 
 lint: setup
 	$(BIN)/ruff check hydra_core pages tests bench app.py
