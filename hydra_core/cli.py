@@ -116,7 +116,21 @@ def add_data_arguments(
         default=None,
         metavar="NAME",
         help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
-        "textures, noise)",
+        "textures, noise; none when --ood-folder is given)",
+    )
+    p.add_argument(
+        "--id-folder",
+        default=None,
+        metavar="PATH",
+        help="an ImageFolder of your own (one sub-folder per class, in the model's class order) "
+        "instead of Fashion-MNIST; split once into search and report halves",
+    )
+    p.add_argument(
+        "--ood-folder",
+        nargs="+",
+        default=[],
+        metavar="[near:|far:]PATH",
+        help="extra OOD image folders, e.g. near:/data/a far:/data/b (a bare path is far)",
     )
 
 
@@ -137,11 +151,22 @@ def progress_bar(description: str):
 
 def load_for_cli(args: argparse.Namespace):
     """The model and benchmark named by the common arguments."""
-    from hydra_core.data.benchmark import default_benchmark
-    from hydra_core.models.registry import load_model
+    from hydra_core.data.benchmark import folder_benchmark
+    from hydra_core.data.ood import OOD_SETS
+    from hydra_core.models.registry import input_format, load_model
 
     loaded = load_model(args.model, arch=args.arch)
-    benchmark = default_benchmark(n_search=args.n_search, n_report=args.n_report, ood=args.ood)
+    id_folder, ood_folders = getattr(args, "id_folder", None), getattr(args, "ood_folder", [])
+    channels, size = input_format(loaded.model)
+    benchmark = folder_benchmark(
+        id_folder=id_folder,
+        ood=list(OOD_SETS) if args.ood is None and not ood_folders else args.ood or [],
+        ood_folders=ood_folders,
+        size=size,
+        channels=channels,
+        n_search=args.n_search,
+        n_report=args.n_report,
+    )
     return loaded, benchmark
 
 

@@ -13,10 +13,10 @@ import streamlit as st
 import torch
 
 from hydra_core.cache import DiskCache, cache_key
-from hydra_core.data.benchmark import Benchmark, default_benchmark
+from hydra_core.data.benchmark import Benchmark, folder_benchmark
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import resolve_device
-from hydra_core.models.registry import LoadedModel, load_model
+from hydra_core.models.registry import LoadedModel, input_format, load_model
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
@@ -30,6 +30,8 @@ class SetupConfig:
     arch: str | None = None  # timm architecture of a foreign checkpoint
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
     ood: tuple[str, ...] = field(default_factory=lambda: tuple(OOD_SETS))
+    id_folder: str | None = None  # an ImageFolder of your own instead of Fashion-MNIST
+    ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near: path" / "far: path"
     n_search: int = 512  # images per set used to select heads
     n_report: int | None = 2000  # images per set results are reported on (None = all)
     device: str = "auto"
@@ -72,8 +74,23 @@ def cached_model(model: str, arch: str | None, dinov2_img_size: int) -> LoadedMo
 
 
 @st.cache_resource(show_spinner="Loading the data sets...")
-def cached_benchmark(ood: tuple[str, ...], n_search: int, n_report: int | None) -> Benchmark:
-    return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
+def cached_benchmark(
+    ood: tuple[str, ...],
+    n_search: int,
+    n_report: int | None,
+    id_folder: str | None = None,
+    ood_folders: tuple[str, ...] = (),
+    image_format: tuple[int, int] = (1, 28),
+) -> Benchmark:
+    return folder_benchmark(
+        id_folder=id_folder,
+        ood=ood,
+        ood_folders=ood_folders,
+        channels=image_format[0],
+        size=image_format[1],
+        n_search=n_search,
+        n_report=n_report,
+    )
 
 
 @st.cache_resource
@@ -87,9 +104,16 @@ def get_context() -> Context:
     device = resolve_device(config.device)
     loaded = cached_model(config.model, config.arch, config.dinov2_img_size)
     loaded.model.to(device)
-    return Context(
-        config, loaded, cached_benchmark(config.ood, config.n_search, config.n_report), device
+    own_data = config.id_folder is not None or bool(config.ood_folders)
+    benchmark = cached_benchmark(
+        config.ood,
+        config.n_search,
+        config.n_report,
+        config.id_folder,
+        config.ood_folders,
+        input_format(loaded.model) if own_data else (1, 28),
     )
+    return Context(config, loaded, benchmark, device)
 
 
 def results() -> dict:

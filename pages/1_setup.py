@@ -45,15 +45,26 @@ with st.form("setup"):
     st.caption(" · ".join(f"**{k}**: {v}" for k, v in BUILTIN_MODELS.items()))
 
     st.subheader("Data")
-    st.markdown(
-        "In-distribution: **Fashion-MNIST** (search split: 5,000 held-out training images; "
-        "report split: the 10,000 test images)."
+    id_folder = st.text_input(
+        "In-distribution set: an image folder of your own (empty = Fashion-MNIST)",
+        value=config.id_folder or "",
+        placeholder="/data/my_set  (one sub-folder per class, classes in the model's order)",
+        help="Empty: Fashion-MNIST, search split = 5,000 held-out training images, report "
+        "split = the 10,000 test images. A folder is split once into disjoint search and report "
+        "halves.",
     )
     ood = st.multiselect(
         "OOD sets",
         list(OOD_SETS),
         default=list(config.ood),
         format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
+    )
+    ood_folders = st.text_area(
+        "Extra OOD folders, one per line (optional)",
+        value="\n".join(config.ood_folders),
+        placeholder="near: /data/similar_objects\nfar: /data/other_images",
+        help="Prefix a folder with 'near:' or 'far:' (a bare path is far). Flat folders of "
+        "images, or class folders (their labels are ignored).",
     )
     c1, c2 = st.columns(2)
     n_search = c1.number_input(
@@ -88,8 +99,8 @@ if applied:
             + ("timm model name" if SOURCES[source] == "timm" else "checkpoint path")
             + " first."
         )
-    elif not ood:
-        st.error("Choose at least one OOD set.")
+    elif not ood and not ood_folders.strip():
+        st.error("Choose at least one OOD set or OOD folder.")
     else:
         set_config(
             config.replace(
@@ -97,6 +108,10 @@ if applied:
                 arch=arch.strip() or None,
                 dinov2_img_size=int(img_size),
                 ood=tuple(ood),
+                id_folder=id_folder.strip() or None,
+                ood_folders=tuple(
+                    line.strip() for line in ood_folders.splitlines() if line.strip()
+                ),
                 n_search=int(n_search),
                 n_report=int(n_report) or None,
                 device=device,
@@ -122,8 +137,9 @@ with show_error("Could not load the model or data"):
             context.loaded, context.benchmark, cache=disk_cache(), device=context.device
         )
     st.metric("ID accuracy", f"{card['id_accuracy']:.2%}", help=card["id_set"])
+    groups = {s.name: s.group for s in context.benchmark.ood_report}
     rows = [
-        {"OOD set": n, "group": OOD_SETS[n].group if n in OOD_SETS else "", "AUROC (MSP)": a}
+        {"OOD set": n, "group": groups.get(n, ""), "AUROC (MSP)": a}
         for n, a in card["ood_auroc"].items()
     ]
     table_with_download(rows, "model_card_ood_auroc.csv", float_format="{:.4f}")
@@ -133,3 +149,11 @@ with show_error("Could not load the model or data"):
     )
     st.subheader("Data")
     table_with_download(context.benchmark.describe(), "data_splits.csv")
+    classes = context.benchmark.id_search.classes
+    outputs = getattr(context.loaded.model, "num_classes", None)
+    if config.id_folder and classes and outputs and len(classes) != outputs:
+        st.warning(
+            f"The ID folder has {len(classes)} classes ({', '.join(classes[:5])}"
+            f"{', ...' if len(classes) > 5 else ''}) but the model has {outputs} outputs: "
+            "accuracy counts output i as the i-th class folder in sorted order."
+        )

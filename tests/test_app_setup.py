@@ -61,3 +61,45 @@ def test_unknown_timm_name_is_an_error_message(app):
     app.run()
     assert not app.exception
     assert any("did you mean" in e.value for e in app.error)
+
+
+def write_images(folder, count: int, seed: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def test_own_id_and_ood_folders(app, tmp_path):
+    for label in ("boots", "coats", "shirts"):
+        write_images(tmp_path / "mine" / label, 8, seed=len(label))
+    write_images(tmp_path / "odd", 12, seed=7)
+    app.run()
+    app.text_input[2].set_value(str(tmp_path / "mine"))  # the ID folder
+    app.text_area[0].set_value(f"near: {tmp_path / 'odd'}")
+    app.multiselect[0].set_value(["noise"])
+    app.button[0].click()
+    app.run()
+    assert not app.exception, app.exception
+    assert not app.error, [e.value for e in app.error]
+    config = app.session_state[CONFIG_KEY]
+    assert config.id_folder == str(tmp_path / "mine")
+    assert config.ood_folders == (f"near: {tmp_path / 'odd'}",)
+    ood_table = app.dataframe[0].value
+    assert list(ood_table["OOD set"]) == ["noise", "odd"]
+    assert list(ood_table["group"]) == ["far", "near"]
+    data = app.dataframe[1].value.set_index("name")
+    assert data.loc["mine", "n_search"] + data.loc["mine", "n_report"] == 24  # split in two halves
+    assert any("3 classes" in w.value and "10 outputs" in w.value for w in app.warning)
+
+
+def test_missing_data_folder_is_an_error_message(app, tmp_path):
+    app.run()
+    app.text_input[2].set_value(str(tmp_path / "nowhere"))
+    app.button[0].click()
+    app.run()
+    assert not app.exception
+    assert any("does not exist" in e.value for e in app.error)

@@ -52,6 +52,23 @@ def test_eval_json(checkpoint, capsys):
     assert all(0 <= o["auroc"] <= 1 for o in out["ood"])
 
 
+def test_eval_on_folders_of_ones_own(checkpoint, tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for folder, count in (("mine/a", 6), ("mine/b", 6), ("odd", 8)):
+        (tmp_path / folder).mkdir(parents=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / folder / f"{i}.png")
+    args = ["--id-folder", str(tmp_path / "mine"), "--ood-folder", f"near:{tmp_path / 'odd'}"]
+    assert main(["eval", "--model", checkpoint, "--device", "cpu", *args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["id"]["name"] == "mine" and out["id"]["n"] == 6  # the report half of 12
+    assert [(o["name"], o["group"], o["n"]) for o in out["ood"]] == [("odd", "near", 4)]
+
+
 def test_info_json(checkpoint, capsys):
     assert main(["info", "--model", checkpoint, *DATA, "--json"]) == 0
     card = json.loads(capsys.readouterr().out)

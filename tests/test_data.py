@@ -28,6 +28,7 @@ from hydra_core.data import (
     load_torchvision_set,
     ood,
 )
+from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder, resampled
 from hydra_core.data.images import split_in_two
 
 # name -> (group, N, number of classes, range of the mean pixel as a share of 255)
@@ -513,3 +514,75 @@ def test_split_of_an_ood_set_is_stable():
     a, b = split_in_two(image_set)
     c, d = split_in_two(load_ood_set("noise"))
     assert torch.equal(a.images, c.images) and torch.equal(b.images, d.images)
+
+
+# --- benchmarks with folders of one's own ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ("near: /data/x", ("near", "/data/x")),
+        ("far:/data/y", ("far", "/data/y")),
+        ("/data/z", ("far", "/data/z")),
+        ("C:/windows/path", ("far", "C:/windows/path")),  # a drive letter is not a group
+    ],
+)
+def test_parse_ood_folder(entry, expected):
+    assert parse_ood_folder(entry) == expected
+
+
+def test_resampled_equals_interpolating_the_images():
+    images = torch.randint(0, 256, (6, 1, 4, 4), dtype=torch.uint8)
+    source = ImageSet("a", images, group="near")
+    out = resampled(source, 8, 3)
+    expected = F.interpolate(images.float(), size=(8, 8), mode="bilinear", antialias=True)
+    expected = expected.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1)
+    assert out.images.shape == (6, 3, 8, 8)
+    torch.testing.assert_close(out.images, expected, atol=0, rtol=0)
+    assert resampled(source, 4, 1) is source  # already in that format
+
+
+def test_folder_benchmark_without_folders_is_the_default():
+    ours = folder_benchmark(ood=["digits8x8"], n_search=20, n_report=30)
+    default = default_benchmark(ood=["digits8x8"], n_search=20, n_report=30)
+    assert ours.fingerprint() == default.fingerprint()
+
+
+def test_folder_benchmark_with_an_id_folder_and_an_ood_folder(tmp_path):
+    for label, colour in (("red", (200, 0, 0)), ("blue", (0, 0, 200))):
+        for i in range(5):
+            write_png(tmp_path / "mine" / label / f"{i}.png", (colour[0], i * 10, colour[2]))
+    for i in range(6):
+        write_png(tmp_path / "other" / f"{i}.png", (i * 30, 100, 100))
+    bench = folder_benchmark(
+        id_folder=str(tmp_path / "mine"),
+        ood=["digits8x8"],
+        ood_folders=[f"near: {tmp_path / 'other'}"],
+        size=12,
+        channels=3,
+        n_search=4,
+        n_report=None,
+    )
+    parts = [bench.id_search, bench.id_report, *bench.ood_search, *bench.ood_report]
+    assert all(tuple(p.images.shape[1:]) == (3, 12, 12) for p in parts)
+    assert len(bench.id_search) == 4 and len(bench.id_search) + len(bench.id_report) <= 10
+    search = {bytes(x.numpy()) for x in bench.id_search.images}
+    assert not search & {bytes(x.numpy()) for x in bench.id_report.images}  # disjoint halves
+    assert [(s.name, s.group) for s in bench.ood_search] == [
+        ("digits8x8", "near"),
+        ("other", "near"),
+    ]
+    assert bench.id_search.classes == ("blue", "red")
+
+
+def test_folder_benchmark_errors(tmp_path):
+    with pytest.raises(ValueError, match="at least one OOD set"):
+        folder_benchmark(id_folder=str(tmp_path), ood=[], ood_folders=[])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        folder_benchmark(ood_folders=[str(tmp_path / "missing")])
+    write_png(tmp_path / "tiny" / "only" / "a.png", (1, 2, 3))
+    with pytest.raises(ValueError, match="holds 1 images"):
+        folder_benchmark(id_folder=str(tmp_path / "tiny"), ood=["noise"])
+    with pytest.raises(ValueError, match="channels must be 1"):
+        folder_benchmark(ood_folders=[str(tmp_path)], channels=2)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -150,6 +150,7 @@ def build_benchmark(
     *,
     n_search: int | None = None,
     n_report: int | None = None,
+    image_format: tuple[int, int] | None = None,
 ) -> Benchmark:
     """Cut the pools into a :class:`Benchmark`.
 
@@ -161,6 +162,8 @@ def build_benchmark(
         n_search: at most this many images in each search part (ID and every OOD set); all
             when None.
         n_report: the same for each report part.
+        image_format: (channels, size): bring every part to uint8 (N, channels, size, size)
+            (:func:`resampled`) once it is cut, for pools of different formats; None keeps them.
     """
     _check_size(n_search, "n_search")
     _check_size(n_report, "n_report")
@@ -177,11 +180,16 @@ def build_benchmark(
     if len(set(names)) != len(names):
         raise ValueError(f"OOD set names must be unique, got {names}")
     halves = [split_in_two(s) for s in ood_sets]  # [(search, report), ...]
+
+    def part(pool: ImageSet, n: int | None, purpose: str) -> ImageSet:
+        cut = take(pool, n, purpose=purpose)
+        return cut if image_format is None else resampled(cut, image_format[1], image_format[0])
+
     return Benchmark(
-        id_search=take(id_search_pool, n_search, purpose="search"),
-        id_report=take(id_report_pool, n_report, purpose="report"),
-        ood_search=tuple(take(search, n_search, purpose="search") for search, _ in halves),
-        ood_report=tuple(take(report, n_report, purpose="report") for _, report in halves),
+        id_search=part(id_search_pool, n_search, "search"),
+        id_report=part(id_report_pool, n_report, "report"),
+        ood_search=tuple(part(search, n_search, "search") for search, _ in halves),
+        ood_report=tuple(part(report, n_report, "report") for _, report in halves),
     )
 
 
@@ -210,4 +218,91 @@ def default_benchmark(
         ood_sets,
         n_search=n_search,
         n_report=n_report,
+    )
+
+
+def parse_ood_folder(entry: str) -> tuple[str, str]:
+    """``"far: /data/textures"`` -> ``("far", "/data/textures")``; a bare path is a far set."""
+    group, sep, path = entry.partition(":")
+    if sep and group.strip() in ("near", "far"):
+        return group.strip(), path.strip()
+    return "far", entry.strip()
+
+
+def folder_benchmark(
+    *,
+    id_folder: str | None = None,
+    ood: Sequence[str] = (),
+    ood_folders: Sequence[str] = (),
+    size: int = 28,
+    channels: int = 1,
+    n_search: int | None = 512,
+    n_report: int | None = None,
+) -> Benchmark:
+    """A benchmark mixing the embedded sets with image folders of your own.
+
+    Args:
+        id_folder: an ImageFolder layout (one sub-folder per class) for the in-distribution set,
+            split once into disjoint search and report halves; None for Fashion-MNIST. Its classes
+            are numbered in sorted order: they must be the model's output classes in that order.
+        ood: default OOD sets by name (:data:`hydra_core.data.ood.OOD_SETS`).
+        ood_folders: extra OOD folders, ``"near: path"``, ``"far: path"`` or a bare path (far).
+            Flat folders of images or class folders (labels are ignored).
+        size, channels: the image format every part is brought to when folders are involved
+            (folder images are resized on their shorter side and centre-cropped, parts of the
+            embedded sets resampled once cut); use the model's input size and channels, its
+            preprocessing does the rest. Without folders the embedded sets stay as they are
+            (28 x 28, one channel).
+    """
+    from hydra_core.data.generic import load_image_folder
+
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
+    if id_folder is None and not ood_folders:
+        return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
+    grayscale = channels == 1
+    sets = [load_ood_set(name) for name in ood]
+    for entry in ood_folders:
+        group, path = parse_ood_folder(entry)
+        sets.append(load_image_folder(path, size=size, group=group, grayscale=grayscale))
+    if not sets:
+        raise ValueError("choose at least one OOD set or OOD folder")
+    if id_folder is None:
+        return build_benchmark(
+            load_fashion_mnist("validation"),
+            load_fashion_mnist("test"),
+            sets,
+            n_search=n_search,
+            n_report=n_report,
+            image_format=(channels, size),
+        )
+    id_pool = load_image_folder(id_folder, size=size, group="id", grayscale=grayscale)
+    if len(id_pool) < 4:
+        raise ValueError(
+            f"the ID folder {id_folder} holds {len(id_pool)} images; a search and a report half "
+            "need at least 2 each"
+        )
+    return build_benchmark(
+        id_pool, None, sets, n_search=n_search, n_report=n_report, image_format=(channels, size)
+    )
+
+
+def resampled(image_set: ImageSet, size: int, channels: int) -> ImageSet:
+    """The set as uint8 (N, channels, size, size): bilinear, antialiased resampling; grey copied
+    to three channels, colour averaged to one. Returned as it is when it already has that format."""
+    import torch.nn.functional as F
+
+    images = image_set.images
+    if tuple(images.shape[1:]) == (channels, size, size):
+        return image_set
+    x = images.float()
+    if x.shape[1] != channels:
+        x = x.expand(-1, 3, -1, -1) if channels == 3 else x.mean(dim=1, keepdim=True)
+    if x.shape[-2:] != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+    x = x.round_().clamp_(0, 255).to(torch.uint8)  # (N, channels, size, size)
+    return replace(
+        image_set,
+        images=x,
+        description=f"{image_set.description}; resampled to {channels}x{size}x{size}",
     )

@@ -84,6 +84,14 @@ def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, st
     return (x - mean) / std
 
 
+def input_format(model: nn.Module) -> tuple[int, int]:
+    """(channels, side) of a ViT's input images: 1 or 3 channels, the patch embedding's size."""
+    patch_embed = getattr(model, "patch_embed", None)
+    size = getattr(patch_embed, "img_size", None)
+    channels = getattr(getattr(patch_embed, "proj", None), "in_channels", 3)
+    return (1 if channels == 1 else 3), (int(size[0]) if size else 224)
+
+
 def timm_preprocess(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The resize/normalise step of timm's data config (centre crop folded into the resize)."""
     from timm.data import resolve_data_config
