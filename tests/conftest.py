@@ -6,6 +6,8 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+
 # Tiny models gain nothing from threads, and OpenMP threads that spin-wait for a busy core slow
 # every small op down badly on a loaded 2-core machine.
 torch.set_num_threads(1)
@@ -63,3 +65,23 @@ def images() -> torch.Tensor:
 
 def random_mask(shape: tuple[int, int], seed: int, p_keep: float = 0.6) -> torch.Tensor:
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < p_keep
+
+
+#: The architecture of the tiny Hydra Lab checkpoints the CLI, report and app tests load by path.
+TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)  # 2 x 4 = 8 heads
+
+
+def write_tiny_checkpoint(path, config: VitConfig = TINY, seed: int = 0) -> str:
+    """A tiny default-architecture checkpoint (28 px, 10 classes) saved at ``path``."""
+    torch.manual_seed(seed)
+    model = build_vit(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
+    save_checkpoint(model, path, config)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.safetensors")

@@ -19,12 +19,10 @@ from hydra_core.analysis.representations import centroid_distances, head_cls_fea
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json, model_identity
 from hydra_core.models.adapter import head_layout
-from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
 from hydra_core.models.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
 
-TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)  # 2 x 4 = 8 heads
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 60
 PAGES = [
@@ -34,18 +32,6 @@ PAGES = [
     "pages/5_masks.py",
     "pages/6_hydra.py",
 ]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    model = build_vit(TINY)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
-    save_checkpoint(model, path, TINY)
-    return str(path)
 
 
 @pytest.fixture

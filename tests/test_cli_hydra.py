@@ -18,22 +18,10 @@ from hydra_core.hydra.fused import load_hydra
 from hydra_core.masks import load_masks
 from hydra_core.metrics import accuracy
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.models.default import VitConfig, build_vit, preprocess, save_checkpoint
+from hydra_core.models.default import preprocess
+from tests.conftest import TINY
 
-TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)
 DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    model = build_vit(TINY)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)  # timm's init is nearly inert; bigger weights make heads matter
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
-    save_checkpoint(model, path, TINY)
-    return str(path)
 
 
 @pytest.fixture(autouse=True)

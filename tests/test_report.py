@@ -6,14 +6,11 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 import hydra_core.cli_hydra  # noqa: F401 - registers the report command
 from hydra_core.cli import main
-from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
 from hydra_core.report import Budgets, ReportConfig, markdown_table
-
-TINY = VitConfig(embed_dim=24, depth=2, num_heads=4, mlp_ratio=2.0)
+from tests.conftest import write_tiny_checkpoint
 
 SECTIONS = [
     "## Setup",
@@ -42,14 +39,8 @@ CSVS = [
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> tuple:
-    torch.manual_seed(0)
-    model = build_vit(TINY)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)
     root = tmp_path_factory.mktemp("report")
-    checkpoint = root / "tiny.safetensors"
-    save_checkpoint(model, checkpoint, TINY)
+    checkpoint = write_tiny_checkpoint(root / "tiny.safetensors")
     out = root / "out"
     mp = pytest.MonkeyPatch()
     mp.setenv("HYDRA_LAB_CACHE", str(root / "cache"))
