@@ -1,0 +1,32 @@
+"""The README's Python tour, runnable as it stands: `python docs/example.py` (about a minute on 2 CPU
+cores; tests/test_readme.py runs it). Sizes are small so that it is quick; the defaults are larger."""
+
+import hydra_core as hc
+
+loaded = hc.load_model("default")  # LoadedModel: .model (timm ViT, eval mode), .preprocess
+bench = hc.default_benchmark(n_search=128, n_report=500)  # disjoint search / report splits
+inputs = hc.search_inputs(loaded.preprocess, bench)  # search split as tensors, OOD pooled
+cache = hc.DiskCache()  # cache/ in the repository: searches resume, results are reused
+
+# 1. Greedy Headmap circuit (paper Algorithm 1): remove 6 heads, objective (accuracy + AUROC) / 2.
+search = hc.greedy_circuit(
+    loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x, objective="avg", budget=6, cache=cache
+)
+print("removed:", search.labels())  # e.g. ['L5H3', 'L0H10', ...]
+print("S_avg after each removal:", [round(s, 4) for s in search.scores])
+
+# 2. Three members by seed sampling from the ranking, fused into one Hydra model.
+members = hc.build_member_masks(
+    "seed-sampling", model=loaded.model, ranking=search.ranking(), m=3, budget=6, pool=12
+)
+print(hc.member_overlap(members)["jaccard"].round(2))  # pairwise Jaccard overlap of the kept heads
+hydra = hc.fuse_members([(loaded.model, member.keep) for member in members])
+x = loaded.preprocess(bench.id_report.images[:8])
+member_logits = hydra(x)  # (8, 3, 10): every member's logits from one forward
+probs = hc.ensemble_probs(member_logits)  # (8, 10): the mean of the members' softmax
+
+# 3. Evaluate single / members / unfused / fused on the report split (never used for selection).
+report = hc.evaluate_systems(loaded, bench, members, cache=cache)
+print(report.summary().round(4).to_string())  # one row per system: ID metrics, near/far OOD
+print(report.table().round(4).to_string())  # every system x every set (ID, each OOD set, averages)
+print(report.cost.round(3).to_string())  # params, multiply-adds, latency on this device
