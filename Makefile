@@ -34,7 +34,7 @@ test-e2e: setup
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 lint: setup
-	$(BIN)/ruff check hydra_core pages tests bench app.py
+	$(BIN)/ruff check hydra_core hydra_ui pages tests bench docs app.py
 
 bench: setup
 	$(BIN)/python bench/greedy.py

@@ -1,5 +1,6 @@
-"""The README's Python tour, runnable as it stands: `python docs/example.py` (about a minute on 2 CPU
-cores; tests/test_readme.py runs it). Sizes are small so that it is quick; the defaults are larger."""
+"""The README's Python tour, runnable as it stands: `python docs/example.py` (about a minute on
+2 CPU cores; tests/test_readme.py runs it). Sizes are small so that it is quick; the defaults are
+larger."""
 
 import hydra_core as hc
 
