@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydra-setup
 PORT   ?= 8501
 
-.PHONY: setup run test test-unit test-e2e lint bench report clean-cache
+.PHONY: setup run test test-unit test-e2e screenshots lint bench report clean-cache
 
 setup: $(STAMP)
 	@scripts/system-packages.sh data
@@ -32,6 +32,14 @@ test-unit: setup
 test-e2e: setup
 	@scripts/system-packages.sh browser
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
+
+# The README's screenshots: the browser walk with larger sizes (a budget-24 search; ~10 min).
+screenshots: setup
+	@scripts/system-packages.sh browser
+	HYDRA_E2E_N_SEARCH=256 HYDRA_E2E_N_REPORT=1000 HYDRA_E2E_BUDGET=24 HYDRA_E2E_PAGE_TIMEOUT=900 \
+		$(BIN)/python -m pytest -q -m e2e tests/e2e
+	cp e2e-artifacts/setup.png e2e-artifacts/headmap.png e2e-artifacts/importance.png \
+		e2e-artifacts/representations.png e2e-artifacts/masks.png e2e-artifacts/hydra.png docs/screenshots/
 
 lint: setup
 	$(BIN)/ruff check hydra_core hydra_ui pages tests bench docs app.py

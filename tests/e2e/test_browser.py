@@ -25,9 +25,14 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "e2e-artifacts"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-N_SEARCH, N_REPORT, BUDGET, TIMED_CALLS = 32, 200, 2, 5
+# Small by default, so the walk takes about 2 minutes; `make screenshots` sets larger sizes through
+# these variables for the pictures in docs/screenshots.
+N_SEARCH = int(os.environ.get("HYDRA_E2E_N_SEARCH", 32))
+N_REPORT = int(os.environ.get("HYDRA_E2E_N_REPORT", 200))
+BUDGET = int(os.environ.get("HYDRA_E2E_BUDGET", 2))
+TIMED_CALLS = 5
 WINDOW = (1400, 1000)
-PAGE_TIMEOUT = 240  # seconds for one page's work on a busy 2-core machine
+PAGE_TIMEOUT = int(os.environ.get("HYDRA_E2E_PAGE_TIMEOUT", 240))  # seconds for one page's work
 
 
 def free_port() -> int:
