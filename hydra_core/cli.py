@@ -156,12 +156,12 @@ def load_for_cli(args: argparse.Namespace):
     from hydra_core.models.registry import input_format, load_model
 
     loaded = load_model(args.model, arch=args.arch)
-    id_folder, ood_folders = getattr(args, "id_folder", None), getattr(args, "ood_folder", [])
+    default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(
-        id_folder=id_folder,
-        ood=list(OOD_SETS) if args.ood is None and not ood_folders else args.ood or [],
-        ood_folders=ood_folders,
+        id_folder=args.id_folder,
+        ood=default_ood if args.ood is None else args.ood,
+        ood_folders=args.ood_folder,
         size=size,
         channels=channels,
         n_search=args.n_search,

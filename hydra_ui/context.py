@@ -104,14 +104,13 @@ def get_context() -> Context:
     device = resolve_device(config.device)
     loaded = cached_model(config.model, config.arch, config.dinov2_img_size)
     loaded.model.to(device)
-    own_data = config.id_folder is not None or bool(config.ood_folders)
     benchmark = cached_benchmark(
         config.ood,
         config.n_search,
         config.n_report,
         config.id_folder,
         config.ood_folders,
-        input_format(loaded.model) if own_data else (1, 28),
+        input_format(loaded.model),  # used only when folders are involved
     )
     return Context(config, loaded, benchmark, device)
 

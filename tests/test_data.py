@@ -579,6 +579,8 @@ def test_folder_benchmark_with_an_id_folder_and_an_ood_folder(tmp_path):
 def test_folder_benchmark_errors(tmp_path):
     with pytest.raises(ValueError, match="at least one OOD set"):
         folder_benchmark(id_folder=str(tmp_path), ood=[], ood_folders=[])
+    with pytest.raises(ValueError, match="at least one OOD set"):
+        folder_benchmark(ood=[])  # Fashion-MNIST alone: nothing to tell it from
     with pytest.raises(FileNotFoundError, match="does not exist"):
         folder_benchmark(ood_folders=[str(tmp_path / "missing")])
     write_png(tmp_path / "tiny" / "only" / "a.png", (1, 2, 3))

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import ImageSet, split_in_two, stable_permutation, take
@@ -258,6 +259,8 @@ def folder_benchmark(
 
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
+    if not ood and not ood_folders:
+        raise ValueError("choose at least one OOD set or OOD folder")
     if id_folder is None and not ood_folders:
         return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
     grayscale = channels == 1
@@ -265,8 +268,6 @@ def folder_benchmark(
     for entry in ood_folders:
         group, path = parse_ood_folder(entry)
         sets.append(load_image_folder(path, size=size, group=group, grayscale=grayscale))
-    if not sets:
-        raise ValueError("choose at least one OOD set or OOD folder")
     if id_folder is None:
         return build_benchmark(
             load_fashion_mnist("validation"),
@@ -290,8 +291,6 @@ def folder_benchmark(
 def resampled(image_set: ImageSet, size: int, channels: int) -> ImageSet:
     """The set as uint8 (N, channels, size, size): bilinear, antialiased resampling; grey copied
     to three channels, colour averaged to one. Returned as it is when it already has that format."""
-    import torch.nn.functional as F
-
     images = image_set.images
     if tuple(images.shape[1:]) == (channels, size, size):
         return image_set
