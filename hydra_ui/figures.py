@@ -417,6 +417,18 @@ def member_masks_figure(members: Sequence, *, title: str = "Kept heads per membe
 # --- Hydra evaluation ----------------------------------------------------------------------------
 
 
+def _diagonal(name: str) -> go.Scatter:
+    """The dotted y = x reference line of reliability diagrams and ROC plots."""
+    return go.Scatter(
+        x=[0, 1],
+        y=[0, 1],
+        mode="lines",
+        name=name,
+        line={"color": "#999999", "dash": "dot"},
+        hoverinfo="skip",
+    )
+
+
 def reliability_diagram(
     curves: Mapping[str, pd.DataFrame], *, title: str = "Reliability diagram"
 ) -> go.Figure:
@@ -427,16 +439,7 @@ def reliability_diagram(
             ``accuracy`` (accuracy in the bin) and ``count`` (samples in the bin); empty bins are
             left out.
     """
-    fig = go.Figure(
-        go.Scatter(
-            x=[0, 1],
-            y=[0, 1],
-            mode="lines",
-            name="perfect calibration",
-            line={"color": "#999999", "dash": "dot"},
-            hoverinfo="skip",
-        )
-    )
+    fig = go.Figure(_diagonal("perfect calibration"))
     for i, (name, frame) in enumerate(curves.items()):
         part = frame[frame["count"] > 0]
         fig.add_trace(
@@ -473,16 +476,7 @@ def roc_curves(
         curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally ``auroc`` in
             ``frame.attrs`` for the legend).
     """
-    fig = go.Figure(
-        go.Scatter(
-            x=[0, 1],
-            y=[0, 1],
-            mode="lines",
-            name="chance",
-            line={"color": "#999999", "dash": "dot"},
-            hoverinfo="skip",
-        )
-    )
+    fig = go.Figure(_diagonal("chance"))
     for i, (name, frame) in enumerate(curves.items()):
         auroc = frame.attrs.get("auroc")
         label = f"{name} (AUROC {auroc:.3f})" if auroc is not None else name
