@@ -28,11 +28,10 @@ import pandas as pd
 import torch
 
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
+from hydra_core.types import Head
 
 FORMAT = "hydra-masks"
 VERSION = 1
-
-Head = tuple[int, int]
 
 
 class MaskFileError(ValueError):

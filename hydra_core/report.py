@@ -24,7 +24,7 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -52,13 +52,12 @@ from hydra_core.hydra.systems import (
     evaluate_systems,
     machine_description,
 )
-from hydra_core.masks import MemberMask, model_identity, save_masks
+from hydra_core.masks import MemberMask, save_masks
 from hydra_core.models.adapter import head_layout
 from hydra_core.paths import REPO_DIR
+from hydra_core.types import Log, StageProgress
 
 DEFAULT_OUT = REPO_DIR / "docs" / "report"
-Log = Callable[[str], None]
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def run_report(
     out: str | Path = DEFAULT_OUT,
     *,
     cache: DiskCache | None = None,
-    progress: Progress | None = None,
+    progress: StageProgress | None = None,
     log: Log = print,
 ) -> dict:
     """Run every analysis and write ``report.md``, ``report.json`` and the CSVs into ``out``.
@@ -259,7 +258,7 @@ def run_report(
         MemberMask(f"CircAvg copy {i}", "the CircAvg circuit", circavg.keep)
         for i in range(len(seeds))
     ]
-    identity = model_identity(loaded.name, layout, loaded.fingerprint())
+    identity = loaded.identity()
     save_masks(out / "members.json", [*circ_members, *taylor_members], identity)
 
     deep = _deep_ensemble(config, log) if config.deep_ensemble else None
@@ -367,7 +366,7 @@ def run_report(
 # --- pieces of the run --------------------------------------------------------------------------
 
 
-def _member_progress(progress: Progress | None, name: str):
+def _member_progress(progress: StageProgress | None, name: str):
     if progress is None:
         return None
     return lambda done, total: progress(f"fine-tune {name}", done, total)

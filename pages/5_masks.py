@@ -18,7 +18,6 @@ from hydra_core.masks import (
     MemberMask,
     masks_from_json,
     masks_to_json,
-    model_identity,
 )
 from hydra_core.models.adapter import head_layout
 from hydra_ui.analyses import search_data, stored_greedy_runs, taylor
@@ -89,7 +88,7 @@ with show_error("Could not build the masks"):
     context = get_context()
     inputs = search_data(context)
     layout = head_layout(context.loaded.model)
-    identity = model_identity(context.loaded.name, layout, context.loaded.fingerprint())
+    identity = context.loaded.identity()
     members: list[MemberMask] = results().get("members", [])
     stored = stored_greedy_runs(context, inputs)
     total = layout.total_heads

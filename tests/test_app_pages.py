@@ -17,8 +17,7 @@ from hydra_core.analysis.greedy import single_head_importance
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
-from hydra_core.masks import MemberMask, masks_to_json, model_identity
-from hydra_core.models.adapter import head_layout
+from hydra_core.masks import MemberMask, masks_to_json
 from hydra_core.models.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
@@ -218,7 +217,7 @@ def test_masks_build_draw_export_and_import(app):
 def exported_masks(at: AppTest) -> dict:
     """The mask file the page's export button downloads (built by the same call)."""
     loaded = load_model(at.session_state[CONFIG_KEY].model)
-    identity = model_identity(loaded.name, head_layout(loaded.model), loaded.fingerprint())
+    identity = loaded.identity()
     return masks_to_json(at.session_state["results"]["members"], identity)
 
 

@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 import torch
 
-import hydra_core.cli_hydra  # noqa: F401 - registers the commands
 from hydra_core.cli import build_parser, main
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.data.images import ImageSet

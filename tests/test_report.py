@@ -7,7 +7,6 @@ import json
 import pandas as pd
 import pytest
 
-import hydra_core.cli_hydra  # noqa: F401 - registers the report command
 from hydra_core.cli import main
 from hydra_core.report import Budgets, ReportConfig, markdown_table
 from tests.conftest import write_tiny_checkpoint

@@ -44,8 +44,7 @@ from hydra_core.analysis.representations import (
 )
 from hydra_core.evaluate import masked, predict
 from hydra_core.models.adapter import head_layout
-
-Head = tuple[int, int]
+from hydra_core.types import Head
 
 
 def _bhattacharyya(mean: np.ndarray, cov: np.ndarray) -> np.ndarray:

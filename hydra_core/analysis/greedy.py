@@ -33,6 +33,7 @@ from torch import nn
 from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.models.adapter import HeadLayout, ablate, head_label, head_layout
+from hydra_core.types import Head
 
 #: Changes whenever the numbers a search produces change; part of every cache key.
 GREEDY_VERSION = "greedy-1"
@@ -41,8 +42,6 @@ METHODS = ("fast", "plain")
 #: Cache kinds (folders of the :class:`DiskCache`).
 GREEDY_CACHE_KIND = "greedy"
 IMPORTANCE_CACHE_KIND = "head-importance"
-
-Head = tuple[int, int]
 
 
 # --- scores --------------------------------------------------------------------------------------

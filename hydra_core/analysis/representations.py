@@ -30,9 +30,9 @@ from hydra_core.models.adapter import (
     head_layout,
     record_head_outputs,
 )
+from hydra_core.types import Head
 
 Shrinkage = str | float
-Head = tuple[int, int]
 
 #: added to every covariance's diagonal, relative to its mean variance (absolute when that is 0),
 #: so that even a constant head has an invertible covariance.

@@ -25,7 +25,7 @@ asks for them (``allow_identical=True``, implied by ``"identical-circuit"``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +43,7 @@ from hydra_core.masks import (
     seed_sampled_masks,
 )
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label, head_layout
-
-Head = tuple[int, int]
-Progress = Callable[[int, int], None]
+from hydra_core.types import Head, Progress
 
 STRATEGIES = ("seed-sampling", "circuit", "identical-circuit", "taylor", "cahp", "file", "manual")
 RANKING_SOURCES = ("greedy", "taylor")

@@ -23,7 +23,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -62,11 +62,11 @@ from hydra_core.hydra.finetune import (
 from hydra_core.hydra.fused import fuse_members
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout, prune_heads
+from hydra_core.types import StageProgress
 
 DIVERSITY_COLUMNS = ("mutual_information", "disagreement")
 #: The kinds of system a report holds, in the order tables list them.
 KINDS = ("single", "pruned", "member", "unfused", "fused", "deep-ensemble")
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -301,7 +301,7 @@ def evaluate_systems(
     device: str | torch.device | None = "auto",
     bf16: bool = False,
     cache: DiskCache | None = None,
-    progress: Progress | None = None,
+    progress: StageProgress | None = None,
     latency: bool = True,
     latency_batch: int = 32,
     latency_repeats: int = 20,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import model_fingerprint
+from hydra_core.masks import model_identity
 from hydra_core.models.adapter import head_layout
 
 #: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
@@ -49,6 +50,10 @@ class LoadedModel:
 
     def fingerprint(self) -> str:
         return model_fingerprint(self.model)
+
+    def identity(self) -> dict:
+        """The ``model`` block of a mask file: name, layers, heads and the weights' fingerprint."""
+        return model_identity(self.name, head_layout(self.model), self.fingerprint())
 
     def card(self) -> dict:
         """Layers, heads, parameters: the static part of the model card."""

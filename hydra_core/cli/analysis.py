@@ -1,4 +1,4 @@
-"""Command line for the head analyses: search, importance, represent, cahp.
+"""Commands for the head analyses: search, importance, represent.
 
 Each command writes JSON and CSV files into ``--out`` (default ``results/<command>``) and prints
 where they are. Search and importance results are cached, so a repeated command is instant and an
@@ -13,53 +13,19 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from hydra_core.cli import (
-    add_data_arguments,
-    add_model_arguments,
+from hydra_core.cli.common import (
+    add_analysis_arguments,
     command,
-    load_for_cli,
-    progress_bar,
+    head_map_frame,
+    prepare,
+    write_json,
 )
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
 
 
-def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
-    """An (L, H) map as a table: one row per layer, one column per head."""
-    frame = pd.DataFrame(values.double().numpy(), columns=[f"H{h}" for h in range(values.shape[1])])
-    frame.index = [f"L{layer}" for layer in range(values.shape[0])]
-    return frame.rename_axis("layer")
-
-
-def prepare(args: argparse.Namespace):
-    """Model (on the requested device), benchmark, search tensors and the cache, for a command."""
-    from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.cache import DiskCache
-    from hydra_core.evaluate import resolve_device
-
-    loaded, benchmark = load_for_cli(args)
-    device = resolve_device(args.device)
-    loaded.model.to(device)
-    inputs = search_inputs(loaded.preprocess, benchmark)
-    out = Path(args.out or f"results/{args.command}")
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
-    return loaded, benchmark, inputs.to(device), DiskCache(), out
-
-
-def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2))
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
-    add_data_arguments(p)
-    p.add_argument("--out", default=None, help="output folder (default: results/<command>)")
-
-
 def _search_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    add_analysis_arguments(p)
     p.add_argument(
         "--objective",
         default="avg",
@@ -84,7 +50,7 @@ def _search(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hydra_core.analysis.greedy import greedy_circuit
-    from hydra_core.masks import MemberMask, model_identity, save_masks
+    from hydra_core.masks import MemberMask, save_masks
 
     loaded, _, inputs, cache, out = prepare(args)
     bar = tqdm(
@@ -136,11 +102,10 @@ def _search(args: argparse.Namespace) -> int:
         f"greedy {args.objective}, {result.steps} heads removed",
         result.keep_mask(),
     )
-    layout = head_layout(loaded.model)
     save_masks(
         out / f"{stem}_masks.json",
         [circuit],
-        model_identity(loaded.name, layout, loaded.fingerprint()),
+        loaded.identity(),
     )
     print(
         f"dense: accuracy {result.base_accuracy:.4f}, AUROC {result.base_auroc:.4f}; "
@@ -153,7 +118,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _importance_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    add_analysis_arguments(p)
     p.add_argument(
         "--taylor-samples",
         type=int,
@@ -219,7 +184,7 @@ def _importance(args: argparse.Namespace) -> int:
 
 
 def _represent_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    add_analysis_arguments(p)
     p.add_argument(
         "--layer", type=int, default=-1, help="layer whose heads are read (default: the last)"
     )
@@ -248,7 +213,7 @@ def _represent(args: argparse.Namespace) -> int:
         head_cls_features,
         project_features,
     )
-    from hydra_core.masks import load_masks, model_identity
+    from hydra_core.masks import load_masks
 
     loaded, _, inputs, _, out = prepare(args)
     layout = head_layout(loaded.model)
@@ -279,9 +244,7 @@ def _represent(args: argparse.Namespace) -> int:
     projection.to_csv(out / f"{args.method}_layer{layer}.csv", index=False)
     written = [f"distances_layer{layer}.csv", f"{args.method}_layer{layer}.csv"]
     if args.masks:
-        member = load_masks(
-            args.masks, layout, model_identity(loaded.name, layout, loaded.fingerprint())
-        )[0]
+        member = load_masks(args.masks, layout, loaded.identity())[0]
         table5 = distance_table_dense_vs_circuit(
             loaded.model,
             member.keep,
@@ -296,64 +259,4 @@ def _represent(args: argparse.Namespace) -> int:
     summary = distances.groupby("ood_set")[["euclidean", "mahalanobis"]].mean()
     print(summary.round(3).to_string())
     print(f"wrote {', '.join(written)} to {out}")
-    return 0
-
-
-def _cahp_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p)
-    p.add_argument(
-        "--degree", type=int, default=3, help="degree of the polynomial fit (default: %(default)s)"
-    )
-    p.add_argument(
-        "--k-step",
-        type=int,
-        default=1,
-        help="evaluate every k-th number of heads (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="k-medoids seed (default: %(default)s)")
-
-
-@command("cahp", _cahp_arguments)
-def _cahp(args: argparse.Namespace) -> int:
-    """CAHP complementary head selection (our reading of the public abstract); writes the mask."""
-    from hydra_core.analysis.cahp import cahp_select
-    from hydra_core.masks import MemberMask, model_identity, save_masks
-
-    loaded, _, inputs, _, out = prepare(args)
-    layout = head_layout(loaded.model)
-    grid = list(range(1, layout.total_heads + 1, max(1, args.k_step)))
-    if grid[-1] != layout.total_heads:
-        grid.append(layout.total_heads)
-    result = cahp_select(
-        loaded.model,
-        inputs.id_x,
-        inputs.id_y,
-        degree=args.degree,
-        k_grid=grid,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        progress=progress_bar("CAHP curve"),
-    )
-    result.curve.to_csv(out / "cahp_curve.csv", index=False)
-    write_json(
-        out / "cahp.json",
-        {
-            "knee_k": result.knee_k,
-            "degree": args.degree,
-            "seed": args.seed,
-            "coefficients": result.coefficients.tolist(),
-            "kept": [head_label(*h) for h in result.medoids[result.knee_k]],
-        },
-    )
-    member = MemberMask(
-        f"CAHP-{result.knee_k}", f"CAHP degree {args.degree} seed {args.seed}", result.keep
-    )
-    save_masks(
-        out / "cahp_masks.json", [member], model_identity(loaded.name, layout, loaded.fingerprint())
-    )
-    print(
-        f"knee at {result.knee_k} heads (of {layout.total_heads}); "
-        "wrote cahp_curve.csv, cahp.json, "
-        f"cahp_masks.json to {out}"
-    )
     return 0

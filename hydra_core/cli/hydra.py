@@ -1,6 +1,5 @@
-"""Command line for Hydra ensembles: masks, hydra, train-ensemble, report.
+"""Commands for Hydra ensembles: hydra, train-ensemble, report.
 
-- ``masks``: build M member masks with a strategy, write a mask file, print their overlap;
 - ``hydra``: assemble the members of a mask file (optionally fine-tuned), evaluate every system,
   write the tables and export the fused model;
 - ``train-ensemble``: train the independently seeded copies Deep Ensembles need (cached);
@@ -14,24 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from hydra_core.cli import (
+from hydra_core.cli.common import (
     add_data_arguments,
     add_model_arguments,
     command,
     format_table,
     load_for_cli,
     progress_bar,
+    stage_bars,
 )
-
-
-def _stage_bars():
-    """A ``progress(stage, done, total)`` callback with one tqdm bar per stage."""
-    bars: dict = {}
-
-    def report(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, progress_bar(stage))(done, total)
-
-    return report
 
 
 def _finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,130 +81,6 @@ def _finetune_config(args: argparse.Namespace):
     )
 
 
-# --- masks --------------------------------------------------------------------------------------
-
-#: strategies that compute masks (a mask file or hand-drawn masks need no command)
-COMPUTED_STRATEGIES = ("seed-sampling", "circuit", "identical-circuit", "taylor", "cahp")
-
-
-def _masks_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
-    add_data_arguments(p)
-    p.add_argument(
-        "--strategy",
-        default="seed-sampling",
-        choices=COMPUTED_STRATEGIES,
-        help="how the members are made (default: %(default)s)",
-    )
-    p.add_argument("--m", type=int, default=3, help="number of members (default: %(default)s)")
-    p.add_argument(
-        "--budget", type=int, default=24, help="heads each member prunes (default: %(default)s)"
-    )
-    p.add_argument(
-        "--pool",
-        type=int,
-        default=None,
-        help="seed sampling draws from this many least useful heads (default: 2 x budget)",
-    )
-    p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="one per member (default: 0..m-1)"
-    )
-    p.add_argument(
-        "--objective",
-        default="avg",
-        choices=("acc", "ood", "avg"),
-        help="greedy objective of the circuit ranking (default: %(default)s)",
-    )
-    p.add_argument(
-        "--ranking-source",
-        default="greedy",
-        choices=("greedy", "taylor"),
-        help="seed sampling's ranking (default: %(default)s)",
-    )
-    p.add_argument(
-        "--per-layer",
-        type=int,
-        nargs="+",
-        default=None,
-        help="taylor with --m 1: heads removed per layer (one number, or one per layer)",
-    )
-    p.add_argument("--taylor-samples", type=int, default=512, help="default: %(default)s")
-    p.add_argument(
-        "--cahp-degree",
-        type=int,
-        default=3,
-        help="CAHP: degree of the accuracy-vs-heads fit (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cahp-k-step",
-        type=int,
-        default=1,
-        help="CAHP: evaluate every k-th number of heads (default: %(default)s)",
-    )
-    p.add_argument(
-        "--allow-identical",
-        action="store_true",
-        help="accept members with equal masks (identical-members ablation)",
-    )
-    p.add_argument("--out", default="results/masks/members.json", help="mask file to write")
-
-
-@command("masks", _masks_arguments)
-def _masks(args: argparse.Namespace) -> int:
-    """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
-    from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.cache import DiskCache
-    from hydra_core.evaluate import resolve_device
-    from hydra_core.hydra.members import build_member_masks, member_overlap
-    from hydra_core.masks import model_identity, save_masks
-    from hydra_core.models.adapter import head_layout
-
-    loaded, benchmark = load_for_cli(args)
-    device = resolve_device(args.device)
-    loaded.model.to(device)
-    inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
-    layout = head_layout(loaded.model)
-    k_grid = sorted(
-        {*range(1, layout.total_heads + 1, max(1, args.cahp_k_step)), layout.total_heads}
-    )
-    needs_budget = args.strategy in ("seed-sampling", "circuit", "identical-circuit", "taylor")
-    members = build_member_masks(
-        args.strategy,
-        model=loaded.model,
-        inputs=inputs,
-        m=args.m,
-        budget=args.budget if needs_budget and per_layer is None else None,
-        pool=args.pool,
-        seeds=args.seeds,
-        ranking_source=args.ranking_source,
-        objective=args.objective,
-        per_layer=per_layer,
-        taylor_samples=args.taylor_samples,
-        cahp_degree=args.cahp_degree,
-        cahp_k_grid=k_grid,
-        allow_identical=args.allow_identical,
-        cache=DiskCache(),
-        batch_size=args.batch_size,
-        progress=progress_bar(f"{args.strategy} ranking"),
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_masks(out, members, model_identity(loaded.name, layout, loaded.fingerprint()))
-    overlap = member_overlap(members)
-    print("kept heads per layer:")
-    print(overlap["per_layer"].to_string())
-    print("\nJaccard similarity of kept heads:")
-    print(overlap["jaccard"].round(3).to_string())
-    print(
-        f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
-        f"{len(overlap['kept_by_all'])} heads kept by every member, "
-        f"{len(overlap['kept_by_any'])} by at least one"
-    )
-    print(f"wrote {out} ({len(members)} members)")
-    return 0
-
-
 # --- hydra --------------------------------------------------------------------------------------
 
 
@@ -248,12 +114,12 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.cache import DiskCache
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.hydra.systems import evaluate_systems
-    from hydra_core.masks import load_masks, model_identity
+    from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
 
     loaded, benchmark = load_for_cli(args)
     layout = head_layout(loaded.model)
-    identity = model_identity(loaded.name, layout, loaded.fingerprint())
+    identity = loaded.identity()
     members = load_masks(args.masks, layout, identity)
     finetune = _finetune_config(args)
     seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
@@ -269,7 +135,7 @@ def _hydra(args: argparse.Namespace) -> int:
         device=args.device,
         bf16=args.bf16,
         cache=DiskCache(),
-        progress=_stage_bars(),
+        progress=stage_bars(),
         latency=not args.no_latency,
         latency_batch=args.latency_batch,
         batch_size=args.batch_size,
@@ -427,5 +293,5 @@ def _report(args: argparse.Namespace) -> int:
         config = replace(config, deep_ensemble=False)
     from tqdm import tqdm
 
-    run_report(config, args.out, progress=_stage_bars(), log=tqdm.write)
+    run_report(config, args.out, progress=stage_bars(), log=tqdm.write)
     return 0

@@ -1,0 +1,164 @@
+"""What the commands share: the command registry, the common arguments, progress bars, loading."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+COMMANDS: dict[
+    str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+] = {}
+
+
+def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
+    """Register ``run(args) -> exit code`` as the sub-command ``name``."""
+
+    def register(run: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (add_arguments, run)
+        return run
+
+    return register
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model/--arch/--device: which model to load and where to run it."""
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--arch", default=None, help="timm architecture of a foreign checkpoint file")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
+
+
+def add_data_arguments(
+    p: argparse.ArgumentParser, *, n_search: int | None = 512, n_report: int | None = None
+) -> None:
+    """--n-search/--n-report/--ood: which images the command uses."""
+    p.add_argument(
+        "--n-search",
+        type=int,
+        default=n_search,
+        help="images per set in the search split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--n-report",
+        type=int,
+        default=n_report,
+        help="images per set in the report split (default: all)",
+    )
+    p.add_argument(
+        "--ood",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
+        "textures, noise; none when --ood-folder is given)",
+    )
+    p.add_argument(
+        "--id-folder",
+        default=None,
+        metavar="PATH",
+        help="an ImageFolder of your own (one sub-folder per class, in the model's class order) "
+        "instead of Fashion-MNIST; split once into search and report halves",
+    )
+    p.add_argument(
+        "--ood-folder",
+        nargs="+",
+        default=[],
+        metavar="[near:|far:]PATH",
+        help="extra OOD image folders, e.g. near:/data/a far:/data/b (a bare path is far)",
+    )
+
+
+def progress_bar(description: str):
+    """A tqdm-backed ``progress(done, total)`` callback, silent when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=description, total=None, disable=not sys.stderr.isatty(), leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def load_for_cli(args: argparse.Namespace):
+    """The model and benchmark named by the common arguments."""
+    from hydra_core.data.benchmark import folder_benchmark
+    from hydra_core.data.ood import OOD_SETS
+    from hydra_core.models.registry import input_format, load_model
+
+    loaded = load_model(args.model, arch=args.arch)
+    default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults
+    channels, size = input_format(loaded.model)
+    benchmark = folder_benchmark(
+        id_folder=args.id_folder,
+        ood=default_ood if args.ood is None else args.ood,
+        ood_folders=args.ood_folder,
+        size=size,
+        channels=channels,
+        n_search=args.n_search,
+        n_report=args.n_report,
+    )
+    return loaded, benchmark
+
+
+def format_table(table) -> str:
+    """A metrics table as aligned text (4 decimals)."""
+    return table.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+
+
+def stage_bars():
+    """A ``progress(stage, done, total)`` callback with one tqdm bar per stage."""
+    bars: dict = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, progress_bar(stage))(done, total)
+
+    return report
+
+
+def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
+    """An (L, H) map as a table: one row per layer, one column per head."""
+    frame = pd.DataFrame(values.double().numpy(), columns=[f"H{h}" for h in range(values.shape[1])])
+    frame.index = [f"L{layer}" for layer in range(values.shape[0])]
+    return frame.rename_axis("layer")
+
+
+def prepare(args: argparse.Namespace):
+    """Model (on the requested device), benchmark, search tensors and the cache, for a command."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.cache import DiskCache
+    from hydra_core.evaluate import resolve_device
+
+    loaded, benchmark = load_for_cli(args)
+    device = resolve_device(args.device)
+    loaded.model.to(device)
+    inputs = search_inputs(loaded.preprocess, benchmark)
+    out = Path(args.out or f"results/{args.command}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
+    return loaded, benchmark, inputs.to(device), DiskCache(), out
+
+
+def write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2))
+
+
+def add_analysis_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, the data and ``--out``: what every analysis command takes."""
+    add_model_arguments(p)
+    add_data_arguments(p)
+    p.add_argument("--out", default=None, help="output folder (default: results/<command>)")
