@@ -18,55 +18,12 @@ import torch
 from hydra_core import metrics
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.images import ImageSet
+from hydra_core.inference import predict, resolve_device
 from hydra_core.models.adapter import ablate
 
 ID_COLUMNS = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
 OOD_COLUMNS = ("auroc", "fpr95", "aupr_in", "aupr_out")
 SCORES = ("msp", "max_logit", "energy", "entropy")
-
-
-def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``"auto"`` (or None) -> cuda when available, else cpu; anything else as given, checked."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "device 'cuda' was requested but no CUDA GPU is available; use 'cpu' or 'auto'"
-        )
-    return device
-
-
-@torch.inference_mode()
-def predict(
-    system: Callable[[torch.Tensor], torch.Tensor],
-    images: torch.Tensor,
-    preprocess: Callable[[torch.Tensor], torch.Tensor],
-    *,
-    batch_size: int = 256,
-    device: torch.device | str = "cpu",
-    bf16: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> torch.Tensor:
-    """Logits of ``system`` for uint8 ``images`` (N, C, H, W), preprocessed batch by batch.
-
-    Returns float32 logits on the CPU: (N, classes), or (N, M, classes) for an ensemble.
-    ``bf16`` runs under bfloat16 autocast (meant for CUDA; on CPU it is slow but works).
-    """
-    if len(images) == 0:
-        raise ValueError("no images to predict: the set is empty")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    device = torch.device(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    outputs = []
-    for start in range(0, len(images), batch_size):
-        x = preprocess(images[start : start + batch_size]).to(device, non_blocking=True)
-        with autocast:
-            outputs.append(system(x).float().cpu())
-        if progress:
-            progress(min(start + batch_size, len(images)), len(images))
-    return torch.cat(outputs)
 
 
 def masked(

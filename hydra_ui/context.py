@@ -16,7 +16,8 @@ from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.benchmark import Benchmark, folder_benchmark
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import resolve_device
-from hydra_core.models.registry import LoadedModel, input_format, load_model
+from hydra_core.models.preprocess import input_format
+from hydra_core.models.registry import LoadedModel, load_model
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"

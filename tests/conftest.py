@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -11,6 +13,15 @@ from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
 # Tiny models gain nothing from threads, and OpenMP threads that spin-wait for a busy core slow
 # every small op down badly on a loaded 2-core machine.
 torch.set_num_threads(1)
+
+
+def missing_data(reason: str) -> None:
+    """Skip a test whose data files are not installed on this machine; fail it under CI
+    (``CI`` set), where ``make setup`` installs every data file, so a missing one is a bug."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"data missing under CI: {reason}")
+    pytest.skip(reason, allow_module_level=True)
+
 
 #: timm configurations every model transform is checked on (qkv bias or not, layer scale,
 #: token or average pooling, no class token, register tokens, no_embed_class).

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+
+import pytest
 
 import hydra_core
 
 
-def test_every_export_resolves():
+def test_every_export_is_the_object_its_module_defines():
+    """``hydra_core.X`` is the module's own X (not a stale copy), and each is documented."""
     for name in hydra_core.__all__:
-        assert getattr(hydra_core, name) is not None, name
+        module = importlib.import_module(hydra_core._WHERE[name])
+        value = getattr(hydra_core, name)
+        assert value is getattr(module, name), name
+        assert getattr(value, "__module__", module.__name__).startswith("hydra_core."), name
+        if callable(value):
+            assert (value.__doc__ or "").strip(), f"hydra_core.{name} has no docstring"
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'greedy_circle'"):
+        hydra_core.greedy_circle  # noqa: B018
 
 
 def test_no_module_of_hydra_core_imports_streamlit():

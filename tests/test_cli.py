@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -142,3 +145,21 @@ def test_cahp(checkpoint, tmp_path):
 def test_bad_arguments_are_explained(argv, match, checkpoint):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         main([a.format(checkpoint=checkpoint) for a in argv])
+
+
+def test_installed_console_script_runs_from_any_folder(tmp_path):
+    """`make setup` installs the project into the venv: `hydra-lab` and `import hydra_core` work
+    outside the checkout."""
+    script = Path(sys.executable).parent / "hydra-lab"
+    assert script.exists(), "hydra-lab is missing: run `make setup` (pip install -e .)"
+    out = subprocess.run([script, "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: hydra-lab") and "search" in out.stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import hydra_core; print(hydra_core.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(where.stdout.strip()).parent.name == "hydra_core"

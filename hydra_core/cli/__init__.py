@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+from pathlib import Path
 
 from hydra_core.cli.common import COMMANDS
 
@@ -16,8 +18,9 @@ for _module in ("model", "analysis", "masks", "hydra"):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    installed = Path(sys.argv[0]).name == "hydra-lab"  # the console script, not python -m
     parser = argparse.ArgumentParser(
-        prog="python -m hydra_core",
+        prog="hydra-lab" if installed else "python -m hydra_core",
         description="Hydra Lab: find the attention heads that carry a transformer's uncertainty, "
         "and fuse pruned members into one Hydra ensemble.",
     )

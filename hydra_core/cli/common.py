@@ -98,7 +98,8 @@ def load_for_cli(args: argparse.Namespace):
     """The model and benchmark named by the common arguments."""
     from hydra_core.data.benchmark import folder_benchmark
     from hydra_core.data.ood import OOD_SETS
-    from hydra_core.models.registry import input_format, load_model
+    from hydra_core.models.preprocess import input_format
+    from hydra_core.models.registry import load_model
 
     loaded = load_model(args.model, arch=args.arch)
     default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults

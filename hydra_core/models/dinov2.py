@@ -56,8 +56,8 @@ from torch import nn
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import take
-from hydra_core.evaluate import predict
-from hydra_core.models.registry import normalize_images
+from hydra_core.inference import predict
+from hydra_core.models.preprocess import normalize_images
 
 TIMM_NAME = "vit_small_patch14_dinov2"
 PATCH_SIZE = 14
