@@ -37,7 +37,7 @@ from timm.models.vision_transformer import VisionTransformer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra_core.hydra import fuse_members  # noqa: E402
-from hydra_core.hydra.cost import count_macs, count_params, forward_fn, measure_latencies  # noqa: E402
+from hydra_core.hydra.cost import cost_table, forward_fn, measure_latencies  # noqa: E402
 from hydra_core.models.adapter import prune_heads  # noqa: E402
 from hydra_core.models.default import VitConfig  # noqa: E402
 
@@ -150,10 +150,8 @@ def run(
     for shape in shapes:
         rows = build(shape)
         error = fusion_error(rows, shape)
-        one = images_for(shape, 1, torch.device("cpu"))
-        params = {name: sum(count_params(m) for m in models) for name, models in rows.items()}
-        # every op works per image: a batch's multiply-adds are one image's times the batch size
-        macs = {name: sum(count_macs(m, one) for m in models) for name, models in rows.items()}
+        # params and one image's multiply-adds; a batch's are one image's times the batch size
+        cost = cost_table(rows, images_for(shape, 1, torch.device("cpu")), latency=False)
         log(f"# {shape}: fused vs members max |logit difference| {error:.2e}")
         for device_name, dtype in settings():
             device = torch.device(device_name)
@@ -176,8 +174,8 @@ def run(
                             "precision": precision,
                             "batch": batch,
                             "row": name,
-                            "params": params[name],
-                            "macs": macs[name] * batch,
+                            "params": int(cost.loc[name, "params"]),
+                            "macs": int(cost.loc[name, "macs"]) * batch,
                             "latency_ms": t["median_ms"],
                             "iqr_ms": t["iqr_ms"],
                             "repeats": t["repeats"],

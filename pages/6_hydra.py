@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from hydra_core.hydra.deep_ensembles import available_deep_ensemble, recipe_of, stored_seeds
+from hydra_core.hydra.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.hydra.systems import evaluate_systems
-from hydra_core.models.default import DEFAULT_CHECKPOINT
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, reliability_diagram, roc_curves
 from hydra_ui.jobs import start_job
@@ -42,27 +41,12 @@ st.caption(
 )
 
 
-def deep_ensemble_reference(model: str) -> Path | None:
-    """The checkpoint whose Deep Ensemble copies apply to the loaded model, if it has any."""
-    if model == "default":
-        return DEFAULT_CHECKPOINT
-    return Path(model) if model.endswith(".safetensors") else None
-
-
-def stored_copies(reference: Path | None) -> list[int]:
-    if reference is None:
-        return []
-    try:
-        return stored_seeds(*recipe_of(reference))
-    except (FileNotFoundError, ValueError):
-        return []
-
-
 def start_evaluation(
-    context, members, label: str, finetune, reference: Path | None, latency: bool, repeats: int
+    context, members, label: str, finetune, deep: bool, latency: bool, repeats: int
 ) -> None:
     # A private copy of the model: heads other pages ablate with hooks must not reach it.
     loaded = dataclasses.replace(context.loaded, model=copy.deepcopy(context.loaded.model))
+    source = context.config.model
 
     def work(job):
         stage = {"name": None}
@@ -74,14 +58,13 @@ def start_evaluation(
                 job.begin(total)
             job.report(name, done=done, total=total)
 
-        deep = available_deep_ensemble(reference=reference) if reference is not None else None
         return evaluate_systems(
             loaded,
             context.benchmark,
             members,
             label=label,
             finetune=finetune,
-            deep_ensemble=deep if deep is not None and len(deep) > 1 else None,
+            deep_ensemble=deep_ensemble_for(source) if deep else None,
             device=context.device,
             bf16=context.bf16,
             cache=disk_cache(),
@@ -143,26 +126,24 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             "Each member is trained separately (label smoothing 0.1), then fused with the MLPs "
             "averaged. Fine-tuned weights are cached."
         )
-    reference = deep_ensemble_reference(context.config.model)
-    copies = stored_copies(reference)
-    if len(copies) >= 1:
+    copies = stored_copies(context.config.model)
+    use_deep = False
+    if copies:
         use_deep = st.checkbox(
             f"Include Deep Ensembles ({len(copies) + 1} independently trained models)",
             value=True,
             disabled=running,
         )
-        reference = reference if use_deep else None
     else:
         st.caption(
             "Deep Ensembles: no independently trained copies of this model are stored "
             "(train them with `python -m hydra_core train-ensemble`)."
         )
-        reference = None
 
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
     ):
-        start_evaluation(context, members, label, finetune, reference, latency, repeats)
+        start_evaluation(context, members, label, finetune, use_deep, latency, repeats)
         st.rerun()
     if running:
         watch_job(job, lambda j: f"{j.progress or 'starting'}")
@@ -199,7 +180,10 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             table_with_download(report.table(), "hydra_metrics_per_set.csv", float_format="{:.4f}")
 
         systems = report.systems
-        fused, unfused = f"{setup['label']} (fused)", f"{setup['label']} (unfused)"
+        fused, unfused = (
+            report.find(setup["label"], "fused"),
+            report.find(setup["label"], "unfused"),
+        )
         default = [s for s in ("single", fused, unfused, "Deep Ensembles") if s in systems]
         chosen = st.multiselect("Systems in the plots", systems, default=default)
         if chosen:

@@ -131,22 +131,28 @@ def test_cost_table():
     hydra = fuse_members([(model, k) for k in masks])
     deep = [make_tiny_vit(seed=s) for s in range(3)]
     images = torch.zeros(2, 1, 16, 16)
-    table = cost_table(model, members, hydra, images, deep_ensemble=deep, warmup=1, repeats=3)
-    assert list(table.index) == [
-        "single",
-        "member 0",
-        "member 1",
-        "member 2",
-        "members one by one",
-        "Deep Ensembles",
-        "Hydra fused",
-    ]
+    systems = {
+        "single": [model],
+        **{f"member {i}": [m] for i, m in enumerate(members)},
+        "members one by one": members,
+        "Deep Ensembles": deep,
+        "Hydra fused": [hydra],
+    }
+    table = cost_table(systems, images, warmup=1, repeats=3)
+    assert list(table.index) == list(systems) and table.index.name == "system"
     assert table.loc["single", "params_ratio"] == table.loc["single", "latency_ratio"] == 1
     assert table.loc["members one by one", "params"] == sum(count_params(m) for m in members)
     assert table.loc["single", "macs"] == 2 * count_macs(model, IMAGE)  # the batch of 2
     assert table.loc["Deep Ensembles", "macs"] == 3 * table.loc["single", "macs"]
     assert table.loc["Hydra fused", "macs"] == 2 * count_macs(hydra, IMAGE)
-    assert (table["latency_ms"] > 0).all()
-    quick = cost_table(model, members, hydra, images, each_member=False, latency=False)
-    assert list(quick.index) == ["single", "members one by one", "Hydra fused"]
-    assert "latency_ms" not in quick
+    assert table.loc["member 1", "macs"] == 2 * count_macs(members[1], IMAGE)
+    assert (table["latency_ms"] > 0).all() and (table["latency_iqr_ms"] >= 0).all()
+    quick = cost_table({"Hydra fused": [hydra], "single": [model]}, images, latency=False)
+    assert list(quick.columns) == ["params", "macs", "params_ratio", "macs_ratio"]
+    assert quick.loc["Hydra fused", "macs_ratio"] == table.loc["Hydra fused", "macs_ratio"]
+    two = cost_table(
+        {"single": [model]}, images, precisions={"a": None, "b": torch.bfloat16}, repeats=1
+    )
+    assert {"a_ms", "a_iqr_ms", "a_ratio", "b_ms", "b_iqr_ms", "b_ratio"} <= set(two.columns)
+    without_single = cost_table({"Hydra fused": [hydra]}, images, latency=False)
+    assert list(without_single.columns) == ["params", "macs"]

@@ -13,8 +13,8 @@ from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import evaluate_model
 from hydra_core.hydra.cost import count_params
-from hydra_core.hydra.finetune import FinetuneConfig, finetune_members, fused_vs_unfused
-from hydra_core.hydra.systems import SystemInfo, evaluate_systems
+from hydra_core.hydra.finetune import FinetuneConfig, finetune_members
+from hydra_core.hydra.systems import SystemInfo, evaluate_systems, system_name
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import ablate, prune_heads
 from hydra_core.models.registry import LoadedModel
@@ -86,6 +86,18 @@ def test_systems_and_their_kinds(report):
         "Deep Ensembles": "deep-ensemble",
     }
     assert report.info["Hydra (fused)"].heads == "10x3" and report.info["Taylor"].heads == "9"
+
+
+def test_system_names_are_found_by_label_and_kind(report):
+    assert report.find("Hydra", "fused") == system_name("Hydra", "fused") == "Hydra (fused)"
+    assert report.find("Hydra", "unfused") == "Hydra (unfused)"
+    assert report.find("Hydra", "member", "m1") == "Hydra: m1"
+    with pytest.raises(KeyError, match="no fused system of the ensemble 'Pair'"):
+        report.find("Pair", "fused")
+    with pytest.raises(ValueError, match="kind must be one of member, unfused, fused"):
+        system_name("Hydra", "single")
+    with pytest.raises(ValueError, match="member's name for kind 'member'"):
+        system_name("Hydra", "member")
 
 
 def test_fused_equals_unfused_for_zero_shot_members(report):
@@ -250,7 +262,9 @@ def test_finetuned_members_are_evaluated_as_trained(loaded, benchmark, members, 
         loaded.model, members, config, preprocess=preprocess, train_set=train, cache=cache
     )
     assert all(t.cached for t in tuned)
-    table = fused_vs_unfused(loaded, benchmark, tuned, device="cpu", cache=cache)
+    table = evaluate_systems(
+        loaded, benchmark, tuned, device="cpu", cache=cache, latency=False
+    ).fusion_table()
     assert list(table["system"]) == ["single", "Hydra (fused)", "Hydra (unfused)"]
     assert table.attrs["max_prob_diff"] == pytest.approx(gap)
 

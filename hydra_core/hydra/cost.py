@@ -233,61 +233,65 @@ def measure_latency(
 
 
 def cost_table(
-    single: nn.Module,
-    members: Sequence[nn.Module],
-    hydra: nn.Module,
+    systems: Mapping[str, Sequence[nn.Module]],
     images: torch.Tensor,
     *,
-    deep_ensemble: Sequence[nn.Module] | None = None,
-    each_member: bool = True,
     latency: bool = True,
+    precisions: Mapping[str, torch.dtype | None] | None = None,
     warmup: int = 3,
     repeats: int = 20,
-    autocast_dtype: torch.dtype | None = None,
 ) -> pd.DataFrame:
-    """Parameters, multiply-adds and (optionally) latency of the ways to get an ensemble prediction.
+    """Parameters, multiply-adds and (optionally) latency of systems, each a list of models run
+    one after another - the one place where the app, the CLI, the report and the benchmark get
+    their cost numbers.
 
-    Rows: ``single``; ``member i`` (when ``each_member``); ``members one by one`` (the pruned
-    members run one after another); ``Deep Ensembles`` (when given: full models one after another);
-    ``Hydra fused``. Columns: params, macs (for the whole batch), latency_ms and latency_iqr_ms
-    (median and inter-quartile range, when ``latency``), and params_ratio, macs_ratio and
-    latency_ratio: each divided by the single model's value.
-    Latency runs under ``torch.inference_mode`` on ``images.device``, inside
-    ``torch.autocast(device, autocast_dtype)`` when a dtype is given.
+    Args:
+        systems: row name -> the models that make up the system (a single model, the pruned
+            members one by one, the fused Hydra model, Deep Ensembles' copies, ...). The
+            multiply-adds of a model that is in several systems are counted once and reused.
+        images: the batch; every system runs on all of it, on ``images.device``.
+        latency: time the systems (otherwise params and multiply-adds only).
+        precisions: column stem -> autocast dtype (None: no autocast), one latency measurement
+            per entry; default ``{"latency": None}``. On CUDA, ``{"latency": None,
+            "latency_bf16": torch.bfloat16}`` adds bf16 columns.
+        warmup, repeats: untimed and timed round-robin calls per system (see
+            :func:`measure_latencies`).
+
+    Returns:
+        One row per system, the index named ``system``. Columns: params; macs (for the whole
+        batch); per precision ``<stem>_ms`` and ``<stem>_iqr_ms`` (median and inter-quartile range
+        in ms); and, when a row is named ``single``, ``params_ratio``, ``macs_ratio`` and
+        ``<stem>_ratio``: each divided by the single model's value. Latency runs under
+        ``torch.inference_mode``.
     """
-    members = list(members)
-    runs: dict[str, list[nn.Module]] = {"single": [single]}
-    if each_member:
-        runs.update({f"member {i}": [m] for i, m in enumerate(members)})
-    runs["members one by one"] = members
-    if deep_ensemble:
-        runs["Deep Ensembles"] = list(deep_ensemble)
-    runs["Hydra fused"] = [hydra]
+    stems = dict(precisions or {"latency": None}) if latency else {}
     batch = images.shape[0]
     # every op works per image, so the batch's multiply-adds are one image's times the batch size
-    macs_one = {id(m): count_macs(m, images[:1]) for models in runs.values() for m in models}
-    rows = {
-        name: {
+    macs_one: dict[int, int] = {}
+    rows = {}
+    for name, models in systems.items():
+        for m in models:
+            if id(m) not in macs_one:
+                macs_one[id(m)] = count_macs(m, images[:1])
+        rows[name] = {
             "params": sum(count_params(m) for m in models),
             "macs": batch * sum(macs_one[id(m)] for m in models),
         }
-        for name, models in runs.items()
-    }
-    if latency:
+    for stem, dtype in stems.items():
         fns = {
-            name: forward_fn(models, images, autocast_dtype=autocast_dtype)
-            for name, models in runs.items()
+            name: forward_fn(models, images, autocast_dtype=dtype)
+            for name, models in systems.items()
         }
         timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=images.device)
         for name, t in timings.items():
-            rows[name]["latency_ms"] = t["median_ms"]
-            rows[name]["latency_iqr_ms"] = t["iqr_ms"]
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    for column, ratio in (
-        ("params", "params_ratio"),
-        ("macs", "macs_ratio"),
-        ("latency_ms", "latency_ratio"),
-    ):
-        if column in table:
+            rows[name][f"{stem}_ms"] = t["median_ms"]
+            rows[name][f"{stem}_iqr_ms"] = t["iqr_ms"]
+    table = pd.DataFrame.from_dict(rows, orient="index").rename_axis("system")
+    if "single" in table.index:
+        for column, ratio in (
+            ("params", "params_ratio"),
+            ("macs", "macs_ratio"),
+            *((f"{stem}_ms", f"{stem}_ratio") for stem in stems),
+        ):
             table[ratio] = table[column] / table.loc["single", column]
     return table

@@ -9,7 +9,8 @@ and every training setting except the seed; a copy that is there is loaded, not 
 
 Training one copy of the default model takes roughly 15-40 minutes on two CPU cores, so nothing
 here trains unless asked (:func:`train_deep_ensemble`, CLI ``train-ensemble``);
-:func:`available_deep_ensemble` only collects what exists.
+:func:`available_deep_ensemble` only collects what exists. :func:`deep_ensemble_for` is how the
+app, the CLI and the report find the Deep Ensemble of the model they loaded.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import nn
 from hydra_core.cache import cache_key
 from hydra_core.models.default import (
     DEFAULT_CHECKPOINT,
+    DEFAULT_NAME,
     TrainConfig,
     VitConfig,
     load_checkpoint,
@@ -137,10 +139,9 @@ def available_deep_ensemble(
     train_config, arch = recipe_of(reference)
     model, _ = load_checkpoint(reference)
     members = [model.eval()]
-    for seed in stored_seeds(train_config, arch, root):
-        if seed != train_config.seed:
-            copy, _ = load_checkpoint(copy_path(seed, train_config, arch, root))
-            members.append(copy.eval())
+    for seed in _copy_seeds(train_config, arch, root):
+        copy, _ = load_checkpoint(copy_path(seed, train_config, arch, root))
+        members.append(copy.eval())
     return members
 
 
@@ -154,3 +155,58 @@ def stored_seeds(
         return []
     found = (_NAME.fullmatch(p.name) for p in folder.glob("seed*.safetensors"))
     return sorted(int(m.group(1)) for m in found if m is not None and m.group(2) == key)
+
+
+def reference_checkpoint(model_source: str) -> Path | None:
+    """The checkpoint whose copies make up the Deep Ensemble of a model source (as
+    :func:`~hydra_core.models.registry.load_model` takes it): the shipped checkpoint for
+    ``"default"`` / ``"fmnist-vit-default"``, the file itself for an existing ``.safetensors``
+    checkpoint, None for anything else (DINOv2, timm names, other weight files)."""
+    if model_source in ("default", DEFAULT_NAME):
+        path = DEFAULT_CHECKPOINT
+    else:
+        path = Path(model_source).expanduser()
+    return path if path.suffix == ".safetensors" and path.is_file() else None
+
+
+def stored_copies(model_source: str, *, root: str | Path | None = None) -> list[int]:
+    """Seeds of the stored copies that would join the model in its Deep Ensemble, without loading
+    them; empty when the model source has no Hydra Lab reference checkpoint."""
+    reference = reference_checkpoint(model_source)
+    if reference is None:
+        return []
+    try:
+        return _copy_seeds(*recipe_of(reference), root)
+    except ValueError:  # a .safetensors file without Hydra Lab metadata
+        return []
+
+
+def deep_ensemble_for(
+    model_source: str,
+    *,
+    root: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[nn.Module] | None:
+    """The Deep Ensemble of a model source: its reference checkpoint (see
+    :func:`reference_checkpoint`) followed by the stored copies, or None when there is no
+    reference or fewer than two models. ``log`` is told why there is none."""
+
+    def skip(reason: str) -> None:
+        if log is not None:
+            log(reason)
+
+    reference = reference_checkpoint(model_source)
+    if reference is None:
+        return skip("Deep Ensembles: only for Hydra Lab checkpoints; skipped")
+    try:
+        models = available_deep_ensemble(reference=reference, root=root)
+    except ValueError as error:
+        return skip(f"Deep Ensembles skipped: {error}")
+    if len(models) < 2:
+        return skip("Deep Ensembles: no trained copies found (python -m hydra_core train-ensemble)")
+    return models
+
+
+def _copy_seeds(train_config: TrainConfig, arch: VitConfig, root: str | Path | None) -> list[int]:
+    """Seeds of the stored copies other than the reference itself (its own seed)."""
+    return [s for s in stored_seeds(train_config, arch, root) if s != train_config.seed]

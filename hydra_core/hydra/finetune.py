@@ -330,17 +330,6 @@ def fuse_finetuned(members: Sequence[FinetunedMember]):
     return fuse_members([(m.model, head_layout(m.model).all_kept()) for m in members])
 
 
-def fused_vs_unfused(loaded, benchmark, members: Sequence[FinetunedMember], **options):
-    """The paper's Table 11: the single model, the fine-tuned members fused (MLPs averaged) and
-    not fused (member probabilities averaged), on every metric; ``options`` go to
-    :func:`~hydra_core.hydra.systems.evaluate_systems` (device, cache, ...)."""
-    from hydra_core.hydra.systems import evaluate_systems
-
-    options.setdefault("latency", False)
-    report = evaluate_systems(loaded, benchmark, members, **options)
-    return report.fusion_table(options.get("label", "Hydra"))
-
-
 # --- the training loop --------------------------------------------------------------------------
 
 

@@ -45,21 +45,14 @@ from hydra_core.evaluate import (
     probabilities,
     resolve_device,
 )
-from hydra_core.hydra.cost import (
-    VitShape,
-    count_macs,
-    count_params,
-    formula_params,
-    forward_fn,
-    measure_latencies,
-)
+from hydra_core.hydra.cost import VitShape, cost_table, formula_params
 from hydra_core.hydra.finetune import (
     FinetuneConfig,
     FinetunedMember,
     finetune_members,
     fuse_finetuned,
 )
-from hydra_core.hydra.fused import fuse_members
+from hydra_core.hydra.fused import HydraViT, fuse_members
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout, prune_heads
 from hydra_core.types import StageProgress
@@ -67,6 +60,26 @@ from hydra_core.types import StageProgress
 DIVERSITY_COLUMNS = ("mutual_information", "disagreement")
 #: The kinds of system a report holds, in the order tables list them.
 KINDS = ("single", "pruned", "member", "unfused", "fused", "deep-ensemble")
+#: The kinds of system named after their ensemble's label (see :func:`system_name`).
+LABELLED_KINDS = ("member", "unfused", "fused")
+
+
+def system_name(label: str, kind: str, member: str | None = None) -> str:
+    """The name :func:`evaluate_systems` gives a system of the ensemble ``label``:
+    ``"<label>: <member>"`` for a member, ``"<label> (unfused)"`` and ``"<label> (fused)"`` for
+    the ensembles. The app, the CLI and the report look systems up through it, so the names are
+    written in one place."""
+    if kind not in LABELLED_KINDS:
+        raise ValueError(
+            f"kind must be one of {', '.join(LABELLED_KINDS)} (the systems named after an "
+            f"ensemble label), got {kind!r}"
+        )
+    if (kind == "member") != (member is not None):
+        raise ValueError(
+            f"pass the member's name for kind 'member' and only for it (kind {kind!r}, "
+            f"member {member!r})"
+        )
+    return f"{label}: {member}" if kind == "member" else f"{label} ({kind})"
 
 
 @dataclass
@@ -190,10 +203,21 @@ class SystemsReport:
             raise KeyError(f"no OOD set {ood_set!r}; the report has {', '.join(names)} (or 'all')")
         return metrics.roc_curve_ood(ood_score(ev.id.logits, ev.score), ood)
 
+    def find(self, label: str, kind: str, member: str | None = None) -> str:
+        """The name of the ``kind`` system (``"member"``, ``"unfused"`` or ``"fused"``) of the
+        ensemble ``label`` (see :func:`system_name`), checked to be in the report."""
+        name = system_name(label, kind, member)
+        if name not in self.info or self.info[name].kind != kind:
+            raise KeyError(
+                f"no {kind} system of the ensemble {label!r} (looked for {name!r}); the report "
+                f"has {', '.join(self.systems)}"
+            )
+        return name
+
     def fusion_table(self, label: str = "Hydra") -> pd.DataFrame:
         """The paper's Table 11: single, fused and unfused rows of :meth:`summary`, and the
         largest difference between the fused and unfused ensemble probabilities on any image."""
-        fused, unfused = f"{label} (fused)", f"{label} (unfused)"
+        fused, unfused = self.find(label, "fused"), self.find(label, "unfused")
         summary = self.summary().set_index("system")
         table = summary.loc[["single", fused, unfused]].reset_index()
         table.attrs["max_prob_diff"] = self.max_probability_gap(fused, unfused)
@@ -231,15 +255,29 @@ class SystemsReport:
         latency: bool = True,
         repeats: int = 20,
     ) -> pd.DataFrame:
-        """Measure the cost of ``systems`` (default: all) on the batch ``images`` (see
-        :func:`measure_cost`); the result becomes :attr:`cost` and is returned."""
+        """Measure the cost of ``systems`` (default: all) on the batch ``images`` with
+        :func:`~hydra_core.hydra.cost.cost_table`: params, multiply-adds, the paper's formula
+        parameter count, and latency (on CUDA also under bf16 autocast) of each system's models
+        run one after another. The result becomes :attr:`cost` and is returned."""
         chosen = self.systems if systems is None else list(systems)
         missing = [n for n in chosen if n not in self.info]
         if missing:
             raise KeyError(f"no systems {missing}; the report has {', '.join(self.systems)}")
-        self.cost = measure_cost(
-            {n: self.info[n] for n in chosen}, images, latency=latency, repeats=repeats
+        info = {n: self.info[n] for n in chosen}
+        precisions = {"latency": None}
+        if images.device.type == "cuda":
+            precisions["latency_bf16"] = torch.bfloat16
+        table = cost_table(
+            {n: s.models for n, s in info.items()},
+            images,
+            latency=latency,
+            precisions=precisions,
+            repeats=repeats,
         )
+        # every system here comes from one architecture; a plain ViT among them gives its sizes
+        shape = VitShape.of(next(m for s in info.values() if s.kind != "fused" for m in s.models))
+        table.insert(2, "formula_params", [_formula_params(s, shape) for s in info.values()])
+        self.cost = table
         return self.cost
 
     def merge(self, other: SystemsReport) -> SystemsReport:
@@ -334,16 +372,18 @@ def evaluate_systems(
     """
     if not members:
         raise ValueError("no members: pass the member masks (or fine-tuned members) to evaluate")
+    if deep_ensemble is not None and len(deep_ensemble) < 2:
+        raise ValueError(
+            f"Deep Ensembles need two or more independently trained models, got "
+            f"{len(deep_ensemble)}; train copies with train_deep_ensemble"
+        )
     device = resolve_device(device)
     model, preprocess = loaded.model.to(device).eval(), loaded.preprocess
     id_set, ood_sets = benchmark.id_report, list(benchmark.ood_report)
     seconds: dict[str, float] = {}
     common = dict(device=device, cache=cache, batch_size=batch_size, score=score, bf16=bf16)
-
-    def predictions(stage: str):
-        if progress is None:
-            return None
-        return lambda s, done, total: progress(f"{stage}: {s}", done, total)
+    evaluations: dict[str, Evaluation] = {}
+    info: dict[str, SystemInfo] = {}
 
     def timed(stage: str, fn):
         start = time.perf_counter()
@@ -351,56 +391,15 @@ def evaluate_systems(
         seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
         return value
 
-    total_heads = head_layout(model).total_heads
-    evaluations: dict[str, Evaluation] = {}
-    info: dict[str, SystemInfo] = {}
-    evaluations["single"] = timed(
-        "evaluate",
-        lambda: evaluate_model(
-            model,
-            preprocess,
-            id_set,
-            ood_sets,
-            name="single",
-            progress=predictions("single"),
-            **common,
-        ),
-    )
-    info["single"] = SystemInfo("single", str(total_heads), models=[model])
+    def predictions(name: str):
+        if progress is None:
+            return None
+        return lambda s, done, total: progress(f"{name}: {s}", done, total)
 
-    for name, keep in (pruned or {}).items():
-        evaluations[name] = timed(
+    def evaluate(name: str, system: nn.Module, keep: torch.Tensor | None = None) -> Evaluation:
+        return timed(
             "evaluate",
-            lambda keep=keep, name=name: evaluate_model(
-                model,
-                preprocess,
-                id_set,
-                ood_sets,
-                keep=keep,
-                name=name,
-                progress=predictions(name),
-                **common,
-            ),
-        )
-        info[name] = SystemInfo("pruned", str(int(keep.sum())), models=[prune_heads(model, keep)])
-
-    finetuned = _finetuned(
-        members, finetune, finetune_seeds, loaded, train_set, device, cache, progress, timed
-    )
-    member_models, member_evals, kept = [], [], []
-    for i, member in enumerate(members if finetuned is None else finetuned):
-        name = f"{label}: {member.name}"
-        if finetuned is None:  # the source model under the member's mask
-            system, keep = model, member.keep
-            member_models.append(prune_heads(model, member.keep))
-            kept.append(int(member.keep.sum()))
-        else:
-            system, keep = member.model, None
-            member_models.append(member.model)
-            kept.append(head_layout(member.model).total_heads)
-        evaluations[name] = timed(
-            "evaluate",
-            lambda system=system, keep=keep, name=name: evaluate_model(
+            lambda: evaluate_model(
                 system,
                 preprocess,
                 id_set,
@@ -411,26 +410,42 @@ def evaluate_systems(
                 **common,
             ),
         )
-        info[name] = SystemInfo("member", str(kept[i]), models=[member_models[i]])
-        member_evals.append(evaluations[name])
 
-    heads = _heads_label(kept)
-    unfused = f"{label} (unfused)"
-    evaluations[unfused] = _stacked(unfused, member_evals)
-    info[unfused] = SystemInfo("unfused", heads, len(member_evals), models=member_models)
+    def add(name: str, kind: str, system: nn.Module, keep: torch.Tensor | None = None) -> int:
+        """Evaluate one model (under the head mask ``keep``) as the system ``name`` and record it;
+        its cost is that of the model pruned to ``keep``. Returns the number of heads kept."""
+        evaluations[name] = evaluate(name, system, keep)
+        kept = head_layout(system).total_heads if keep is None else int(keep.sum())
+        alone = system if keep is None else prune_heads(system, keep)
+        info[name] = SystemInfo(kind, str(kept), models=[alone])
+        return kept
 
-    fused = f"{label} (fused)"
-    start = time.perf_counter()
-    hydra = (
-        (
-            fuse_members([(model, m.keep) for m in members])
-            if finetuned is None
-            else fuse_finetuned(finetuned)
-        )
-        .to(device)
-        .eval()
+    def add_ensemble(
+        name: str, kind: str, parts: Sequence[Evaluation], models: list[nn.Module], kept: list[int]
+    ) -> None:
+        """Record an ensemble whose members were evaluated as ``parts`` (logits stacked)."""
+        evaluations[name] = _stacked(name, parts)
+        info[name] = SystemInfo(kind, _heads_label(kept), len(parts), models=models)
+
+    add("single", "single", model)
+    for name, keep in (pruned or {}).items():
+        add(name, "pruned", model, keep)
+
+    finetuned = _finetuned(
+        members, finetune, finetune_seeds, loaded, train_set, device, cache, progress, timed
     )
-    seconds["fuse"] = time.perf_counter() - start
+    names, kept = [], []
+    for member in members if finetuned is None else finetuned:
+        # zero-shot: the source model under the member's mask; fine-tuned: its own pruned model
+        system, keep = (model, member.keep) if finetuned is None else (member.model, None)
+        names.append(system_name(label, "member", member.name))
+        kept.append(add(names[-1], "member", system, keep))
+    member_evals = [evaluations[n] for n in names]
+    member_models = [info[n].models[0] for n in names]
+    add_ensemble(system_name(label, "unfused"), "unfused", member_evals, member_models, kept)
+
+    fused = system_name(label, "fused")
+    hydra = timed("fuse", lambda: _fused(model, members, finetuned).to(device).eval())
     evaluations[fused] = timed(
         "evaluate",
         lambda: evaluate_system(
@@ -444,35 +459,13 @@ def evaluate_systems(
             **common,
         ),
     )
-    info[fused] = SystemInfo("fused", heads, len(member_evals), models=[hydra])
+    info[fused] = SystemInfo("fused", _heads_label(kept), len(kept), models=[hydra])
 
     if deep_ensemble is not None:
-        if len(deep_ensemble) < 2:
-            raise ValueError(
-                f"Deep Ensembles need two or more independently trained models, got "
-                f"{len(deep_ensemble)}; train copies with train_deep_ensemble"
-            )
-        de_models = [m.to(device).eval() for m in deep_ensemble]
-        de_evals = [
-            timed(
-                "evaluate",
-                lambda m=m, i=i: evaluate_model(
-                    m,
-                    preprocess,
-                    id_set,
-                    ood_sets,
-                    name=f"Deep Ensembles {i}",
-                    progress=predictions(f"Deep Ensembles member {i}"),
-                    **common,
-                ),
-            )
-            for i, m in enumerate(de_models)
-        ]
-        evaluations["Deep Ensembles"] = _stacked("Deep Ensembles", de_evals)
-        de_heads = _heads_label([head_layout(m).total_heads for m in de_models])
-        info["Deep Ensembles"] = SystemInfo(
-            "deep-ensemble", de_heads, len(de_models), models=de_models
-        )
+        copies = [m.to(device).eval() for m in deep_ensemble]
+        parts = [evaluate(f"Deep Ensembles member {i}", m) for i, m in enumerate(copies)]
+        heads = [head_layout(m).total_heads for m in copies]
+        add_ensemble("Deep Ensembles", "deep-ensemble", parts, copies, heads)
 
     setup = {
         "device": str(device),
@@ -492,54 +485,10 @@ def evaluate_systems(
     if finetuned is not None:
         setup["finetune_seconds"] = {m.name: m.seconds for m in finetuned}
         setup["finetune_cached"] = {m.name: m.cached for m in finetuned}
-    report = SystemsReport(evaluations, {k: info[k] for k in evaluations}, None, setup)
+    report = SystemsReport(evaluations, info, None, setup)
     images = preprocess(id_set.images[:latency_batch]).to(device)
     timed("cost", lambda: report.measure(images, latency=latency, repeats=latency_repeats))
     return report
-
-
-def measure_cost(
-    info: Mapping[str, SystemInfo],
-    images: torch.Tensor,
-    *,
-    latency: bool = True,
-    warmup: int = 3,
-    repeats: int = 20,
-) -> pd.DataFrame:
-    """Params, multiply-adds (for the batch ``images``), the paper's formula parameter count, and
-    latency (ms per batch, median and inter-quartile range over ``repeats`` round-robin calls;
-    on CUDA also under bf16 autocast) of each system's models run one after another."""
-    macs_one: dict[int, int] = {}
-    rows = {}
-    # every system here comes from one architecture; a plain ViT among them gives its sizes
-    shape = VitShape.of(next(m for s in info.values() if s.kind != "fused" for m in s.models))
-    for name, system in info.items():
-        for m in system.models:
-            if id(m) not in macs_one:
-                macs_one[id(m)] = count_macs(m, images[:1])
-        rows[name] = {
-            "params": sum(count_params(m) for m in system.models),
-            "macs": len(images) * sum(macs_one[id(m)] for m in system.models),
-            "formula_params": _formula_params(system, shape),
-        }
-    if latency:
-        precisions = [("latency", None)]
-        if images.device.type == "cuda":
-            precisions.append(("latency_bf16", torch.bfloat16))
-        for column, dtype in precisions:
-            fns = {
-                name: forward_fn(s.models, images, autocast_dtype=dtype) for name, s in info.items()
-            }
-            timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=images.device)
-            for name, t in timings.items():
-                rows[name][f"{column}_ms"] = t["median_ms"]
-                rows[name][f"{column}_iqr_ms"] = t["iqr_ms"]
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    for column in ("params", "macs", "latency_ms", "latency_bf16_ms"):
-        if column in table and "single" in table.index:
-            ratio = column.replace("_ms", "") + "_ratio"
-            table[ratio] = table[column] / table.loc["single", column]
-    return table.rename_axis("system")
 
 
 def machine_description(device: torch.device | str) -> str:
@@ -591,6 +540,16 @@ def _finetuned(members, finetune, seeds, loaded, train_set, device, cache, progr
             progress=report,
         ),
     )
+
+
+def _fused(
+    model: nn.Module, members: Sequence[MemberMask], finetuned: list[FinetunedMember] | None
+) -> HydraViT:
+    """The Hydra model: zero-shot members fused out of the source model, or the fine-tuned
+    members fused with their MLPs averaged."""
+    if finetuned is None:
+        return fuse_members([(model, m.keep) for m in members])
+    return fuse_finetuned(finetuned)
 
 
 def _stacked(name: str, evaluations: Sequence[Evaluation]) -> Evaluation:
