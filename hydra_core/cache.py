@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from hydra_core.files import atomic_write
 from hydra_core.paths import cache_dir
 
 MAGIC = b"HYDRA01\n"
@@ -87,12 +87,6 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 class DiskCache:
     """A folder of checksummed entries, grouped by kind (``greedy``, ``features``, ...).
 
@@ -136,17 +130,15 @@ class DiskCache:
         buffer = io.BytesIO()
         torch.save(value, buffer)
         payload = buffer.getvalue()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        checked = MAGIC + hashlib.sha256(payload).digest() + payload
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                f.write(checked)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; use the user's umask
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+
+        atomic_write(path, write)
         return path
 
     def delete(self, kind: str, key: str) -> None:

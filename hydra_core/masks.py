@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from hydra_core.files import atomic_write
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
 from hydra_core.types import Head
 
@@ -154,10 +155,7 @@ def save_masks(path: str | Path, members: Sequence[MemberMask], identity: dict) 
     """Write a mask file (atomically); returns its path."""
     path = Path(path)
     text = json.dumps(masks_to_json(members, identity), indent=2)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def masks_from_json(

@@ -17,7 +17,7 @@ from hydra_core.data.benchmark import Benchmark, folder_benchmark
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.preprocess import input_format
-from hydra_core.models.registry import LoadedModel, load_model
+from hydra_core.models.registry import LoadedModel, load_model, parse_arch_kwargs
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
@@ -28,11 +28,13 @@ class SetupConfig:
     """The Setup page's choices; every analysis depends on all of them."""
 
     model: str = "default"  # "default", "dinov2-s", a timm name or a checkpoint path
-    arch: str | None = None  # timm architecture of a foreign checkpoint
+    arch: str | None = None  # timm architecture of a checkpoint without its configuration
+    arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
     ood: tuple[str, ...] = field(default_factory=lambda: tuple(OOD_SETS))
     id_folder: str | None = None  # an ImageFolder of your own instead of Fashion-MNIST
     ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near: path" / "far: path"
+    classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID folder
     n_search: int = 512  # images per set used to select heads
     n_report: int | None = 2000  # images per set results are reported on (None = all)
     device: str = "auto"
@@ -69,9 +71,11 @@ def set_config(config: SetupConfig) -> None:
 
 
 @st.cache_resource(show_spinner="Loading the model...")
-def cached_model(model: str, arch: str | None, dinov2_img_size: int) -> LoadedModel:
+def cached_model(
+    model: str, arch: str | None, dinov2_img_size: int, arch_kwargs: str = ""
+) -> LoadedModel:
     options = {"img_size": dinov2_img_size} if model in ("dinov2-s", "dinov2") else {}
-    return load_model(model, arch=arch, **options)
+    return load_model(model, arch=arch, arch_kwargs=parse_arch_kwargs(arch_kwargs), **options)
 
 
 @st.cache_resource(show_spinner="Loading the data sets...")
@@ -82,6 +86,7 @@ def cached_benchmark(
     id_folder: str | None = None,
     ood_folders: tuple[str, ...] = (),
     image_format: tuple[int, int] = (1, 28),
+    classes: tuple[str, ...] | None = None,
 ) -> Benchmark:
     return folder_benchmark(
         id_folder=id_folder,
@@ -91,6 +96,7 @@ def cached_benchmark(
         size=image_format[1],
         n_search=n_search,
         n_report=n_report,
+        classes=classes,
     )
 
 
@@ -103,7 +109,7 @@ def get_context() -> Context:
     """The loaded model and data for the current setup (loaded once per setup, then cached)."""
     config = get_config()
     device = resolve_device(config.device)
-    loaded = cached_model(config.model, config.arch, config.dinov2_img_size)
+    loaded = cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
     loaded.model.to(device)
     benchmark = cached_benchmark(
         config.ood,
@@ -112,6 +118,7 @@ def get_context() -> Context:
         config.id_folder,
         config.ood_folders,
         input_format(loaded.model),  # used only when folders are involved
+        config.classes,
     )
     return Context(config, loaded, benchmark, device)
 

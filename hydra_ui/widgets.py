@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from hydra_core.errors import InputError
 from hydra_ui.export import figure_png, figure_svg
 from hydra_ui.jobs import FAILED, STOPPED, Job, format_seconds
 
@@ -27,6 +28,8 @@ def show_error(what: str) -> Iterator[None]:
         if type(exc).__module__.startswith("streamlit"):
             raise
         st.error(f"{what}: {exc}")
+        if isinstance(exc, InputError):
+            return  # the message names the input and the fix; a traceback adds nothing
         with st.expander("Details"):
             st.code("".join(traceback.format_exception(exc)), language="text")
 

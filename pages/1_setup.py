@@ -3,9 +3,10 @@
 import streamlit as st
 import torch
 
+from hydra_core.data.generic import class_order_note
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import model_card
-from hydra_core.models.registry import BUILTIN_MODELS
+from hydra_core.models.registry import BUILTIN_MODELS, chance_note, check_fit
 from hydra_ui.context import disk_cache, get_config, get_context, set_config
 from hydra_ui.widgets import show_error, table_with_download
 
@@ -35,9 +36,22 @@ with st.form("setup"):
         "timm name or checkpoint path (for those two sources)",
         value="" if config.model in ("default", "dinov2-s") else config.model,
         placeholder="vit_small_patch16_224  or  /path/to/weights.safetensors",
+        key="setup_model_name",
     )
-    arch = st.text_input(
-        "timm architecture of a foreign checkpoint (optional)", value=config.arch or ""
+    c1, c2 = st.columns(2)
+    arch = c1.text_input(
+        "timm architecture of a checkpoint file (when the file does not carry its configuration)",
+        value=config.arch or "",
+        placeholder="vit_small_patch16_224",
+        key="setup_arch",
+    )
+    arch_kwargs = c2.text_input(
+        "Architecture settings (JSON, optional)",
+        value=config.arch_kwargs,
+        placeholder='{"img_size": 32, "patch_size": 8, "init_values": 1e-5}',
+        help="Keyword arguments for timm.create_model beside the architecture (or the timm "
+        "name): image size, patch size, layer scale, pooling, ...",
+        key="setup_arch_kwargs",
     )
     img_size = st.select_slider(
         "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
@@ -52,6 +66,15 @@ with st.form("setup"):
         help="Empty: Fashion-MNIST, search split = 5,000 held-out training images, report "
         "split = the 10,000 test images. A folder is split once into disjoint search and report "
         "halves.",
+        key="setup_id_folder",
+    )
+    classes = st.text_input(
+        "Class order of your ID folder (optional)",
+        value=",".join(config.classes or ()),
+        placeholder="c1,c2,c3,...,c10  (the model's classes in output order)",
+        help="Empty: class folders in sorted text order (c1, c10, c2, ...), as torchvision's "
+        "ImageFolder. Given: each folder's label is its position in this list.",
+        key="setup_classes",
     )
     ood = st.multiselect(
         "OOD sets",
@@ -106,6 +129,8 @@ if applied:
             config.replace(
                 model=model,
                 arch=arch.strip() or None,
+                arch_kwargs=arch_kwargs.strip(),
+                classes=tuple(c.strip() for c in classes.split(",") if c.strip()) or None,
                 dinov2_img_size=int(img_size),
                 ood=tuple(ood),
                 id_folder=id_folder.strip() or None,
@@ -122,6 +147,13 @@ if applied:
 
 with show_error("Could not load the model or data"):
     context = get_context()
+    notes = check_fit(
+        context.loaded, context.benchmark.id_search, own_folder=config.id_folder is not None
+    )
+    if config.id_folder and not config.classes:
+        notes.append(class_order_note(config.id_folder, context.benchmark.id_search.classes))
+    for note in filter(None, notes):
+        st.warning(note)
     st.subheader("Model card")
     static = context.loaded.card()
     cols = st.columns(5)
@@ -137,6 +169,10 @@ with show_error("Could not load the model or data"):
             context.loaded, context.benchmark, cache=disk_cache(), device=context.device
         )
     st.metric("ID accuracy", f"{card['id_accuracy']:.2%}", help=card["id_set"])
+    if config.id_folder and (
+        note := chance_note(card["id_accuracy"], context.loaded.num_outputs())
+    ):
+        st.warning(note)
     groups = {s.name: s.group for s in context.benchmark.ood_report}
     rows = [
         {"OOD set": n, "group": groups.get(n, ""), "AUROC (MSP)": a}
@@ -149,11 +185,3 @@ with show_error("Could not load the model or data"):
     )
     st.subheader("Data")
     table_with_download(context.benchmark.describe(), "data_splits.csv")
-    classes = context.benchmark.id_search.classes
-    outputs = getattr(context.loaded.model, "num_classes", None)
-    if config.id_folder and classes and outputs and len(classes) != outputs:
-        st.warning(
-            f"The ID folder has {len(classes)} classes ({', '.join(classes[:5])}"
-            f"{', ...' if len(classes) > 5 else ''}) but the model has {outputs} outputs: "
-            "accuracy counts output i as the i-th class folder in sorted order."
-        )

@@ -46,7 +46,7 @@ def test_apply_changes_the_setup(app):
 def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):
     app.run()
     app.radio[0].set_value("Checkpoint file")
-    app.text_input[0].set_value("/nonexistent/model.safetensors")
+    app.text_input(key="setup_model_name").set_value("/nonexistent/model.safetensors")
     app.button[0].click()
     app.run()
     assert not app.exception
@@ -56,7 +56,7 @@ def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):
 def test_unknown_timm_name_is_an_error_message(app):
     app.run()
     app.radio[0].set_value("timm model name (online)")
-    app.text_input[0].set_value("vit_tiny_patch16_2244")
+    app.text_input(key="setup_model_name").set_value("vit_tiny_patch16_2244")
     app.button[0].click()
     app.run()
     assert not app.exception
@@ -78,7 +78,7 @@ def test_own_id_and_ood_folders(app, tmp_path):
         write_images(tmp_path / "mine" / label, 8, seed=len(label))
     write_images(tmp_path / "odd", 12, seed=7)
     app.run()
-    app.text_input[2].set_value(str(tmp_path / "mine"))  # the ID folder
+    app.text_input(key="setup_id_folder").set_value(str(tmp_path / "mine"))
     app.text_area[0].set_value(f"near: {tmp_path / 'odd'}")
     app.multiselect[0].set_value(["noise"])
     app.button[0].click()
@@ -98,7 +98,7 @@ def test_own_id_and_ood_folders(app, tmp_path):
 
 def test_missing_data_folder_is_an_error_message(app, tmp_path):
     app.run()
-    app.text_input[2].set_value(str(tmp_path / "nowhere"))
+    app.text_input(key="setup_id_folder").set_value(str(tmp_path / "nowhere"))
     app.button[0].click()
     app.run()
     assert not app.exception

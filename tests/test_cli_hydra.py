@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from hydra_core.cli import build_parser, main
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import probabilities
-from hydra_core.hydra.deep_ensembles import available_deep_ensemble
+from hydra_core.hydra.deep_ensembles import (
+    available_deep_ensemble,
+    deep_ensemble_for,
+    reference_checkpoint,
+    stored_copies,
+)
 from hydra_core.hydra.fused import load_hydra
 from hydra_core.masks import load_masks
 from hydra_core.metrics import accuracy
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.models.default import preprocess
+from hydra_core.models.default import DEFAULT_CHECKPOINT, preprocess
 from tests.conftest import TINY
 
 DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
@@ -129,6 +136,28 @@ def test_masks_then_hydra(checkpoint, tmp_path, capsys):
     assert "latency_ms" not in pd.read_csv(tuned / "cost.csv").columns
 
 
+def test_deep_ensemble_lookup_by_model_source(checkpoint, tmp_path):
+    assert reference_checkpoint("default") == reference_checkpoint("fmnist-vit-default")
+    assert reference_checkpoint("default") == DEFAULT_CHECKPOINT
+    assert reference_checkpoint(checkpoint) == Path(checkpoint)
+    missing = str(tmp_path / "missing.safetensors")
+    for source in ("dinov2-s", "vit_small_patch16_224", missing):
+        assert reference_checkpoint(source) is None and stored_copies(source) == []
+    reasons = []
+    assert deep_ensemble_for("dinov2-s", log=reasons.append) is None
+    assert deep_ensemble_for(checkpoint, log=reasons.append) is None  # no copies trained
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": torch.zeros(2)}, str(foreign))
+    assert stored_copies(str(foreign)) == []
+    assert deep_ensemble_for(str(foreign), log=reasons.append) is None
+    assert reasons == [
+        "Deep Ensembles: only for Hydra Lab checkpoints; skipped",
+        "Deep Ensembles: no trained copies found (python -m hydra_core train-ensemble)",
+        f"Deep Ensembles skipped: {foreign} has no 'vit_config' metadata; Deep Ensembles need "
+        "a Hydra Lab checkpoint (written by save_checkpoint) as the reference",
+    ]
+
+
 def _tiny_fashion_mnist(split: str = "test") -> ImageSet:
     n = {"train": 64, "validation": 32, "test": 32, "train-full": 96}[split]
     g = torch.Generator().manual_seed(len(split))
@@ -149,8 +178,8 @@ def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatc
         if line.startswith("seed")
     ]
     assert len(paths) == 2 and all(p.endswith(".safetensors") for p in paths)
-    with pytest.raises(ValueError, match="seed 0 is the seed the reference"):
-        main(["train-ensemble", "--reference", checkpoint, "--seeds", "0"])
+    assert main(["train-ensemble", "--reference", checkpoint, "--seeds", "0"]) == 2
+    assert "seed 0 is the seed the reference" in capsys.readouterr().err
     # the recipe changed (--epochs 1), so the reference's own recipe has no copies
     assert len(available_deep_ensemble(reference=checkpoint)) == 1
     from hydra_core.hydra import deep_ensembles
@@ -158,6 +187,7 @@ def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatc
     one_epoch = deep_ensembles.TrainConfig(epochs=1)
     monkeypatch.setattr(deep_ensembles, "recipe_of", lambda reference: (one_epoch, TINY))
     assert len(available_deep_ensemble(reference=checkpoint)) == 3
+    assert stored_copies(checkpoint) == [1, 2] and len(deep_ensemble_for(checkpoint)) == 3
     masks = tmp_path / "members.json"
     assert (
         main(

@@ -7,14 +7,35 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
 from pathlib import Path
 
-from hydra_core.cli.common import COMMANDS
+from hydra_core.cli.common import COMMANDS, warn
+from hydra_core.errors import InputError
 
 # Importing a command module registers its commands, in this order in ``--help``.
 for _module in ("model", "analysis", "masks", "hydra"):
     importlib.import_module(f"hydra_core.cli.{_module}")
+
+
+def _global_options() -> argparse.ArgumentParser:
+    """Options every command takes."""
+    options = argparse.ArgumentParser(add_help=False)
+    g = options.add_argument_group("every command")
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="PATH",
+        help="where computed results are kept (default: $HYDRA_LAB_CACHE, else cache/ in the "
+        "checkout)",
+    )
+    g.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,14 +46,46 @@ def build_parser() -> argparse.ArgumentParser:
         "and fuse pruned members into one Hydra ensemble.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    options = _global_options()
     for name, (add_arguments, run) in COMMANDS.items():
         doc = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else ""
-        p = sub.add_parser(name, help=doc, description=doc)
+        p = sub.add_parser(name, help=doc, description=doc, parents=[options])
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    warn(str(message))
+
+
+#: errors that a user's input causes: ours (InputError is a ValueError) and the libraries' for
+#: unreadable files, impossible devices and the like; shown as one line, not a traceback
+USER_ERRORS = (ValueError, OSError, RuntimeError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a user error ends as one line on stderr and exit code 2 (``--debug`` shows
+    the traceback), Ctrl-C as a note that saved work resumes (exit code 130)."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    warnings.showwarning = _one_line_warning
+    if args.cache_dir:
+        os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())
+    try:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        return args.run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("stopped; progress saved, run again to resume", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        hint = "" if isinstance(exc, InputError) else " (--debug shows the traceback)"
+        print(f"error: {lines[0]}{hint}", file=sys.stderr)
+        return 2

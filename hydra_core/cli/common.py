@@ -34,7 +34,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
         "(default: %(default)s)",
     )
-    p.add_argument("--arch", default=None, help="timm architecture of a foreign checkpoint file")
+    p.add_argument(
+        "--arch",
+        default=None,
+        help="timm architecture of a checkpoint file that does not carry its configuration",
+    )
+    p.add_argument(
+        "--arch-kwargs",
+        default=None,
+        metavar="JSON",
+        help="timm.create_model keyword arguments beside --arch, e.g. "
+        '\'{"img_size": 32, "patch_size": 8, "init_values": 1e-5}\'',
+    )
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
 
@@ -77,6 +88,13 @@ def add_data_arguments(
         metavar="[near:|far:]PATH",
         help="extra OOD image folders, e.g. near:/data/a far:/data/b (a bare path is far)",
     )
+    p.add_argument(
+        "--classes",
+        default=None,
+        metavar="A,B,C",
+        help="the model's classes in output order, matched to --id-folder's class folders by "
+        "name (default: the folders in sorted order, as torchvision's ImageFolder)",
+    )
 
 
 def progress_bar(description: str):
@@ -95,13 +113,13 @@ def progress_bar(description: str):
 
 
 def load_for_cli(args: argparse.Namespace):
-    """The model and benchmark named by the common arguments."""
+    """The model and benchmark named by the common arguments, checked to fit each other."""
     from hydra_core.data.benchmark import folder_benchmark
     from hydra_core.data.ood import OOD_SETS
     from hydra_core.models.preprocess import input_format
-    from hydra_core.models.registry import load_model
+    from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
-    loaded = load_model(args.model, arch=args.arch)
+    loaded = load_model(args.model, arch=args.arch, arch_kwargs=parse_arch_kwargs(args.arch_kwargs))
     default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(
@@ -112,8 +130,25 @@ def load_for_cli(args: argparse.Namespace):
         channels=channels,
         n_search=args.n_search,
         n_report=args.n_report,
+        classes=args.classes.split(",") if args.classes else None,
     )
+    for note in check_fit(loaded, benchmark.id_search, own_folder=args.id_folder is not None):
+        warn(note)
     return loaded, benchmark
+
+
+def warn_near_chance(args: argparse.Namespace, loaded, accuracy: float) -> None:
+    """On an ID folder of the user's own, warn when accuracy is near chance (labels that do not
+    match the model's classes)."""
+    from hydra_core.models.registry import chance_note
+
+    if args.id_folder and (note := chance_note(accuracy, loaded.num_outputs())):
+        warn(note)
+
+
+def warn(message: str) -> None:
+    """A warning for the user: one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def format_table(table) -> str:

@@ -112,6 +112,7 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
 def _hydra(args: argparse.Namespace) -> int:
     """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
     from hydra_core.cache import DiskCache
+    from hydra_core.hydra.deep_ensembles import deep_ensemble_for
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.hydra.systems import evaluate_systems
     from hydra_core.masks import load_masks
@@ -123,7 +124,11 @@ def _hydra(args: argparse.Namespace) -> int:
     members = load_masks(args.masks, layout, identity)
     finetune = _finetune_config(args)
     seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
-    deep = _deep_ensemble_models(args) if args.deep_ensemble else None
+    deep = (
+        deep_ensemble_for(args.model, log=lambda reason: print(reason, file=sys.stderr))
+        if args.deep_ensemble
+        else None
+    )
     report = evaluate_systems(
         loaded,
         benchmark,
@@ -147,13 +152,8 @@ def _hydra(args: argparse.Namespace) -> int:
     summary.to_csv(out / "summary.csv", index=False)
     report.cost.to_csv(out / "cost.csv")
     (out / "systems.json").write_text(json.dumps(report.to_json(), indent=1))
-    fused = report.info[f"{args.label} (fused)"].models[0]
+    fused = report.info[report.find(args.label, "fused")].models[0]
     save_hydra(fused.cpu(), out / "hydra.safetensors")
-    if deep is None and args.deep_ensemble:
-        print(
-            "no trained Deep Ensemble copies found; run `python -m hydra_core train-ensemble`",
-            file=sys.stderr,
-        )
     columns = [
         "system",
         "heads",
@@ -175,16 +175,6 @@ def _hydra(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deep_ensemble_models(args: argparse.Namespace):
-    from hydra_core.hydra.deep_ensembles import available_deep_ensemble
-    from hydra_core.models.default import DEFAULT_CHECKPOINT
-
-    default = args.model in ("default", "fmnist-vit-default")
-    reference = DEFAULT_CHECKPOINT if default else Path(args.model)
-    models = available_deep_ensemble(reference=reference)
-    return models if len(models) > 1 else None
-
-
 # --- train-ensemble -----------------------------------------------------------------------------
 
 
@@ -204,7 +194,6 @@ def _train_ensemble_arguments(p: argparse.ArgumentParser) -> None:
         help="checkpoint whose recipe and architecture the copies follow",
     )
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
 @command("train-ensemble", _train_ensemble_arguments)
@@ -212,13 +201,10 @@ def _train_ensemble(args: argparse.Namespace) -> int:
     """Train the independently seeded copies of the model that Deep Ensembles need (cached)."""
     from dataclasses import replace
 
-    import torch
     from tqdm import tqdm
 
     from hydra_core.hydra.deep_ensembles import copy_path, recipe_of, train_deep_ensemble
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     train_config, arch = recipe_of(args.reference)
     if args.epochs is not None:
         train_config = replace(train_config, epochs=args.epochs)

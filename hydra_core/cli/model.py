@@ -12,6 +12,7 @@ from hydra_core.cli.common import (
     format_table,
     load_for_cli,
     progress_bar,
+    warn_near_chance,
 )
 
 
@@ -35,9 +36,6 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
         help="random-crop augmentation padding in pixels, 0 = off (default: %(default)s)",
     )
     p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
-    p.add_argument(
         "--out", default=str(DEFAULT_CHECKPOINT), help="where to write the safetensors checkpoint"
     )
 
@@ -45,13 +43,10 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 @command("train", _train_arguments)
 def _train(args: argparse.Namespace) -> int:
     """Train the default ViT architecture on Fashion-MNIST (reproduces the shipped checkpoint)."""
-    import torch
     from tqdm import tqdm
 
     from hydra_core.models.default import TrainConfig, VitConfig, save_checkpoint, train_vit
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     cfg = TrainConfig(
         seed=args.seed,
         epochs=args.epochs,
@@ -113,6 +108,7 @@ def _eval(args: argparse.Namespace) -> int:
         cache=DiskCache(),
         progress=report,
     )
+    warn_near_chance(args, loaded, evaluation.id_metrics()["accuracy"])
     if args.json:
         print(json.dumps(evaluation.to_json(loaded.card()), indent=2))
     else:
@@ -138,6 +134,7 @@ def _info(args: argparse.Namespace) -> int:
     card = model_card(
         loaded, benchmark, cache=DiskCache(), device=args.device, batch_size=args.batch_size
     )
+    warn_near_chance(args, loaded, card["id_accuracy"])
     if args.json:
         print(json.dumps(card, indent=2))
         return 0

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import ImageSet, split_in_two, stable_permutation, take
 from hydra_core.data.ood import load_ood_set, load_ood_sets
+from hydra_core.errors import InputError
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,6 +240,7 @@ def folder_benchmark(
     channels: int = 1,
     n_search: int | None = 512,
     n_report: int | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Benchmark:
     """A benchmark mixing the embedded sets with image folders of your own.
 
@@ -254,6 +256,9 @@ def folder_benchmark(
             embedded sets resampled once cut); use the model's input size and channels, its
             preprocessing does the rest. Without folders the embedded sets stay as they are
             (28 x 28, one channel).
+        classes: the model's classes in output order, to label the ID folder's class folders by
+            name rather than by sorted position (see
+            :func:`~hydra_core.data.generic.load_image_folder`).
     """
     from hydra_core.data.generic import load_image_folder
 
@@ -261,6 +266,8 @@ def folder_benchmark(
         raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
     if not ood and not ood_folders:
         raise ValueError("choose at least one OOD set or OOD folder")
+    if classes is not None and id_folder is None:
+        raise InputError("a class order applies to an ID folder of your own, not to Fashion-MNIST")
     if id_folder is None and not ood_folders:
         return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
     grayscale = channels == 1
@@ -277,7 +284,9 @@ def folder_benchmark(
             n_report=n_report,
             image_format=(channels, size),
         )
-    id_pool = load_image_folder(id_folder, size=size, group="id", grayscale=grayscale)
+    id_pool = load_image_folder(
+        id_folder, size=size, group="id", grayscale=grayscale, classes=classes
+    )
     if len(id_pool) < 4:
         raise ValueError(
             f"the ID folder {id_folder} holds {len(id_pool)} images; a search and a report half "

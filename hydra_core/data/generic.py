@@ -8,6 +8,9 @@ too, and these loaders do not invert anything.
 
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from hydra_core.data.images import GROUPS, ImageSet, stable_permutation
+from hydra_core.errors import InputError
 
 #: File endings read as images (torchvision's ImageFolder list); other files are ignored.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -31,6 +35,53 @@ def _image_files(folder: Path) -> list[Path]:
 
 def _class_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+class ClassOrderWarning(UserWarning):
+    """The class folders' sorted order is probably not the model's class order."""
+
+
+def _natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _class_order(folder: Path, names: list[str], classes: Sequence[str] | None) -> list[str]:
+    """The label order of ``folder``'s class folders ``names`` (sorted): ``classes`` when
+    given (every folder must be among them), else ``names``, with a warning where numbered
+    names sort differently as strings and as numbers (c1, c10, c2 against c1, c2, ..., c10)."""
+    if classes is not None:
+        classes = [str(c).strip() for c in classes]
+        unknown = [n for n in names if n not in classes]
+        if unknown or len(set(classes)) != len(classes):
+            problem = (
+                f"its class folders {', '.join(unknown)} are not among the classes given"
+                if unknown
+                else "the classes given repeat a name"
+            )
+            raise InputError(
+                f"{folder}: {problem} ({', '.join(classes)}); list each of the model's classes "
+                "once, in output order, with the folder names spelled as on disk"
+            )
+        return classes
+    note = class_order_note(folder, names)
+    if note:
+        warnings.warn(note, ClassOrderWarning, stacklevel=3)
+    return names
+
+
+def class_order_note(folder: str | Path, names: Sequence[str]) -> str | None:
+    """A warning when class folders ``names`` (sorted as text, as labels follow them) are
+    numbered and their number order differs (c1, c10, c2 against c1, c2, ..., c10), else None."""
+    natural = sorted(names, key=_natural_key)
+    if list(natural) == list(names):
+        return None
+    return (
+        f"{folder}: its class folders are numbered, and sorted as text "
+        f"({', '.join(names[:3])}, ...) they are not in number order "
+        f"({', '.join(natural[:3])}, ...); labels follow the text order, as torchvision's "
+        "ImageFolder does. If the model's classes are in number order, give that order "
+        "explicitly (--classes, or 'Class order' on the Setup page)"
+    )
 
 
 def _read_image(path: Path, size: int, grayscale: bool) -> np.ndarray:
@@ -59,6 +110,7 @@ def load_image_folder(
     group: str = "id",
     grayscale: bool = False,
     max_images: int | None = None,
+    classes: Sequence[str] | None = None,
 ) -> ImageSet:
     """Images from a folder, labelled by class sub-folder or unlabelled.
 
@@ -77,6 +129,10 @@ def load_image_folder(
         grayscale: one channel (PIL's "L" conversion) instead of three (RGB).
         max_images: keep this many images, a fixed sample of the files (by name), before any
             file is decoded; all of them when None.
+        classes: the model's classes in output order; class folders are matched to them by
+            name (label = position in this list; a folder may be missing, an unknown folder is
+            an error). None: the folders in sorted (string) order, as torchvision's
+            ImageFolder; a :class:`ClassOrderWarning` when that order looks like a mistake.
 
     Raises:
         FileNotFoundError: the folder does not exist.
@@ -101,16 +157,17 @@ def load_image_folder(
             "move the images into class folders, or point to a folder with one layout only"
         )
     if class_dirs:
+        order = _class_order(folder, [d.name for d in class_dirs], classes)
         files, labels = [], []
-        for label, class_dir in enumerate(class_dirs):
+        for class_dir in class_dirs:
             found = _image_files(class_dir)
             if not found:
                 raise ValueError(
                     f"class folder {class_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
                 )
             files += found
-            labels += [label] * len(found)
-        classes = tuple(d.name for d in class_dirs)
+            labels += [order.index(class_dir.name)] * len(found)
+        classes = tuple(order)
     elif loose:
         if group == "id":
             raise ValueError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
+from hydra_core.files import atomic_write
 from hydra_core.paths import ASSETS_DIR
 
 DEFAULT_CHECKPOINT = ASSETS_DIR / "fmnist_vit_default.safetensors"
@@ -96,17 +97,37 @@ def load_checkpoint(path: str | Path) -> tuple[VisionTransformer, dict]:
 
 
 def save_checkpoint(
-    model: VisionTransformer, path: str | Path, config: VitConfig, **meta: object
+    model: VisionTransformer,
+    path: str | Path,
+    config: VitConfig | dict,
+    *,
+    preprocess: dict | None = None,
+    classes: Sequence[str] | None = None,
+    **meta: object,
 ) -> None:
-    """Weights as safetensors, with the architecture and ``meta`` (JSON) in the header."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = {"vit_config": json.dumps(asdict(config))}
+    """Weights as safetensors, with everything needed to load them in the header.
+
+    Args:
+        model: the ViT.
+        path: the file to write (atomically).
+        config: its architecture: a :class:`VitConfig`, or the keyword arguments of timm's
+            ``VisionTransformer`` (``{"img_size": 32, "patch_size": 8, "init_values": 1e-5,
+            ...}``), so that ``load_model(path)`` rebuilds it with no other information.
+        preprocess: ``{"mean": ..., "std": ...}``, the normalisation of its inputs on a 0..1
+            scale (one value or one per channel); Fashion-MNIST's when None.
+        classes: class names, index = label.
+        meta: more JSON-serialisable entries for the header (training recipe, summary).
+    """
+    arch = asdict(config) if isinstance(config, VitConfig) else dict(config)
+    header = {
+        "vit_config": json.dumps(arch),
+        "preprocess": json.dumps(preprocess or {"mean": MEAN, "std": STD}),
+    }
+    if classes is not None:
+        header["classes"] = json.dumps(list(classes))
     header.update({k: json.dumps(v) for k, v in meta.items()})
-    tmp = path.with_suffix(path.suffix + ".tmp")
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp), metadata=header)
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
 
 
 def load_default_model() -> VisionTransformer:

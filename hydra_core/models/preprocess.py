@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -39,12 +39,36 @@ def input_format(model: nn.Module) -> tuple[int, int]:
     return (1 if channels == 1 else 3), (int(size[0]) if size else 224)
 
 
-def timm_preprocess(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The resize/normalise step of timm's data config (centre crop folded into the resize)."""
-    from timm.data import resolve_data_config
+def model_preprocess(
+    model: nn.Module,
+    *,
+    mean: Sequence[float] | float | None = None,
+    std: Sequence[float] | float | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 images -> the input ``model`` itself expects: its own image size and channels.
 
-    cfg = resolve_data_config(model=model)
-    _, size, _ = cfg["input_size"]
-    return partial(
-        normalize_images, size=size, channels=cfg["input_size"][0], mean=cfg["mean"], std=cfg["std"]
+    The size and channels come from the model (``patch_embed.img_size``, the patch projection's
+    input channels), never from a pretrained config that the model may have been built apart
+    from (``img_size=32`` on a 224 px architecture). The normalisation is ``mean``/``std`` when
+    given, else the model's timm ``pretrained_cfg``, else ImageNet's; statistics of three colour
+    channels are averaged for a one-channel model."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    channels, size = input_format(model)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    mean = _per_channel(
+        mean if mean is not None else cfg.get("mean", IMAGENET_DEFAULT_MEAN), channels
     )
+    std = _per_channel(std if std is not None else cfg.get("std", IMAGENET_DEFAULT_STD), channels)
+    return partial(normalize_images, size=size, channels=channels, mean=mean, std=std)
+
+
+def _per_channel(values: Sequence[float] | float, channels: int) -> tuple[float, ...]:
+    values = (float(values),) if isinstance(values, int | float) else tuple(map(float, values))
+    if len(values) == channels:
+        return values
+    if len(values) == 1:
+        return values * channels
+    if channels == 1:
+        return (sum(values) / len(values),)
+    raise ValueError(f"normalisation has {len(values)} values for a {channels}-channel model")

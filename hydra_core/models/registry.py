@@ -8,6 +8,7 @@ same way.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -17,9 +18,11 @@ import torch
 from torch import nn
 
 from hydra_core.cache import model_fingerprint
+from hydra_core.data.images import ImageSet
+from hydra_core.errors import InputError
 from hydra_core.masks import model_identity
 from hydra_core.models.adapter import head_layout
-from hydra_core.models.preprocess import timm_preprocess
+from hydra_core.models.preprocess import input_format, model_preprocess
 
 #: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
 BUILTIN_MODELS = {
@@ -55,6 +58,17 @@ class LoadedModel:
         """The ``model`` block of a mask file: name, layers, heads and the weights' fingerprint."""
         return model_identity(self.name, head_layout(self.model), self.fingerprint())
 
+    def num_outputs(self) -> int:
+        """How many classes the model predicts (the width of its logits)."""
+        known = getattr(self.model, "num_classes", None)
+        if isinstance(known, int) and known > 0:
+            return known
+        channels, size = input_format(self.model)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            logits = self.model(torch.zeros(1, channels, size, size, device=device))
+        return int(logits.shape[-1])
+
     def card(self) -> dict:
         """Layers, heads, parameters: the static part of the model card."""
         layout = head_layout(self.model)
@@ -66,6 +80,50 @@ class LoadedModel:
             "embed_dim": layout.embed_dim,
             "params": sum(p.numel() for p in self.model.parameters()),
         }
+
+
+def check_fit(loaded: LoadedModel, id_set: ImageSet, *, own_folder: bool = False) -> list[str]:
+    """Check that the model's outputs are the ID set's classes; returns warnings to show.
+
+    Raises :class:`InputError` when the model has no classifier or the numbers differ, except
+    for an image folder of the user's own (``own_folder``) with fewer classes than the model has
+    outputs (a subset of its classes: allowed, with a warning, since label i counts as output i).
+    Warns when the set has a single class."""
+    if getattr(loaded.model, "num_classes", None) == 0:
+        raise InputError(
+            f"{loaded.name} has no classifier (num_classes=0): Hydra Lab needs a model whose "
+            "outputs are the in-distribution classes; load it with its trained head"
+        )
+    outputs, classes = loaded.num_outputs(), id_set.classes or ()
+    where = f"the ID set {id_set.name!r}" + (f" ({id_set.source})" if own_folder else "")
+    if len(classes) > outputs or (len(classes) < outputs and not own_folder):
+        raise InputError(
+            f"{loaded.name} has {outputs} outputs but {where} has {len(classes)} classes: a "
+            "classifier must predict the ID classes (is this the right model, with its trained "
+            "head?); choose a model trained on these classes, or an ID set of its classes"
+        )
+    notes = []
+    if len(classes) < outputs:
+        notes.append(
+            f"{where} has {len(classes)} classes and {loaded.name} {outputs} outputs: label i "
+            "counts as output i; if the folder holds other classes than the model's first ones, "
+            "give the model's classes in order (--classes / 'Class order' on Setup)"
+        )
+    if len(classes) == 1:
+        notes.append(f"{where} has a single class: accuracy is trivial to reach for a guess")
+    return notes
+
+
+def chance_note(accuracy: float, num_classes: int) -> str | None:
+    """A warning when an accuracy is near chance (at most 1.5 / classes), else None: the sign
+    of labels that do not match the model's classes."""
+    if num_classes > 1 and accuracy <= 1.5 / num_classes:
+        return (
+            f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
+            "are the folder's classes in the model's output order? Give the order with --classes "
+            "(Setup: 'Class order')"
+        )
+    return None
 
 
 def _load_default() -> LoadedModel:
@@ -96,98 +154,236 @@ def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None
     )
 
 
-def _load_timm(name: str) -> LoadedModel:
+def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
+    import timm
+
+    _check_timm_name(name)
+    try:
+        model = timm.create_model(name, pretrained=True, **arch_kwargs)
+    except Exception as exc:
+        raise InputError(
+            f"could not load pretrained weights for timm model {name!r} "
+            f"({type(exc).__name__}: {_first_line(exc)}). Pretrained timm weights come from the "
+            "Hugging Face hub, so the machine must be online; offline, pass a checkpoint file "
+            f"instead (--model path/to/weights.safetensors --arch {name})."
+        ) from exc
+    _check_vit(model, f"timm model {name!r}")
+    return LoadedModel(
+        f"timm:{name}", model.eval(), model_preprocess(model), f"timm {name}, pretrained"
+    )
+
+
+def _check_timm_name(name: str) -> None:
     import timm
 
     if name not in timm.list_models():
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
+        raise InputError(
             f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), "
             f"not a file, and not a timm model name{hint}"
         )
-    try:
-        model = timm.create_model(name, pretrained=True)
-    except Exception as exc:
-        raise RuntimeError(
-            f"could not load pretrained weights for timm model {name!r} "
-            f"({type(exc).__name__}: {exc}). Pretrained timm weights come from the Hugging Face "
-            "hub, so the machine must be online; "
-            "offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
-            f"{name})."
-        ) from exc
-    head_layout(model)
-    return LoadedModel(
-        f"timm:{name}", model.eval(), timm_preprocess(model), f"timm {name}, pretrained"
-    )
 
 
-def _load_file(path: Path, arch: str | None, num_classes: int | None) -> LoadedModel:
-    from safetensors import safe_open
+def _check_vit(model: nn.Module, what: str) -> None:
+    """Refuse anything but a timm VisionTransformer whose heads Hydra Lab can read."""
+    from timm.models.vision_transformer import VisionTransformer
 
-    if path.suffix == ".safetensors":
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        if "vit_config" in meta:
-            from hydra_core.models.default import load_checkpoint, preprocess
-
-            model, _ = load_checkpoint(path)
-            return LoadedModel(
-                f"file:{path.name}", model, preprocess, f"Hydra Lab checkpoint {path}"
-            )
-    if arch is None:
-        raise ValueError(
-            f"{path} is not a Hydra Lab checkpoint, so its architecture is unknown: pass the "
-            "timm model name it was trained from (arch=..., CLI --arch)"
+    if not isinstance(model, VisionTransformer):
+        raise InputError(
+            f"{what} is a {type(model).__name__}, not a vision transformer: Hydra Lab analyses "
+            "the attention heads of timm VisionTransformers (ViT, DeiT, DINOv2); pass one of those"
         )
+    head_layout(model)  # refuses attention it cannot ablate (a norm or gate before proj)
+
+
+def _header(path: Path) -> dict[str, str]:
+    """The metadata of a safetensors file; a file that is not one is named, with the reason."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except (SafetensorError, OSError) as exc:
+        raise InputError(
+            f"cannot read {path}: not a valid safetensors file ({_first_line(exc)}); check that "
+            "it was copied completely, or re-save the weights with safetensors.torch.save_file"
+        ) from exc
+
+
+def _load_file(
+    path: Path, arch: str | None, arch_kwargs: dict, num_classes: int | None
+) -> LoadedModel:
+    meta = _header(path) if path.suffix == ".safetensors" else {}
+    if "vit_config" in meta and arch is None:
+        return _load_configured(path, meta)
+    if arch is None:
+        raise InputError(
+            f"{path} does not say which architecture it is (no 'vit_config' in its safetensors "
+            "header): pass the timm name it was built from, e.g. --arch vit_small_patch16_224, "
+            "with --arch-kwargs '{\"img_size\": 32, ...}' for settings other than the name's"
+        )
+    _check_timm_name(arch)
+    state = _read_state_dict(path)
+    head = state.get("head.weight")
+    if num_classes is None:
+        if head is None:
+            raise InputError(
+                f"{path} has no classifier (no head.weight tensor): Hydra Lab needs a model whose "
+                "outputs are the in-distribution classes; save the model with its trained head"
+            )
+        num_classes = int(head.shape[0])
     import timm
 
-    state = _read_state_dict(path)
-    if num_classes is None:
-        head = state.get("head.weight")
-        num_classes = int(head.shape[0]) if head is not None else 0
-    model = timm.create_model(arch, pretrained=False, num_classes=num_classes)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{path} does not fit timm {arch!r}: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    head_layout(model)
+    try:
+        model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **arch_kwargs)
+    except TypeError as exc:
+        raise InputError(
+            f"--arch-kwargs {json.dumps(arch_kwargs)} do not fit timm {arch!r}: {exc}"
+        ) from exc
+    _check_vit(model, f"--arch {arch}")
+    _load_weights(model, state, path, f"--arch {arch}")
     return LoadedModel(
-        f"file:{path.name}", model.eval(), timm_preprocess(model), f"{arch} from {path}"
+        f"file:{path.name}", model.eval(), model_preprocess(model), f"{arch} from {path}"
     )
+
+
+def _load_configured(path: Path, meta: dict[str, str]) -> LoadedModel:
+    """A checkpoint that carries its architecture: ``vit_config`` (timm ``VisionTransformer``
+    keyword arguments) in its header, and optionally ``preprocess`` (``mean``, ``std``) and
+    ``classes``; what :func:`~hydra_core.models.default.save_checkpoint` writes."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from hydra_core.models.default import MEAN, STD
+
+    try:
+        kwargs = json.loads(meta["vit_config"])
+        model = VisionTransformer(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"{path}: its 'vit_config' header is not a set of timm VisionTransformer arguments "
+            f"({_first_line(exc)})"
+        ) from exc
+    _check_vit(model, str(path))
+    _load_weights(model, _read_state_dict(path), path, f"its own vit_config {kwargs}")
+    # Checkpoints written by Hydra Lab's `train` before the header carried the normalisation
+    # were all normalised with Fashion-MNIST's statistics.
+    norm = json.loads(meta.get("preprocess", "null")) or {"mean": MEAN, "std": STD}
+    classes = json.loads(meta.get("classes", "null"))
+    return LoadedModel(
+        f"file:{path.name}",
+        model.eval(),
+        model_preprocess(model, mean=norm["mean"], std=norm["std"]),
+        f"ViT from {path} (configuration in the file)",
+        tuple(classes) if classes else None,
+    )
+
+
+def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path, arch: str) -> None:
+    """``load_state_dict(strict=True)``, with one line saying how the file and model differ."""
+    own = model.state_dict()
+    differ = [k for k in state if k in own and state[k].shape != own[k].shape]
+    if differ:
+        k = differ[0]
+        width = state.get("cls_token", state.get("pos_embed"))
+        held = f"; the file holds a ViT of width {width.shape[-1]}" if width is not None else ""
+        raise InputError(
+            f"{path} does not fit {arch}: {len(differ)} tensors differ in shape, e.g. {k} is "
+            f"{tuple(state[k].shape)} in the file and {tuple(own[k].shape)} in the model{held}; "
+            "choose the architecture the weights were trained as (--arch, --arch-kwargs)"
+        )
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise InputError(
+            f"{path} does not fit {arch}: {len(missing)} tensors missing (e.g. "
+            f"{', '.join(missing[:3]) or '-'}), {len(unexpected)} unexpected (e.g. "
+            f"{', '.join(unexpected[:3]) or '-'}); is it a timm ViT state dict of that "
+            "architecture?"
+        )
+    model.load_state_dict(state, strict=True)
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
-            return load_file(str(path))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+        _header(path)  # names a file that is not safetensors
+        state = load_file(str(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            # torch's own message ends in advice to unpickle with weights_only=False: never
+            # give that for a file of unknown origin.
+            raise InputError(
+                f"cannot read {path} as a checkpoint of tensors ({type(exc).__name__}); Hydra "
+                "Lab loads only tensors, never pickled code: save the state dict with "
+                "safetensors (safetensors.torch.save_file) or torch.save(model.state_dict())"
+            ) from exc
     for key in ("state_dict", "model", "module"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path} does not hold a state dict of tensors")
+        raise InputError(f"{path} does not hold a state dict of tensors")
+    if not any(k.startswith("blocks.") and k.endswith(".attn.qkv.weight") for k in state):
+        raise InputError(
+            f"{path} is not a timm ViT state dict: it has no blocks.N.attn.qkv weights (its "
+            f"tensors are named like {', '.join(list(state)[:3])}); Hydra Lab analyses the "
+            "attention heads of timm VisionTransformers"
+        )
     return state
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def parse_arch_kwargs(text: str | None) -> dict:
+    """Architecture keyword arguments written as JSON (``--arch-kwargs``, the Setup page) as a
+    dict; text that is not a JSON object is an :class:`InputError` that shows it."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"--arch-kwargs {text!r} is not JSON ({exc.msg}); e.g. '{{\"img_size\": 32}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise InputError(f"--arch-kwargs must be a JSON object of keyword arguments, got {text!r}")
+    return value
+
+
 def load_model(
-    source: str = "default", *, arch: str | None = None, num_classes: int | None = None, **options
+    source: str = "default",
+    *,
+    arch: str | None = None,
+    arch_kwargs: dict | None = None,
+    num_classes: int | None = None,
+    **options,
 ) -> LoadedModel:
     """Load a model by name or path.
 
     Args:
         source: ``"default"``, ``"dinov2-s"``, a timm model name (``vit_small_patch16_224``, needs
-            the network for pretrained weights; ``timm:`` prefix optional) or a checkpoint file
-            (a Hydra Lab ``.safetensors``, or any timm state dict with ``arch``).
-        arch: the timm architecture of a foreign checkpoint file.
+            the network for pretrained weights; ``timm:`` prefix optional) or a checkpoint file:
+            one that carries its configuration (``vit_config`` in its safetensors header, as
+            :func:`~hydra_core.models.default.save_checkpoint` writes), or any timm ViT state
+            dict with ``arch``.
+        arch: the timm architecture of a checkpoint file without a configuration.
+        arch_kwargs: keyword arguments for ``timm.create_model`` beside ``arch`` (or the timm
+            name), e.g. ``{"img_size": 32, "patch_size": 8}``.
         num_classes: classes of a foreign checkpoint (default: read from its ``head.weight``).
         options: passed to the DINOv2 loader (``img_size``, ``n_train``, ``progress``).
+
+    Raises:
+        InputError: the source does not exist, cannot be read, or is not a usable ViT; the
+            message names it and what to do.
     """
+    arch_kwargs = dict(arch_kwargs or {})
+    if source in ("default", "fmnist-vit-default", "dinov2-s", "dinov2") and (arch or arch_kwargs):
+        raise InputError(f"--arch and --arch-kwargs apply to checkpoint files, not to {source!r}")
     if source in ("default", "fmnist-vit-default"):
         return _load_default()
     if source in ("dinov2-s", "dinov2"):
@@ -195,6 +391,8 @@ def load_model(
     path = Path(source).expanduser()
     if path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.exists():
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint file {path} does not exist")
-        return _load_file(path, arch, num_classes)
-    return _load_timm(source.removeprefix("timm:"))
+            raise InputError(f"checkpoint file {path} does not exist")
+        return _load_file(path, arch, arch_kwargs, num_classes)
+    if arch:
+        raise InputError(f"--arch is for checkpoint files; {source!r} is not a file")
+    return _load_timm(source.removeprefix("timm:"), arch_kwargs)

@@ -1,0 +1,232 @@
+"""A user's own files and options, wrong in the ways users get them wrong: each case ends in one
+line that names the input and the fix (exit code 2), or a warning, never in a traceback or a
+silently wrong number. The table in the README ("Bad inputs") lists these cases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from hydra_core.cli import main
+from hydra_core.errors import InputError
+from hydra_core.models.default import save_checkpoint
+from hydra_core.models.registry import load_model
+
+DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    """Exit code and stderr of one command (its stdout stays in ``run.out``)."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    run.out = captured.out
+    return code, captured.err
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def save_state(model: torch.nn.Module, path) -> str:
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return str(path)
+
+
+def tiny_timm_vit(**kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        **{"img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10, **kwargs},
+    ).eval()
+
+
+TINY_KWARGS = '{"img_size": 32, "patch_size": 8, "depth": 2}'
+
+
+# --- model files --------------------------------------------------------------------------------
+
+
+def test_vit_without_classifier_is_refused(tmp_path, capsys):
+    path = save_state(tiny_timm_vit(num_classes=0), tmp_path / "features.safetensors")
+    code, err = run(
+        capsys, "eval", "--model", path, "--arch", "vit_tiny_patch16_224",
+        "--arch-kwargs", TINY_KWARGS, *DATA,
+    )  # fmt: skip
+    assert code == 2
+    assert "has no classifier" in one_error_line(err) and path in err
+
+
+def test_model_outputs_must_be_the_id_classes(tmp_path, capsys):
+    path = save_state(tiny_timm_vit(num_classes=7), tmp_path / "seven.safetensors")
+    code, err = run(
+        capsys, "eval", "--model", path, "--arch", "vit_tiny_patch16_224",
+        "--arch-kwargs", TINY_KWARGS, *DATA,
+    )  # fmt: skip
+    assert code == 2
+    assert "has 7 outputs but the ID set 'fashion_mnist'" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "content, suffix, expected",
+    [
+        (b"\xff" * 1000, ".safetensors", "not a valid safetensors file"),
+        (b"not a pickle" * 20, ".pt", "never pickled code"),
+    ],
+)
+def test_garbage_file_is_named(tmp_path, capsys, content, suffix, expected):
+    path = tmp_path / f"garbage{suffix}"
+    path.write_bytes(content)
+    code, err = run(capsys, "eval", "--model", str(path), "--arch", "vit_tiny_patch16_224", *DATA)
+    line = one_error_line(err)
+    assert code == 2 and expected in line and str(path) in line
+    assert "weights_only=False" not in err  # never advise unpickling an untrusted file
+
+
+def test_not_a_vit_state_dict(tmp_path, capsys):
+    path = save_state(timm.create_model("resnet18", num_classes=10), tmp_path / "r18.safetensors")
+    code, err = run(capsys, "eval", "--model", path, "--arch", "resnet18", *DATA)
+    assert code == 2 and "is not a timm ViT state dict" in one_error_line(err)
+
+
+def test_wrong_architecture_size_says_the_width(tmp_path, capsys):
+    path = save_state(tiny_timm_vit(embed_dim=96, num_heads=3), tmp_path / "w96.safetensors")
+    code, err = run(
+        capsys, "eval", "--model", path, "--arch", "vit_tiny_patch16_224",
+        "--arch-kwargs", TINY_KWARGS, *DATA,
+    )  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and "tensors differ in shape" in line and "width 96" in line
+    assert "size mismatch" not in err  # not torch's table
+
+
+def test_bad_arch_kwargs(tmp_path, capsys):
+    path = save_state(tiny_timm_vit(), tmp_path / "t.safetensors")
+    code, err = run(
+        capsys, "eval", "--model", path, "--arch", "vit_tiny_patch16_224",
+        "--arch-kwargs", "{img_size: 32}", *DATA,
+    )  # fmt: skip
+    assert code == 2 and "is not JSON" in one_error_line(err)
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    path = tmp_path / "garbage.safetensors"
+    path.write_bytes(b"\xff" * 100)
+    with pytest.raises(InputError, match="not a valid safetensors file"):
+        main(["eval", "--model", str(path), "--arch", "vit_tiny_patch16_224", "--debug", *DATA])
+
+
+def test_ctrl_c_says_progress_is_saved(monkeypatch, capsys, checkpoint):
+    import hydra_core.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hydra_core.evaluate, "evaluate_model", interrupted)
+    code, err = run(capsys, "eval", "--model", checkpoint, *DATA)
+    assert code == 130
+    assert err.strip() == "stopped; progress saved, run again to resume"
+
+
+# --- a ViT of one's own configuration, loaded both ways -----------------------------------------
+
+
+CUSTOM = dict(img_size=32, patch_size=8, in_chans=3, depth=2, init_values=1e-2, global_pool="avg")
+
+
+def test_custom_vit_by_name_and_arch_kwargs(tmp_path):
+    model = tiny_timm_vit(**CUSTOM)
+    path = save_state(model, tmp_path / "custom.safetensors")
+    loaded = load_model(
+        path, arch="vit_tiny_patch16_224", arch_kwargs={k: v for k, v in CUSTOM.items()}
+    )
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    x = loaded.preprocess(images)
+    assert x.shape == (4, 3, 32, 32)  # the model's own size, not the 224 of the name
+    with torch.no_grad():
+        assert torch.equal(loaded.model(x), model(x))
+
+
+def test_checkpoint_carrying_its_config_loads_with_no_flags(tmp_path):
+    model = tiny_timm_vit(**CUSTOM)
+    arch = {**CUSTOM, "num_classes": 10, "embed_dim": 192, "num_heads": 3}
+    path = tmp_path / "own.safetensors"
+    save_checkpoint(
+        model, path, arch, preprocess={"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]},
+        classes=[f"c{i}" for i in range(10)],
+    )  # fmt: skip
+    loaded = load_model(str(path))
+    assert loaded.classes == tuple(f"c{i}" for i in range(10))
+    images = torch.full((2, 1, 20, 20), 255, dtype=torch.uint8)  # grey, another size
+    x = loaded.preprocess(images)
+    assert x.shape == (2, 3, 32, 32)
+    assert torch.allclose(x[0, :, 0, 0], torch.tensor([2.5, 3.0, 3.5]))  # (1 - mean) / std
+    with torch.no_grad():
+        assert torch.equal(loaded.model(x), model(x))
+
+
+def test_custom_config_on_the_command_line(tmp_path, capsys):
+    model = tiny_timm_vit(**{**CUSTOM, "in_chans": 1})
+    path = tmp_path / "own.safetensors"
+    save_checkpoint(model, path, {**CUSTOM, "in_chans": 1, "num_classes": 10, "embed_dim": 192,
+                                  "num_heads": 3})  # fmt: skip
+    assert main(["eval", "--model", str(path), *DATA, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["layers"] == 2 and out["id"]["n"] == 24
+
+
+# --- ID folders ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def numbered_folder(tmp_path_factory):
+    """Fashion-MNIST test images in class folders c1 ... c10 (c1 = class 0)."""
+    from hydra_core.data.fashion_mnist import load_fashion_mnist
+
+    root = tmp_path_factory.mktemp("numbered")
+    test = load_fashion_mnist("test")
+    for label in range(10):
+        folder = root / f"c{label + 1}"
+        folder.mkdir()
+        for i in (test.labels == label).nonzero().flatten()[:6].tolist():
+            Image.fromarray(test.images[i, 0].numpy()).save(folder / f"{i}.png")
+    return root
+
+
+def test_numbered_class_folders_out_of_order_warn(numbered_folder, capsys):
+    code, err = run(capsys, "info", "--id-folder", str(numbered_folder), *DATA[:4], "--ood",
+                    "noise", "--n-report", "30")  # fmt: skip
+    assert code == 0
+    assert "not in number order (c1, c2, c3, ...)" in err and "--classes" in err
+
+
+def test_explicit_class_order(numbered_folder, capsys):
+    order = ",".join(f"c{i}" for i in range(1, 11))
+    code, err = run(capsys, "info", "--id-folder", str(numbered_folder), "--classes", order,
+                    *DATA, "--json")  # fmt: skip
+    assert code == 0 and "number order" not in err
+    assert json.loads(run.out)["id_accuracy"] > 0.5  # in text order it is near chance
+
+
+def test_unknown_class_folder_is_an_error(numbered_folder, capsys):
+    code, err = run(capsys, "info", "--id-folder", str(numbered_folder), "--classes", "c1,c2",
+                    *DATA)  # fmt: skip
+    assert code == 2 and "are not among the classes given" in one_error_line(err)
+
+
+def test_folder_with_fewer_classes_warns(tmp_path, capsys):
+    for name in ("a", "b"):
+        (tmp_path / "two" / name).mkdir(parents=True)
+        for i in range(4):
+            pixels = np.full((28, 28), 40 * i, dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "two" / name / f"{i}.png")
+    code, err = run(capsys, "info", "--id-folder", str(tmp_path / "two"), *DATA)
+    assert code == 0 and "has 2 classes and fmnist-vit-default 10 outputs" in err

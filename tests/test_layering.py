@@ -1,0 +1,121 @@
+"""The engine's import graph: no circles, and no module importing from a layer above its own.
+
+Imports inside functions count too: a lazy import is still a dependency, only a later one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hydra_core
+
+PACKAGE_DIR = Path(hydra_core.__file__).parent
+
+#: lowest first; a module may import from its own layer and the layers below
+LAYERS = (
+    ("hydra_core.types", "hydra_core.paths", "hydra_core.errors", "hydra_core.files"),
+    ("hydra_core.cache", "hydra_core.metrics"),
+    ("hydra_core.data",),
+    ("hydra_core.inference",),
+    ("hydra_core.models", "hydra_core.masks"),
+    ("hydra_core.evaluate",),
+    ("hydra_core.analysis",),
+    ("hydra_core.hydra",),
+    ("hydra_core.report",),
+    ("hydra_core.cli", "hydra_core.__main__"),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every hydra_core module that ``module`` imports, at any depth of its code."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("hydra_core")}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {
+        _module_name(p): p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts
+    }
+    graph = {}
+    for name, path in modules.items():
+        if name == "hydra_core":
+            continue  # the facade of lazy public exports, above everything
+        targets = set()
+        for imported in _imports(path, name):
+            # `from hydra_core.x import y` names module x.y when it exists, else x
+            while imported not in modules and "." in imported:
+                imported = imported.rpartition(".")[0]
+            if imported in modules and imported not in (name, "hydra_core"):
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _layer(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+
+
+GRAPH = _graph()
+
+
+def test_every_module_has_a_layer():
+    for module in GRAPH:
+        _layer(module)
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_no_upward_import(module):
+    upward = sorted(t for t in GRAPH[module] if _layer(t) > _layer(module))
+    assert not upward, f"{module} imports from a higher layer: {upward}"
+
+
+def test_no_import_circle():
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in GRAPH.get(node, ()):
+                if nxt == start:
+                    return [*path, start]
+                # a package importing its own submodules is how packages work, not a circle
+                if nxt not in seen and not nxt.startswith(start + "."):
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    circles = {tuple(c) for m in GRAPH if (c := cycle_from(m))}
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in sorted(circles))
+
+
+def test_engine_never_imports_the_app():
+    for path in PACKAGE_DIR.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        bad = {n for n in names if n.split(".")[0] in ("streamlit", "hydra_ui", "pages")}
+        assert not bad, f"{path} imports {sorted(bad)}"
