@@ -18,6 +18,7 @@ _EXPORTS = {
         "head_cls_features",
     ),
     "hydra_core.analysis.taylor": ("taylor_prune", "taylor_scores"),
+    "hydra_core.analysis.importance": ("importance_maps",),
     "hydra_core.analysis.cahp": ("cahp_select",),
     "hydra_core.cache": ("DiskCache",),
     "hydra_core.data.benchmark": ("Benchmark", "default_benchmark"),

@@ -12,13 +12,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from hydra_core.analysis.greedy import (
-    GREEDY_CACHE_KIND,
-    OBJECTIVES,
-    GreedyResult,
-    greedy_cache_key,
-    single_head_importance,
-)
+from hydra_core.analysis.greedy import GreedyResult, saved_searches, single_head_importance
 from hydra_core.analysis.inputs import SearchInputs, search_inputs
 from hydra_core.analysis.representations import (
     centroid_distances,
@@ -27,11 +21,7 @@ from hydra_core.analysis.representations import (
     project_features,
 )
 from hydra_core.analysis.taylor import taylor_scores
-from hydra_core.cache import cache_key
 from hydra_ui.context import Context, disk_cache
-
-TAYLOR_CACHE_KIND = "taylor"
-TAYLOR_VERSION = "taylor-1"
 
 
 @st.cache_resource(show_spinner="Preparing the search split...", max_entries=4)
@@ -47,19 +37,8 @@ def search_data(context: Context) -> SearchInputs:
 def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:
     """The greedy searches saved in the disk cache for this model and search split, by objective
     (finished or interrupted; read fresh each time, since a running search extends them)."""
-    runs = {}
-    for objective in OBJECTIVES:
-        key = greedy_cache_key(
-            context.loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x, objective
-        )
-        data = disk_cache().load(GREEDY_CACHE_KIND, key)
-        if data is None:
-            continue
-        try:
-            runs[objective] = GreedyResult.from_dict(data)
-        except ValueError:
-            continue  # a malformed entry: greedy_circuit replaces it on the next run
-    return runs
+    model = context.loaded.model
+    return saved_searches(model, inputs.id_x, inputs.id_y, inputs.ood_x, disk_cache())
 
 
 @st.cache_data(show_spinner="Ablating every head on its own...", max_entries=4)
@@ -76,11 +55,8 @@ def single_head(setup_key: str, _context: Context, _inputs: SearchInputs) -> dic
 )
 def taylor(setup_key: str, n_samples: int, _context: Context, _inputs: SearchInputs) -> np.ndarray:
     """Taylor importance (L, H) on the first ``n_samples`` ID search images."""
-    model = _context.loaded.model
     x, y = _inputs.id_x[:n_samples], _inputs.id_y[:n_samples]
-    key = cache_key(TAYLOR_VERSION, _context.loaded.fingerprint(), x, y)
-    scores = disk_cache().get_or_compute(TAYLOR_CACHE_KIND, key, lambda: taylor_scores(model, x, y))
-    return scores.double().numpy()
+    return taylor_scores(_context.loaded.model, x, y, cache=disk_cache()).double().numpy()
 
 
 @st.cache_resource(show_spinner="Reading every head's CLS output...", max_entries=4)

@@ -5,7 +5,8 @@ import copy
 import pandas as pd
 import streamlit as st
 
-from hydra_core.analysis.greedy import greedy_circuit
+from hydra_core.analysis.greedy import OBJECTIVES as SEARCH_ORDER
+from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
@@ -26,13 +27,32 @@ def evaluations(steps: int, total: int) -> int:
     return steps * total - steps * (steps - 1) // 2
 
 
+def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
+    """The saved searches by objective: read from the disk cache once per setup, then kept up to
+    date from the search job (its latest step while it runs, its result once it ended) rather
+    than read and hashed again on every rerun."""
+    store = results()
+    if "searches" not in store:
+        store["searches"] = stored_greedy_runs(context, inputs)
+    if job is not None and job.info["extends"]:
+        latest = job.result if job.result is not None else getattr(job.progress, "result", None)
+        if latest is not None:
+            store["searches"][job.info["objective"]] = latest
+    return {o: store["searches"][o] for o in SEARCH_ORDER if o in store["searches"]}
+
+
 def start_search(
-    context, inputs, objective: str, budget: int, resume: bool, done_before: int
+    context, inputs, objective: str, budget: int, resume: bool, previous: GreedyResult | None
 ) -> None:
+    """Run the search in a background job. It starts from ``previous`` (the saved search for
+    ``objective``) when ``resume``; a saved search at least ``budget`` long only gives a prefix,
+    and stays the saved one."""
     # The search gets its own copy: heads other pages ablate with hooks on the shared model
     # while it runs must not reach it. The copy has the same weights, so the same cache key.
     model = copy.deepcopy(context.loaded.model)
     total = head_layout(model).total_heads
+    continued = resume and previous is not None
+    done_before = min(previous.steps, budget) if continued else 0
 
     def work(job):
         job.begin(evaluations(budget, total), evaluations(done_before, total))
@@ -49,7 +69,9 @@ def start_search(
             progress=lambda step: job.report(step, done=evaluations(step.step + 1, total)),
         )
 
-    results()["jobs"][JOB] = start_job(JOB, work, {"objective": objective, "budget": budget})
+    extends = not continued or previous.steps < budget
+    info = {"objective": objective, "budget": budget, "extends": extends}
+    results()["jobs"][JOB] = start_job(JOB, work, info)
 
 
 @st.fragment(run_every=1.5)
@@ -108,7 +130,7 @@ with show_error("Could not run the head search"):
     total = layout.total_heads
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
-    stored = stored_greedy_runs(context, inputs)
+    stored = saved_searches_shown(context, inputs, job)
 
     st.caption(
         f"Search split: {inputs.describe()} (sizes are set on the Setup page). "
@@ -129,14 +151,7 @@ with show_error("Could not run the head search"):
     previous = stored.get(objective)
     b1, b2, _ = st.columns([1, 1, 4])
     if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
-        start_search(
-            context,
-            inputs,
-            objective,
-            budget,
-            resume=not fresh,
-            done_before=0 if fresh or previous is None else min(previous.steps, budget),
-        )
+        start_search(context, inputs, objective, budget, resume=not fresh, previous=previous)
         st.rerun()
     can_resume = previous is not None and not previous.complete and previous.steps < previous.budget
     if b2.button(
@@ -145,9 +160,7 @@ with show_error("Could not run the head search"):
         disabled=running or not can_resume,
         help="Continue the interrupted search for this objective up to its budget",
     ):
-        start_search(
-            context, inputs, objective, previous.budget, resume=True, done_before=previous.steps
-        )
+        start_search(context, inputs, objective, previous.budget, resume=True, previous=previous)
         st.rerun()
 
     if running:

@@ -97,7 +97,7 @@ def test_search_importance_represent(checkpoint, tmp_path, capsys):
     for name in ("delta_accuracy", "delta_auroc", "taylor", "greedy_avg_step"):
         assert pd.read_csv(imp / f"{name}.csv", index_col=0).shape == (2, 4)
     spearman = pd.read_csv(imp / "spearman.csv", index_col=0)
-    assert spearman.loc["taylor", "taylor"] == pytest.approx(1.0)
+    assert spearman.loc["Taylor", "Taylor"] == pytest.approx(1.0)
 
     rep = tmp_path / "represent"
     assert (

@@ -17,6 +17,8 @@ from hydra_core.analysis import (
     batched_auroc,
     greedy_cache_key,
     greedy_circuit,
+    load_greedy,
+    saved_searches,
     single_head_importance,
 )
 from hydra_core.analysis._suffix import SuffixEvaluator
@@ -391,6 +393,38 @@ def test_corrupt_or_foreign_cache_entries_are_recomputed(resume_setup, data, tmp
     )
     assert seen == [0, 1, 2]
     assert_identical(fresh, full.prefix(3))
+
+
+def test_saved_searches_are_read_back_without_running(resume_setup, data, tmp_path):
+    model, full = resume_setup
+    cache = DiskCache(tmp_path)
+    assert saved_searches(model, *data, cache) == {}
+    greedy_circuit(model, *data, objective="avg", budget=3, cache=cache)
+    stopped = greedy_circuit(
+        model, *data, objective="acc", budget=5, cache=cache, should_stop=lambda: True
+    )
+    found = saved_searches(model, *data, cache)
+    assert list(found) == ["acc", "avg"]  # the order of OBJECTIVES; "ood" was never run
+    assert_identical(found["avg"], full.prefix(3))
+    assert (found["acc"].steps, found["acc"].budget, found["acc"].complete) == (0, 5, False)
+    assert found["acc"].base_score == stopped.base_score
+    assert_identical(load_greedy(model, *data, "avg", cache), full.prefix(3))
+    assert load_greedy(model, *data, "ood", cache) is None
+    other_data = make_data(seed=1)
+    assert saved_searches(model, *other_data, cache) == {}
+    with pytest.raises(ValueError, match="objective must be one of acc, ood, avg"):
+        load_greedy(model, *data, "best", cache)
+
+
+def test_load_greedy_removes_a_foreign_entry(resume_setup, data, tmp_path):
+    model, _ = resume_setup
+    cache = DiskCache(tmp_path)
+    acc = greedy_circuit(model, *data, objective="acc", budget=2, cache=cache)
+    key = greedy_cache_key(model, *data, "avg", "fast")
+    cache.save(GREEDY_CACHE_KIND, key, acc.to_dict())  # an "acc" search under the "avg" key
+    assert load_greedy(model, *data, "avg", cache) is None
+    assert not cache.path(GREEDY_CACHE_KIND, key).exists()
+    assert list(saved_searches(model, *data, cache)) == ["acc"]
 
 
 # --- the result object ----------------------------------------------------------------------------

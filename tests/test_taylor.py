@@ -6,7 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hydra_core.analysis.taylor import taylor_global_ranking, taylor_prune, taylor_scores
+from hydra_core.analysis import taylor
+from hydra_core.analysis.taylor import (
+    TAYLOR_CACHE_KIND,
+    TAYLOR_VERSION,
+    taylor_global_ranking,
+    taylor_prune,
+    taylor_scores,
+)
+from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.models.adapter import ablate, head_layout, prune_heads
 from tests.conftest import make_tiny_vit
 
@@ -112,3 +120,35 @@ def test_a_layer_without_heads_scores_nan(model, data):
     assert torch.isnan(scores[0]).all()
     expected = taylor_scores(model, x, y, keep=keep, batch_size=64)[keep]
     torch.testing.assert_close(scores[1, :3], expected, rtol=1e-4, atol=1e-10)
+
+
+def test_cache_serves_a_second_call_and_keys_by_weights_samples_and_mask(
+    model, data, tmp_path, monkeypatch
+):
+    x, y = data
+    cache = DiskCache(tmp_path)
+    computed = []
+    real = taylor._scores
+
+    def counting(*args):
+        computed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(taylor, "_scores", counting)
+    first = taylor_scores(model, x, y, batch_size=64, cache=cache)
+    again = taylor_scores(model, x, y, batch_size=7, cache=cache)  # batch size is not in the key
+    assert len(computed) == 1 and torch.equal(first, again)
+    torch.testing.assert_close(first, taylor_scores(model, x, y, batch_size=64))
+    # the key the app used before the cache moved into taylor_scores: old entries stay valid
+    old_key = cache_key(TAYLOR_VERSION, model_fingerprint(model), x, y)
+    assert cache.path(TAYLOR_CACHE_KIND, old_key).exists()
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 1] = False
+    masked = taylor_scores(model, x, y, keep=keep, cache=cache)
+    assert len(computed) == 3 and torch.isnan(masked[0, 1])
+    cached = taylor_scores(model, x, y, keep=keep, cache=cache)
+    torch.testing.assert_close(cached, masked, rtol=0, atol=0, equal_nan=True)
+    taylor_scores(model, x[:10], y[:10], cache=cache)
+    assert len(computed) == 4
+    assert len(list((tmp_path / TAYLOR_CACHE_KIND).glob("*.pt"))) == 3

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -69,15 +68,16 @@ def class_token_pooling(model: nn.Module) -> bool:
     )
 
 
-def _layer_scale(module: nn.Module) -> torch.Tensor | None | bool:
-    """The per-channel scale of timm's LayerScale, None for Identity, False for anything else."""
+def _layer_scale(module: nn.Module) -> torch.Tensor | None:
+    """What a block's ``ls1``/``ls2`` multiplies its input by: timm LayerScale's gamma (d,), a
+    scalar one for Identity; None for any other module, which the MLP fold cannot see through."""
     if isinstance(module, nn.Identity):
-        return None
+        return torch.ones(())
     from timm.layers.layer_scale import LayerScale
 
     if type(module).forward is LayerScale.forward:
         return module.gamma.detach()
-    return False
+    return None
 
 
 @dataclass
@@ -97,10 +97,10 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
     from timm.layers.mlp import Mlp
 
     norm, mlp = block.norm2, block.mlp
-    g1 = _layer_scale(block.ls1)
+    scale1 = _layer_scale(block.ls1)
     if (
-        g1 is False
-        or _layer_scale(block.ls2) is False
+        scale1 is None
+        or _layer_scale(block.ls2) is None
         or type(mlp).forward is not Mlp.forward
         or not isinstance(norm, nn.LayerNorm)
         or not isinstance(mlp.norm, nn.Identity)
@@ -121,7 +121,7 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
     gamma = exact(norm.weight) if norm.weight is not None else w1.new_ones(d)
     beta = exact(norm.bias) if norm.bias is not None else w1.new_zeros(d)
     b1 = exact(mlp.fc1.bias) if mlp.fc1.bias is not None else w1.new_zeros(w1.shape[0])
-    out = exact(head_out) * (1.0 if g1 is None else exact(g1))  # (H, d_k, d)
+    out = exact(head_out) * exact(scale1)  # (H, d_k, d)
     w1g = w1 * gamma  # (hidden, d)
     return _MlpFold(
         head_out=back(out),
@@ -131,6 +131,62 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
         bias=back(w1 @ beta + b1),
         eps=float(norm.eps),
     )
+
+
+@dataclass
+class _BlockView:
+    """A block with some heads cut out of its attention; the other parts are the block's own."""
+
+    norm1: nn.Module
+    attn: nn.Module  # :func:`prune_attention` of the block's attention
+    ls1: nn.Module
+    norm2: nn.Module
+    mlp: nn.Module
+    ls2: nn.Module
+
+
+@dataclass
+class _ClsWeights:
+    """The last block's q, k and v weights per head, for the CLS-query-only attention."""
+
+    q_weight: torch.Tensor  # (H * d_k, d)
+    q_bias: torch.Tensor  # (H * d_k,)
+    k_weight: torch.Tensor  # (H, d_k, d)
+    k_bias: torch.Tensor  # (H, d_k)
+    v_weight: torch.Tensor  # (H, d_k, d)
+    v_bias: torch.Tensor  # (H, d_k)
+
+
+@dataclass
+class _Shared:
+    """What every candidate of one layer shares, for one chunk of s samples."""
+
+    z: torch.Tensor  # (s, Nq, Hk, d_k): the kept heads' outputs
+
+
+@dataclass
+class _LoneHead(_Shared):
+    """The layer keeps one head: ablating it leaves W_O's bias as the whole attention output."""
+
+    x: torch.Tensor  # (s, Nq, d): the stream entering the block, its query rows
+    bias_only: torch.Tensor  # (s, Nq, d): W_O's bias (zeros without one)
+
+
+@dataclass
+class _SharedAttention(_Shared):
+    """Any block: a candidate's attention output is ``attn`` minus its head's share."""
+
+    x: torch.Tensor  # (s, Nq, d): the stream entering the block, its query rows
+    attn: torch.Tensor  # (s, Nq, d): the projected attention output of all kept heads
+
+
+@dataclass
+class _SharedMlpInput(_Shared):
+    """A foldable block (:class:`_MlpFold`): a candidate costs a rank-d_k update of ``f``."""
+
+    mid: torch.Tensor  # (s, N, d): the residual after the attention of all kept heads
+    f: torch.Tensor  # (s, N, hidden): W1 gamma centre(mid)
+    fold: _MlpFold
 
 
 def _even_chunks(total: int, most: int) -> list[slice]:
@@ -156,13 +212,14 @@ class SuffixEvaluator:
         self.model = model
         self.layout = head_layout(model)
         self.blocks = list(model.blocks)
-        self.last = len(self.blocks) - 1
+        self.last_layer = len(self.blocks) - 1
         self.cls_only = class_token_pooling(model)
         self.device = inputs.device
         self.num_samples = len(inputs)
         self.kept = [list(range(n)) for n in self.layout.num_heads]  # original head indices kept
-        self.views = list(self.blocks)  # each block with its removed heads cut out
-        self._cls_weights: dict[int, tuple] = {}
+        # Each block with its removed heads cut out (the block itself while it keeps them all).
+        self.views: list[nn.Module | _BlockView] = list(self.blocks)
+        self._cls_weights: dict[int, _ClsWeights] = {}
         dk, d = self.layout.head_dim, self.layout.embed_dim
         # Each head's W_O column block, transposed: (H, d_k, d), so that Z_h @ head_out[h] is the
         # head's share of the projected attention output.
@@ -181,7 +238,7 @@ class SuffixEvaluator:
         self.chunks = _even_chunks(self.num_samples, self.pairs_full)
         # The stream entering each layer (S, N, d) under the current mask, and the logits (S, K).
         self.xs: list[torch.Tensor] = [torch.cat([embed(model, inputs[c]) for c in self.chunks])]
-        self.xs += [torch.empty(0)] * self.last
+        self.xs += [torch.empty(0)] * self.last_layer
         self.logits = torch.empty(0)
         self._refresh(0)
 
@@ -212,7 +269,7 @@ class SuffixEvaluator:
             self.views[layer] = block
             return
         attn = prune_attention(block.attn, torch.tensor(kept, dtype=torch.long))
-        self.views[layer] = SimpleNamespace(
+        self.views[layer] = _BlockView(
             norm1=block.norm1,
             attn=attn,
             ls1=block.ls1,
@@ -223,9 +280,9 @@ class SuffixEvaluator:
 
     def _refresh(self, start: int) -> None:
         """Recompute the streams after layer ``start`` and the logits."""
-        for layer in range(start, self.last + 1):
+        for layer in range(start, self.last_layer + 1):
             out = torch.cat([self._layer(layer, self.xs[layer][c]) for c in self.chunks])
-            if layer < self.last:
+            if layer < self.last_layer:
                 self.xs[layer + 1] = out
             else:
                 self.logits = torch.cat([classify(self.model, out[c]) for c in self.chunks])
@@ -233,7 +290,7 @@ class SuffixEvaluator:
     # --- one block --------------------------------------------------------------------------
 
     def _query_rows(self, layer: int) -> slice | None:
-        return slice(0, 1) if self.cls_only and layer == self.last else None
+        return slice(0, 1) if self.cls_only and layer == self.last_layer else None
 
     def _heads(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """(B, N, d) stream -> (B, Nq, Hk, d_k): the kept heads' outputs."""
@@ -256,26 +313,28 @@ class SuffixEvaluator:
             w = attn.qkv.weight.detach().reshape(3, h, dk, -1)  # (q|k|v, H, d_k, d)
             bias = attn.qkv.bias
             bias = bias.detach().reshape(3, h, dk) if bias is not None else w.new_zeros(3, h, dk)
-            self._cls_weights[layer] = (
-                w[0].reshape(h * dk, -1).contiguous(),
-                bias[0].reshape(-1),
-                w[1].contiguous(),
-                bias[1],
-                w[2].contiguous(),
-                bias[2],
+            self._cls_weights[layer] = _ClsWeights(
+                q_weight=w[0].reshape(h * dk, -1).contiguous(),
+                q_bias=bias[0].reshape(-1),
+                k_weight=w[1].contiguous(),
+                k_bias=bias[1],
+                v_weight=w[2].contiguous(),
+                v_bias=bias[2],
             )
-        wq, bq, wk, bk, wv, bv = self._cls_weights[layer]
+        cls = self._cls_weights[layer]
         normed = self.views[layer].norm1(x)  # (B, N, d)
-        q = attn.q_norm(F.linear(normed[:, 0], wq, bq).reshape(b, h, 1, dk))[:, :, 0]  # (B, H, d_k)
-        q = q * dk**-0.5
+        q = F.linear(normed[:, 0], cls.q_weight, cls.q_bias).reshape(b, h, 1, dk)
+        q = attn.q_norm(q)[:, :, 0] * dk**-0.5  # (B, H, d_k)
         if isinstance(attn.k_norm, nn.Identity):
-            query = torch.bmm(q.transpose(0, 1), wk).transpose(0, 1)  # (B, H, d)
+            query = torch.bmm(q.transpose(0, 1), cls.k_weight).transpose(0, 1)  # (B, H, d)
             scores = torch.bmm(query, normed.transpose(1, 2))  # (B, H, N)
             mixed = torch.bmm(scores.softmax(-1), normed)  # (B, H, d)
-            z = torch.bmm(mixed.transpose(0, 1), wv.transpose(1, 2)) + bv[:, None]  # (H, B, d_k)
+            z = torch.bmm(mixed.transpose(0, 1), cls.v_weight.transpose(1, 2))  # (H, B, d_k)
+            z = z + cls.v_bias[:, None]
             return z.transpose(0, 1)[:, None]
-        k = attn.k_norm(torch.einsum("bnd,hkd->bhnk", normed, wk) + bk[:, None])  # (B, H, N, d_k)
-        v = torch.einsum("bnd,hkd->bhnk", normed, wv) + bv[:, None]
+        k = torch.einsum("bnd,hkd->bhnk", normed, cls.k_weight) + cls.k_bias[:, None]
+        k = attn.k_norm(k)  # (B, H, N, d_k)
+        v = torch.einsum("bnd,hkd->bhnk", normed, cls.v_weight) + cls.v_bias[:, None]
         weights = torch.einsum("bhk,bhnk->bhn", q, k).softmax(-1)
         return torch.einsum("bhn,bhnk->bhk", weights, v)[:, None]
 
@@ -294,7 +353,7 @@ class SuffixEvaluator:
 
     def _suffix(self, start: int, x: torch.Tensor) -> torch.Tensor:
         """Run blocks ``start``.. on (B, N, d) and classify: (B, K)."""
-        for layer in range(start, self.last + 1):
+        for layer in range(start, self.last_layer + 1):
             x = self._layer(layer, x)
         return classify(self.model, x)
 
@@ -330,7 +389,7 @@ class SuffixEvaluator:
                     )
             yield [(layer, h) for h in kept], logits
 
-    def _shared(self, layer: int, x: torch.Tensor) -> SimpleNamespace:
+    def _shared(self, layer: int, x: torch.Tensor) -> _Shared:
         """What every candidate of ``layer`` shares for the samples ``x`` (s, N, d)."""
         rows = self._query_rows(layer)
         z = self._heads(layer, x)  # (s, Nq, Hk, d_k)
@@ -338,51 +397,47 @@ class SuffixEvaluator:
         x = x if rows is None else x[:, rows]
         fold = self.folds[layer] if rows is None else None
         if len(self.kept[layer]) == 1:
-            # Removing a layer's last head leaves exactly W_O's bias, as in the plain forward
+            # Removing the layer's only kept head leaves exactly W_O's bias, as in the plain forward
             # (where e.g. a model without heads gives every sample bit-identical logits).
             bias = self.views[layer].attn.proj.bias
-            only_bias = (
+            bias_only = (
                 attn.new_zeros(attn.shape) if bias is None else bias.detach().expand(attn.shape)
             )
-            return SimpleNamespace(z=z, x=x, attn=only_bias, fold=None, last=True)
+            return _LoneHead(z=z, x=x, bias_only=bias_only)
         if fold is None:
-            return SimpleNamespace(z=z, x=x, attn=attn, fold=None, last=False)
+            return _SharedAttention(z=z, x=x, attn=attn)
         mid = x + self.views[layer].ls1(attn)  # (s, N, d), the residual after the attention
         centred = mid - mid.mean(-1, keepdim=True)
         f = F.linear(centred, fold.w1g)  # (s, N, hidden)
-        return SimpleNamespace(z=z, x=x, mid=mid, f=f, fold=fold, last=False)
+        return _SharedMlpInput(z=z, mid=mid, f=f, fold=fold)
 
     def _candidates_pass(
-        self, layer: int, shared: SimpleNamespace, position: torch.Tensor, heads: torch.Tensor
+        self, layer: int, shared: _Shared, position: torch.Tensor, heads: torch.Tensor
     ) -> torch.Tensor:
-        """Logits (c, s, K) of one chunk of samples with each of c heads of ``layer`` ablated."""
+        """Logits (c, s, K) of one chunk of samples with each of c heads of ``layer`` ablated
+        (``position``: their indices among the kept heads; ``heads``: their original indices)."""
         z = shared.z.index_select(2, position)  # (s, Nq, c, d_k)
         s, nq, c, dk = z.shape
         z = z.permute(2, 0, 1, 3).reshape(c, s * nq, dk)  # (c, s*Nq, d_k)
-        fold = shared.fold
-        if shared.last:
-            x = block_rest(self.views[layer], shared.x, shared.attn)  # (s, Nq, d), c = 1
-        elif fold is None:
-            delta = torch.bmm(
-                z, self.head_out[layer][heads]
-            )  # (c, s*Nq, d): W_O share of each head
+        view = self.views[layer]
+        if isinstance(shared, _LoneHead):
+            x = block_rest(view, shared.x, shared.bias_only)  # (s, Nq, d), c = 1
+        elif isinstance(shared, _SharedAttention):
+            delta = torch.bmm(z, self.head_out[layer][heads])  # (c, s*Nq, d): each head's share
             attn = shared.attn.reshape(1, s * nq, -1) - delta
-            x = block_rest(self.views[layer], shared.x.reshape(1, s * nq, -1), attn)  # (c, s*Nq, d)
+            x = block_rest(view, shared.x.reshape(1, s * nq, -1), attn)  # (c, s*Nq, d)
         else:
+            fold = shared.fold
             delta = torch.bmm(z, fold.head_out[heads])  # (c, s*N, d), layer scale included
             u = shared.mid.reshape(1, s * nq, -1) - delta  # the residual without head h
-            var = (
-                (u - u.mean(-1, keepdim=True)).square_().mean(-1, keepdim=True)
-            )  # (var_mean is slow on CPU)
+            # the variance written out: var_mean is slow on the CPU
+            var = (u - u.mean(-1, keepdim=True)).square_().mean(-1, keepdim=True)  # (c, s*N, 1)
             hidden = torch.baddbmm(
                 shared.f.reshape(1, s * nq, -1), z, fold.rank_update[heads], alpha=-1
             )
-            hidden = torch.addcmul(
-                hidden, delta.mean(-1, keepdim=True), fold.row_sum
-            )  # W1 gamma centre(u)
-            hidden = torch.addcmul(
-                fold.bias, hidden, torch.rsqrt(var + fold.eps)
-            )  # = fc1(norm2(u))
+            hidden = torch.addcmul(hidden, delta.mean(-1, keepdim=True), fold.row_sum)
+            # hidden is now W1 gamma centre(u); scaled by 1/std(u) and shifted: fc1(norm2(u))
+            hidden = torch.addcmul(fold.bias, hidden, torch.rsqrt(var + fold.eps))
             mlp = self.blocks[layer].mlp
             x = u + self.blocks[layer].ls2(mlp.drop2(mlp.fc2(mlp.drop1(mlp.act(hidden)))))
         logits = self._suffix(layer + 1, x.reshape(c * s, nq, -1))  # (c*s, K)

@@ -18,6 +18,7 @@ among the candidates of that layer and stacks candidates and samples in batched 
 With a :class:`DiskCache` the search is saved after every step under a key of the model weights,
 the inputs, the objective and the method (not the budget): an interrupted search continues where
 it stopped, a larger budget continues a shorter finished one, a smaller budget returns a prefix.
+:func:`load_greedy` and :func:`saved_searches` read those saved searches back without running one.
 """
 
 from __future__ import annotations
@@ -444,9 +445,15 @@ def greedy_cache_key(
     )
 
 
+def _check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+
+
 def _load_stored(
     cache: DiskCache, key: str, objective: str, method: str, num_heads: tuple[int, ...]
 ) -> GreedyResult | None:
+    """The search stored under ``key``; an unreadable or foreign entry is removed (None)."""
     data = cache.load(GREEDY_CACHE_KIND, key)
     if data is None:
         return None
@@ -462,6 +469,40 @@ def _load_stored(
 
 
 # --- public entry points -------------------------------------------------------------------------
+
+
+def load_greedy(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_x: torch.Tensor,
+    objective: str,
+    cache: DiskCache,
+) -> GreedyResult | None:
+    """The search for ``objective`` saved in ``cache`` for this model and these inputs, finished or
+    interrupted, as :func:`greedy_circuit` (``method="fast"``, the default) left it; None when
+    there is none. Nothing is computed. An unreadable or foreign entry is removed and gives None,
+    as :func:`greedy_circuit` would treat it.
+    """
+    _check_objective(objective)
+    key = greedy_cache_key(model, id_x, id_y, ood_x, objective)
+    return _load_stored(cache, key, objective, "fast", head_layout(model).num_heads)
+
+
+def saved_searches(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_x: torch.Tensor,
+    cache: DiskCache,
+) -> dict[str, GreedyResult]:
+    """Every search :func:`load_greedy` finds for this model and these inputs, by objective (in the
+    order of :data:`OBJECTIVES`; objectives without a saved search are left out)."""
+    found = {
+        objective: load_greedy(model, id_x, id_y, ood_x, objective, cache)
+        for objective in OBJECTIVES
+    }
+    return {objective: result for objective, result in found.items() if result is not None}
 
 
 def greedy_circuit(
@@ -503,8 +544,7 @@ def greedy_circuit(
     Returns:
         A :class:`GreedyResult` with ``budget`` steps, or fewer when stopped.
     """
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    _check_objective(objective)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)

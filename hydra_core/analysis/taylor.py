@@ -9,6 +9,9 @@ gradient of the loss L (mean cross-entropy over all given samples) with respect 
 
 likewise k_h and v_h, and the head's score is s_h = (q_h + k_h + v_h) / 3. Gradients are summed over
 batches before the absolute value is taken, so the score is that of the full-data loss.
+
+With a :class:`DiskCache`, :func:`taylor_scores` are stored under a key of the model weights, the
+samples and the mask, so the app and the ``importance`` command compute them once between them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.analysis.representations import model_device
+from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.models.adapter import ablate, as_keep_mask, head_layout
+
+#: Changes whenever the numbers :func:`taylor_scores` produces change; part of its cache key.
+TAYLOR_VERSION = "taylor-1"
+#: Cache kind (folder of the :class:`DiskCache`) of the stored scores.
+TAYLOR_CACHE_KIND = "taylor"
 
 
 def taylor_scores(
@@ -32,18 +41,38 @@ def taylor_scores(
     *,
     keep: torch.Tensor | None = None,
     batch_size: int = 256,
+    cache: DiskCache | None = None,
 ) -> torch.Tensor:
     """The Taylor score of every head, shape (L, H) (CPU, float32).
 
     Args:
         x, y: inputs (N, C, H, W) and labels (N,); the loss is the mean cross-entropy over all N.
         keep: optional head mask (L, H), True = kept; the other heads are ablated and score NaN.
+        cache: return the scores stored for the same model weights, samples and mask, or compute
+            and store them (``batch_size`` changes them only by float rounding: not in the key).
 
     The model is used in the mode it is in (eval for deterministic scores) and left as it was:
     gradients are taken with ``torch.autograd.grad``, so no ``.grad`` is stored on any parameter,
     and every ``requires_grad`` flag is restored.
     """
-    return _scores(model, x, y, keep, batch_size, range(head_layout(model).num_layers))
+    layers = range(head_layout(model).num_layers)
+    if cache is None:
+        return _scores(model, x, y, keep, batch_size, layers)
+    key = _cache_key(model, x, y, keep)
+    return cache.get_or_compute(
+        TAYLOR_CACHE_KIND, key, lambda: _scores(model, x, y, keep, batch_size, layers)
+    )
+
+
+def _cache_key(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor | None
+) -> str:
+    """A key of the weights, the samples and the mask. The mask enters only when given, so that
+    unmasked scores keep the key the app stored them under before (version, weights, x, y)."""
+    parts = (TAYLOR_VERSION, model_fingerprint(model), x, y)
+    if keep is None:
+        return cache_key(*parts)
+    return cache_key(*parts, keep=as_keep_mask(head_layout(model), keep))
 
 
 def _scores(

@@ -129,15 +129,18 @@ def _importance_arguments(p: argparse.ArgumentParser) -> None:
         "--greedy",
         default=None,
         metavar="GREEDY_JSON",
-        help="a search result (greedy_*.json) whose removal order becomes a rank map",
+        help="a search result (greedy_*.json) whose removal steps become a map (the heads it "
+        "kept tie as the most important)",
     )
 
 
 @command("importance", _importance_arguments)
 def _importance(args: argparse.Namespace) -> int:
     """Head importance maps: single-head Δaccuracy/ΔAUROC, Taylor, greedy rank, and Spearman."""
-    from hydra_core.analysis.compare import spearman_matrix
+    import torch
+
     from hydra_core.analysis.greedy import GreedyResult, single_head_importance
+    from hydra_core.analysis.importance import importance_maps
     from hydra_core.analysis.taylor import taylor_scores
 
     loaded, _, inputs, cache, out = prepare(args)
@@ -151,35 +154,32 @@ def _importance(args: argparse.Namespace) -> int:
     )
     n = args.taylor_samples
     taylor = taylor_scores(
-        loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size
+        loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size, cache=cache
     )
-    # Every map is oriented "higher = more important": removing an important head lowers the score.
-    maps = {
-        "delta_accuracy": -single["delta_accuracy"],
-        "delta_auroc": -single["delta_auroc"],
-        "taylor": taylor.double().cpu(),
-    }
+    greedy = None
     if args.greedy:
-        result = GreedyResult.from_dict(json.loads(Path(args.greedy).read_text()))
-        steps = result.removal_step_map().double()
-        steps[steps < 0] = float(result.steps)  # never removed = most important
-        maps[f"greedy_{result.objective}_step"] = steps
-    for name, values in maps.items():
-        head_map_frame(values).to_csv(out / f"{name}.csv")
-    correlations = spearman_matrix(maps)
+        greedy = GreedyResult.from_dict(json.loads(Path(args.greedy).read_text()))
+    found = importance_maps(single, taylor, greedy)
+    for criterion in found.criteria:
+        frame = head_map_frame(torch.from_numpy(criterion.importance))
+        frame.to_csv(out / f"{criterion.file_stem}.csv")
+    correlations = found.spearman()
     correlations.to_csv(out / "spearman.csv")
     write_json(
         out / "importance.json",
         {
-            "base_accuracy": single["base_accuracy"],
-            "base_auroc": single["base_auroc"],
-            "orientation": "higher = more important (delta maps are negated score changes)",
-            "maps": {k: v.tolist() for k, v in maps.items()},
+            "base_accuracy": found.base_accuracy,
+            "base_auroc": found.base_auroc,
+            "orientation": "higher = more important (delta maps are negated score changes; "
+            "greedy maps are removal steps, kept heads tied at steps + 1)",
+            "files": {c.name: f"{c.file_stem}.csv" for c in found.criteria},
+            "maps": {name: values.tolist() for name, values in found.maps.items()},
             "spearman": correlations.to_dict(),
         },
     )
     print(correlations.round(3).to_string())
-    print(f"wrote {', '.join(f'{k}.csv' for k in maps)}, spearman.csv, importance.json to {out}")
+    files = ", ".join(f"{c.file_stem}.csv" for c in found.criteria)
+    print(f"wrote {files}, spearman.csv, importance.json to {out}")
     return 0
 
 
