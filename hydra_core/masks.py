@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from hydra_core.errors import InputError
 from hydra_core.files import atomic_write
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
 from hydra_core.types import Head
@@ -35,7 +36,7 @@ FORMAT = "hydra-masks"
 VERSION = 1
 
 
-class MaskFileError(ValueError):
+class MaskFileError(InputError):
     """A mask file that cannot be read, or does not fit the loaded model."""
 
 
@@ -164,11 +165,17 @@ def masks_from_json(
     identity: dict | None = None,
     *,
     allow_other_weights: bool = False,
+    allow_identical: bool = False,
 ) -> list[MemberMask]:
     """Validate a parsed mask file against the loaded model and return its members.
 
+    Every member lists every layer: a layer whose heads are all pruned is an empty list, never
+    an omitted key (an omission is far more often a mistake than a wish to drop a layer).
+
     Raises :class:`MaskFileError` naming what does not fit: format, version, model shape, weights
-    (unless ``allow_other_weights``), layers and heads out of range, duplicates, empty members.
+    (unless ``allow_other_weights``), missing layers, layers and heads out of range, duplicate
+    heads, empty members, and members that keep the same heads (unless ``allow_identical``,
+    for the identical-members ablation: they add no diversity).
     """
     if not isinstance(data, dict):
         raise MaskFileError(f"a mask file holds a JSON object, found {type(data).__name__}")
@@ -234,9 +241,25 @@ def masks_from_json(
                         f"(layer {layer} has heads 0..{layout.num_heads[layer] - 1})"
                     )
                 keep[layer, h] = True
+        listed = {int(k) for k in m["keep"]}
+        missing = [layer for layer in range(layout.num_layers) if layer not in listed]
+        if missing:
+            raise MaskFileError(
+                f"{where}: layer(s) {', '.join(map(str, missing))} missing from 'keep'; list "
+                "every layer, with [] for a layer whose heads are all pruned"
+            )
         if not keep.any():
             raise MaskFileError(f"{where} keeps no head at all")
         members.append(MemberMask(name, str(m.get("source", "file")), as_keep_mask(layout, keep)))
+    if not allow_identical:
+        for i, a in enumerate(members):
+            twin = next((b for b in members[i + 1 :] if torch.equal(a.keep, b.keep)), None)
+            if twin is not None:
+                raise MaskFileError(
+                    f"members {a.name!r} and {twin.name!r} keep the same heads, so they add no "
+                    "diversity; make them differ, or allow identical members (--allow-identical) "
+                    "for the identical-members ablation"
+                )
     return members
 
 
@@ -246,6 +269,7 @@ def load_masks(
     identity: dict | None = None,
     *,
     allow_other_weights: bool = False,
+    allow_identical: bool = False,
 ) -> list[MemberMask]:
     """Read and validate a mask file (see :func:`masks_from_json`)."""
     path = Path(path)
@@ -255,4 +279,10 @@ def load_masks(
         raise MaskFileError(f"mask file {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MaskFileError(f"{path} is not valid JSON ({exc})") from None
-    return masks_from_json(data, layout, identity, allow_other_weights=allow_other_weights)
+    return masks_from_json(
+        data,
+        layout,
+        identity,
+        allow_other_weights=allow_other_weights,
+        allow_identical=allow_identical,
+    )

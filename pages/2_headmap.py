@@ -141,7 +141,13 @@ with show_error("Could not run the head search"):
         "Objective", list(OBJECTIVES), format_func=OBJECTIVES.get, horizontal=True, disabled=running
     )
     budget = int(
-        c2.number_input("Budget (heads to remove)", 1, total, min(24, total), disabled=running)
+        c2.number_input(
+            "Budget (heads to remove)",
+            1,
+            total - 1,  # a circuit keeps at least one head
+            min(24, total - 1),
+            disabled=running,
+        )
     )
     fresh = c3.checkbox(
         "Start over",

@@ -21,6 +21,11 @@ from hydra_core.models.registry import load_model
 DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+
+
 def run(capsys, *argv: str) -> tuple[int, str]:
     """Exit code and stderr of one command (its stdout stays in ``run.out``)."""
     code = main(list(argv))
@@ -230,3 +235,89 @@ def test_folder_with_fewer_classes_warns(tmp_path, capsys):
             Image.fromarray(pixels).save(tmp_path / "two" / name / f"{i}.png")
     code, err = run(capsys, "info", "--id-folder", str(tmp_path / "two"), *DATA)
     assert code == 0 and "has 2 classes and fmnist-vit-default 10 outputs" in err
+
+
+# --- mask files ---------------------------------------------------------------------------------
+
+
+def mask_file(tmp_path, checkpoint, members: list[dict]) -> str:
+    """A mask file for the tiny checkpoint (2 layers x 4 heads) with these members."""
+    loaded = load_model(checkpoint)
+    path = tmp_path / "masks.json"
+    path.write_text(
+        json.dumps(
+            {"format": "hydra-masks", "version": 1, "model": loaded.identity(), "members": members}
+        )
+    )
+    return str(path)
+
+
+def test_mask_member_omitting_a_layer_is_an_error(tmp_path, checkpoint, capsys):
+    masks = mask_file(
+        tmp_path,
+        checkpoint,
+        [{"name": "a", "keep": {"0": [0, 1]}}, {"name": "b", "keep": {"0": [2], "1": [3]}}],
+    )
+    code, err = run(capsys, "hydra", "--model", checkpoint, "--masks", masks, *DATA)
+    line = one_error_line(err)
+    assert code == 2 and "member 'a': layer(s) 1 missing from 'keep'" in line and "[]" in line
+
+
+def test_explicitly_empty_layer_is_accepted(tmp_path, checkpoint):
+    from hydra_core.masks import load_masks
+    from hydra_core.models.adapter import head_layout
+
+    masks = mask_file(tmp_path, checkpoint, [{"name": "a", "keep": {"0": [0, 1], "1": []}}])
+    layout = head_layout(load_model(checkpoint).model)
+    (member,) = load_masks(masks, layout)
+    assert member.keep.sum() == 2 and not member.keep[1].any()
+
+
+def test_duplicate_members_are_refused_by_hydra(tmp_path, checkpoint, capsys):
+    keep = {"0": [0, 1], "1": [2]}
+    masks = mask_file(
+        tmp_path, checkpoint, [{"name": "a", "keep": keep}, {"name": "b", "keep": keep}]
+    )
+    code, err = run(capsys, "hydra", "--model", checkpoint, "--masks", masks, *DATA)
+    assert code == 2 and "members 'a' and 'b' keep the same heads" in one_error_line(err)
+
+
+# --- searches -----------------------------------------------------------------------------------
+
+
+SEARCH = ["search", "--objective", "acc", "--n-search", "16", "--ood", "noise", "--device", "cpu"]
+
+
+def test_budget_must_leave_a_head(tmp_path, checkpoint, capsys):
+    code, err = run(capsys, *SEARCH, "--model", checkpoint, "--budget", "8", "--out",
+                    str(tmp_path))  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and "--budget must be between 1 and 7" in line and "at least one" in line
+    assert not list(tmp_path.glob("*masks.json"))  # nothing written that `hydra` would refuse
+
+
+def test_starting_over_keeps_a_longer_finished_search(tmp_path, checkpoint, capsys, monkeypatch):
+    from hydra_core.analysis import greedy
+
+    out = ["--model", checkpoint, "--out", str(tmp_path)]
+    assert main([*SEARCH, *out, "--budget", "5"]) == 0
+    capsys.readouterr()
+    code, err = run(capsys, *SEARCH, *out, "--budget", "2", "--no-resume")
+    assert code == 0 and "the saved 5-step search is kept" in err
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the 5-step search should have come from the cache")
+
+    monkeypatch.setattr(greedy, "_search", no_search)
+    code, err = run(capsys, *SEARCH, *out, "--budget", "5")
+    assert code == 0 and "the saved search has 5 steps" in err
+
+
+def test_a_resumed_search_says_where(tmp_path, checkpoint, capsys):
+    out = ["--model", checkpoint, "--out", str(tmp_path)]
+    assert main([*SEARCH, *out, "--budget", "2"]) == 0
+    capsys.readouterr()
+    code, err = run(capsys, *SEARCH, *out, "--budget", "4")
+    assert code == 0 and "resumed at step 2 of 4" in err
+    steps = json.loads((tmp_path / "greedy_acc.json").read_text())["order"]
+    assert len(steps) == 4

@@ -120,7 +120,8 @@ def _edit(path: tuple, value) -> dict:
         (_edit(("members", 0, "keep"), {"0": [1, 1]}), "lists a head twice"),
         (_edit(("members", 0, "keep"), {"0": ["a"]}), "head indices"),
         (_edit(("members", 0, "keep"), {"x": [0]}), "not a number"),
-        (_edit(("members", 0, "keep"), {}), "keeps no head"),
+        (_edit(("members", 0, "keep"), {"0": [], "1": [], "2": []}), "keeps no head"),
+        (_edit(("members", 0, "keep"), {"0": [0]}), r"layer\(s\) 1, 2 missing from 'keep'"),
     ],
 )
 def test_bad_files_are_refused_with_a_reason(tmp_path, data, match):

@@ -33,6 +33,7 @@ from torch import nn
 
 from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
+from hydra_core.errors import InputError
 from hydra_core.models.adapter import HeadLayout, ablate, head_label, head_layout
 from hydra_core.types import Head
 
@@ -478,15 +479,16 @@ def load_greedy(
     ood_x: torch.Tensor,
     objective: str,
     cache: DiskCache,
+    method: str = "fast",
 ) -> GreedyResult | None:
     """The search for ``objective`` saved in ``cache`` for this model and these inputs, finished or
-    interrupted, as :func:`greedy_circuit` (``method="fast"``, the default) left it; None when
-    there is none. Nothing is computed. An unreadable or foreign entry is removed and gives None,
-    as :func:`greedy_circuit` would treat it.
+    interrupted, as :func:`greedy_circuit` with ``method`` left it; None when there is none.
+    Nothing is computed. An unreadable or foreign entry is removed and gives None, as
+    :func:`greedy_circuit` would treat it.
     """
     _check_objective(objective)
-    key = greedy_cache_key(model, id_x, id_y, ood_x, objective)
-    return _load_stored(cache, key, objective, "fast", head_layout(model).num_heads)
+    key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
+    return _load_stored(cache, key, objective, method, head_layout(model).num_heads)
 
 
 def saved_searches(
@@ -528,7 +530,8 @@ def greedy_circuit(
         id_x, ood_x: preprocessed ID and OOD inputs (N, C, H, W), float; at least 2 of each.
         id_y: int64 labels of ``id_x``.
         objective: ``"acc"`` (ID accuracy), ``"ood"`` (MSP AUROC, OOD positive) or ``"avg"``.
-        budget: how many heads to remove, 1..(total heads).
+        budget: how many heads to remove, 1..(total heads); all of them gives the full removal
+            order (as does one less), but a circuit to keep needs at least one head.
         batch_size: samples per forward (``"plain"``); (candidate, sample) pairs per batched
             pass of ``"fast"`` on an accelerator (on the CPU it sizes its passes itself, see
             :func:`hydra_core.analysis._suffix.cpu_rows_per_pass`). Results do not depend on it
@@ -536,7 +539,9 @@ def greedy_circuit(
         method: ``"fast"`` (suffix recomputation, batched candidates) or ``"plain"`` (reference).
         cache: save progress after every step and reuse earlier runs with the same model, inputs,
             objective and method (any budget).
-        resume: when False, ignore a stored run and start again (the new run replaces it).
+        resume: when False, ignore a stored run and start again. The new run replaces the
+            stored one only once it has as many steps: starting over never loses a longer
+            finished search.
         progress: called after every step with a :class:`GreedyStep`.
         should_stop: polled between steps and between batched passes; when it returns True the
             partial result (``complete=False``) is returned, its finished steps saved.
@@ -550,7 +555,7 @@ def greedy_circuit(
     layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
     total = layout.total_heads
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= total:
-        raise ValueError(
+        raise InputError(
             f"budget must be an int between 1 and {total} (the model's heads), got {budget!r}"
         )
 
@@ -558,9 +563,15 @@ def greedy_circuit(
     stored = None
     if cache is not None:
         key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
-        save = lambda result: cache.save(GREEDY_CACHE_KIND, key, result.to_dict())
+        previous = _load_stored(cache, key, objective, method, layout.num_heads)
         if resume:
-            stored = _load_stored(cache, key, objective, method, layout.num_heads)
+            stored = previous
+        keep_until = 0 if resume or previous is None else previous.steps
+
+        def save(result: GreedyResult) -> None:
+            if result.steps >= keep_until:  # a fresh start never overwrites a longer search
+                cache.save(GREEDY_CACHE_KIND, key, result.to_dict())
+
     if stored is not None and stored.steps >= budget:
         return stored.prefix(budget)
     with torch.inference_mode():

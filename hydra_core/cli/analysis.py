@@ -21,6 +21,7 @@ from hydra_core.cli.common import (
     prepare,
     write_json,
 )
+from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
 
 
@@ -40,7 +41,10 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         help="fast: suffix recomputation; plain: full forward per candidate (reference)",
     )
     p.add_argument(
-        "--no-resume", action="store_true", help="ignore a cached partial run and start over"
+        "--no-resume",
+        action="store_true",
+        help="start over instead of continuing a saved search (a longer saved search is kept "
+        "until the new one is as long)",
     )
 
 
@@ -49,10 +53,27 @@ def _search(args: argparse.Namespace) -> int:
     """Greedy Headmap circuit extraction (paper Algorithm 1), resumable; writes the ranking."""
     from tqdm import tqdm
 
-    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
 
     loaded, _, inputs, cache, out = prepare(args)
+    total = head_layout(loaded.model).total_heads
+    if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
+        raise InputError(
+            f"--budget must be between 1 and {total - 1}: the model has {total} heads and the "
+            f"circuit the search writes keeps at least one; got {args.budget}"
+        )
+    data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
+    saved = load_greedy(*data, args.objective, cache, args.method)
+    if saved is not None and saved.steps:
+        if args.no_resume:
+            note = f"starting over; the saved {saved.steps}-step search is kept unless this one "
+            note += "gets as long"
+        elif saved.steps >= args.budget:
+            note = f"the saved search has {saved.steps} steps: its first {args.budget} are reused"
+        else:
+            note = f"resumed at step {saved.steps} of {args.budget}"
+        print(note, file=sys.stderr)
     bar = tqdm(
         total=args.budget,
         desc=f"greedy {args.objective}",

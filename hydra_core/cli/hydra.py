@@ -91,6 +91,11 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label", default="Hydra", help="name of the ensemble rows (default: %(default)s)"
     )
+    p.add_argument(
+        "--allow-identical",
+        action="store_true",
+        help="accept members that keep the same heads (identical-members ablation)",
+    )
     _finetune_arguments(p)
     p.add_argument(
         "--deep-ensemble",
@@ -121,7 +126,7 @@ def _hydra(args: argparse.Namespace) -> int:
     loaded, benchmark = load_for_cli(args)
     layout = head_layout(loaded.model)
     identity = loaded.identity()
-    members = load_masks(args.masks, layout, identity)
+    members = load_masks(args.masks, layout, identity, allow_identical=args.allow_identical)
     finetune = _finetune_config(args)
     seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
     deep = (
