@@ -17,9 +17,10 @@ print("removed:", search.labels())  # e.g. ['L5H3', 'L0H10', ...]
 print("S_avg after each removal:", [round(s, 4) for s in search.scores])
 
 # 2. Three members by seed sampling from the ranking, fused into one Hydra model.
-members = hc.build_member_masks(
-    "seed-sampling", model=loaded.model, ranking=search.ranking(), m=3, budget=6, pool=12
-)
+layout = hc.head_layout(loaded.model)  # layers, heads per layer, head dim
+members = hc.seed_sampled_members(
+    search.ranking(), layout, budget=6, pool=12, seeds=[0, 1, 2], ranking_name="CircAvg"
+)  # each prunes 6 heads drawn (its own seed) from the 12 least useful: CircAvg seed 0, 1, 2
 print(hc.member_overlap(members)["jaccard"].round(2))  # pairwise Jaccard overlap of the kept heads
 hydra = hc.fuse_members([(loaded.model, member.keep) for member in members])
 x = loaded.preprocess(bench.id_report.images[:8])

@@ -6,12 +6,17 @@ import json
 import streamlit as st
 import torch
 
+from hydra_core.analysis.cahp import cahp_k_grid
 from hydra_core.analysis.taylor import taylor_global_ranking
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
-    build_member_masks,
+    TAYLOR_NAME,
+    cahp_members,
     check_members,
+    circuit_member,
     member_overlap,
+    seed_sampled_members,
+    taylor_member,
 )
 from hydra_core.masks import (
     MaskFileError,
@@ -62,23 +67,15 @@ def set_manual(keep: torch.Tensor) -> None:
 
 def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, replace: bool) -> None:
     model = copy.deepcopy(context.loaded.model)  # heads other pages ablate must not reach it
-    total = head_layout(model).total_heads
-    grid = sorted(set(range(1, total + 1, k_step)) | {total})
+    grid = cahp_k_grid(head_layout(model).total_heads, k_step)
 
     def work(job):
         def progress(done: int, all_: int) -> None:
             job.check()  # a stop ends the run here
             job.report(done=done, total=all_)
 
-        return build_member_masks(
-            "cahp",
-            model=model,
-            inputs=inputs,
-            m=len(seeds),
-            seeds=seeds,
-            cahp_degree=degree,
-            cahp_k_grid=grid,
-            progress=progress,
+        return cahp_members(
+            model, inputs, seeds=seeds, degree=degree, k_grid=grid, progress=progress
         )
 
     results()["jobs"]["cahp"] = start_job("cahp", work, {"seeds": seeds, "replace": replace})
@@ -98,10 +95,12 @@ with show_error("Could not build the masks"):
     with tabs[0], show_error("Could not build these members"):
         c1, c2 = st.columns([2, 1])
         strategy = c1.radio("Strategy", list(STRATEGIES), format_func=STRATEGIES.get)
-        sources = [f"greedy {o}" for o in stored] + ["Taylor"]
-        source = c2.selectbox(
+        greedy = {CIRCUIT_NAMES[o]: run for o, run in stored.items()}  # ranking name -> search
+        labels = {CIRCUIT_NAMES[o]: f"greedy {o}" for o in stored} | {TAYLOR_NAME: "Taylor"}
+        ranking_name = c2.selectbox(
             "Ranking (least useful first)",
-            sources,
+            list(labels),
+            format_func=labels.get,
             disabled=strategy == "taylor",
             help="Greedy rankings come from saved searches (Headmap search); Taylor "
             "scores the heads on the ID search images",
@@ -135,44 +134,26 @@ with show_error("Could not build the masks"):
             first_seed = int(c4.number_input("First seed", 0, 10_000, 0))
         replace = st.checkbox("Replace the current members", value=True, key="replace-ranking")
         if st.button("Build", type="primary", icon=":material/build:"):
-            common = dict(model=context.loaded.model, inputs=inputs)
             if strategy == "taylor":
-                new = build_member_masks("taylor", m=1, per_layer=per_layer, **common)
+                new = [taylor_member(context.loaded.model, inputs, per_layer=per_layer)]
             else:
-                if source == "Taylor":
+                if ranking_name == TAYLOR_NAME:
                     scores = taylor(context.config.key, len(inputs.id_x), context, inputs)
-                    ranking, origin = taylor_global_ranking(torch.from_numpy(scores)), "taylor"
+                    ranking = taylor_global_ranking(torch.from_numpy(scores))
                 else:
-                    ranking, origin = stored[source.split()[1]].ranking(), "greedy"
-                objective = source.split()[1] if origin == "greedy" else "avg"
+                    ranking = greedy[ranking_name].ranking()
                 if strategy == "circuit":
-                    new = build_member_masks(
-                        "circuit",
-                        m=1,
-                        budget=budget,
-                        ranking=ranking,
-                        objective=objective,
-                        **common,
-                    )
-                    if origin == "taylor":
-                        new = [
-                            MemberMask(
-                                f"Taylor-{budget}",
-                                new[0].source + " (Taylor global ranking)",
-                                new[0].keep,
-                            )
-                        ]
+                    new = [
+                        circuit_member(ranking, layout, budget=budget, ranking_name=ranking_name)
+                    ]
                 else:
-                    new = build_member_masks(
-                        "seed-sampling",
-                        m=count,
+                    new = seed_sampled_members(
+                        ranking,
+                        layout,
                         budget=budget,
-                        pool=pool,
                         seeds=range(first_seed, first_seed + count),
-                        ranking=ranking,
-                        ranking_source=origin,
-                        objective=objective,
-                        **common,
+                        ranking_name=ranking_name,
+                        pool=pool,
                     )
             use_members(new, replace)
             st.rerun()

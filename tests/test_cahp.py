@@ -10,6 +10,7 @@ import torch
 
 from hydra_core.analysis.cahp import (
     _bhattacharyya,
+    cahp_k_grid,
     cahp_select,
     jeffries_matusita,
     jeffries_matusita_profiles,
@@ -103,6 +104,18 @@ def test_knee_without_diminishing_returns_is_the_largest_k():
     assert knee_from_polyfit(ks, (ks / 30) ** 3)[0] == 30  # convex
     with pytest.raises(ValueError, match="needs 4 or more distinct k"):
         knee_from_polyfit([1, 2, 3], [0.1, 0.2, 0.3])
+
+
+def test_k_grid_steps_from_one_and_always_ends_with_every_head():
+    assert cahp_k_grid(8) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert cahp_k_grid(12, 4) == [1, 5, 9, 12]
+    assert cahp_k_grid(9, 4) == [1, 5, 9]  # the last step lands on every head: not repeated
+    assert cahp_k_grid(144, 6)[-3:] == [133, 139, 144]
+    assert cahp_k_grid(1, 3) == [1]
+    with pytest.raises(ValueError, match="step must be a positive number of head counts, got 0"):
+        cahp_k_grid(12, 0)
+    with pytest.raises(ValueError, match="total_heads must be a positive number"):
+        cahp_k_grid(0)
 
 
 @pytest.fixture(scope="module")

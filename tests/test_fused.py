@@ -7,9 +7,11 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hydra_core.hydra import ensemble_probs, fuse_members, load_hydra, save_hydra
+from hydra_core.hydra.fused import HydraConfig
 from hydra_core.models.adapter import UnsupportedModelError, ablate, head_layout, prune_heads
 from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
 from tests.conftest import make_tiny_vit, random_mask
@@ -250,7 +252,7 @@ def test_load_refuses_inconsistent_files(tmp_path):
     hydra = fuse_members([(make_tiny_vit(), k) for k in member_masks()])
     state = {k: v.contiguous() for k, v in hydra.state_dict().items()}
     path = tmp_path / "h.safetensors"
-    config = dict(hydra.config)
+    config = hydra.config.to_json()
 
     def write(tensors, cfg):
         save_file(tensors, str(path), metadata={"hydra": json.dumps(cfg)})
@@ -266,6 +268,56 @@ def test_load_refuses_inconsistent_files(tmp_path):
         load_hydra(path)
     write(state, {**config, "kept_heads": [[[0, 1, 2, 3]] * 3] * 3})
     with pytest.raises(ValueError, match="block 0: the weights hold"):
+        load_hydra(path)
+
+
+def test_header_is_the_config_as_json(tmp_path):
+    """The header's fields and their order are the file format: files saved earlier must load."""
+    masks = member_masks()
+    hydra = fuse_members([(make_tiny_vit(reg_tokens=1), k) for k in masks])
+    path = tmp_path / "h.safetensors"
+    save_hydra(hydra, path)
+    with safe_open(str(path), framework="pt") as f:
+        header = json.loads(f.metadata()["hydra"])
+    assert list(header) == [
+        "format",
+        "version",
+        "num_members",
+        "embed_dim",
+        "depth",
+        "head_dim",
+        "num_classes",
+        "global_pool",
+        "num_prefix_tokens",
+        "class_token",
+        "reg_tokens",
+        "no_embed_class",
+        "pool_include_prefix",
+        "pos_embed",
+        "img_size",
+        "patch_size",
+        "in_chans",
+        "mlp_act",
+        "norm_eps",
+        "kept_heads",
+    ]
+    assert header["img_size"] == [16, 16] and header["num_prefix_tokens"] == 2
+    assert header["kept_heads"] == [[row.nonzero().flatten().tolist() for row in k] for k in masks]
+    assert HydraConfig.from_json(header) == hydra.config
+
+
+def test_load_refuses_headers_with_missing_or_unknown_fields(tmp_path):
+    hydra = fuse_members([(make_tiny_vit(), k) for k in member_masks()])
+    state = {k: v.contiguous() for k, v in hydra.state_dict().items()}
+    path = tmp_path / "h.safetensors"
+    header = hydra.config.to_json()
+    del header["depth"]
+    save_file(state, str(path), metadata={"hydra": json.dumps(header)})
+    with pytest.raises(ValueError, match="header is malformed .*lacks the fields depth"):
+        load_hydra(path)
+    header = {**hydra.config.to_json(), "extra": 1}
+    save_file(state, str(path), metadata={"hydra": json.dumps(header)})
+    with pytest.raises(ValueError, match="unknown fields extra"):
         load_hydra(path)
 
 

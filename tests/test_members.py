@@ -10,14 +10,22 @@ from hydra_core.analysis.greedy import greedy_circuit
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.analysis.taylor import taylor_global_ranking, taylor_prune, taylor_scores
 from hydra_core.cache import DiskCache
-from hydra_core.hydra.members import build_member_masks, member_overlap
-from hydra_core.masks import (
-    MemberMask,
-    mask_from_ranking,
-    model_identity,
-    save_masks,
-    seed_sampled_masks,
+from hydra_core.hydra.members import (
+    CIRCUIT_NAMES,
+    TAYLOR_NAME,
+    cahp_members,
+    check_members,
+    circuit_member,
+    greedy_ranking,
+    identical_members,
+    manual_members,
+    member_overlap,
+    member_seeds,
+    seed_sampled_members,
+    taylor_member,
+    taylor_ranking,
 )
+from hydra_core.masks import MemberMask, mask_from_ranking, seed_sampled_masks
 from hydra_core.models.adapter import head_layout
 from tests.conftest import make_tiny_vit
 
@@ -37,22 +45,17 @@ def inputs() -> SearchInputs:
 
 def test_seed_sampling_over_the_greedy_ranking(model, inputs, tmp_path):
     cache = DiskCache(tmp_path)
-    members = build_member_masks(
-        "seed-sampling",
-        model=model,
-        inputs=inputs,
-        m=3,
-        budget=4,
-        pool=8,
-        seeds=(5, 6, 7),
-        cache=cache,
-    )
-    ranking = greedy_circuit(
+    layout = head_layout(model)
+    ranking = greedy_ranking(model, inputs, objective="avg", budget=4, cache=cache)
+    assert any((cache.root / "greedy").iterdir())  # the search was cached
+    expected_ranking = greedy_circuit(
         model, inputs.id_x, inputs.id_y, inputs.ood_x, objective="avg", budget=4
     ).ranking()
-    expected = seed_sampled_masks(
-        ranking, prune=4, pool=8, seeds=[5, 6, 7], layout=head_layout(model)
+    assert ranking == expected_ranking
+    members = seed_sampled_members(
+        ranking, layout, budget=4, pool=8, seeds=(5, 6, 7), ranking_name=CIRCUIT_NAMES["avg"]
     )
+    expected = seed_sampled_masks(ranking, prune=4, pool=8, seeds=[5, 6, 7], layout=layout)
     for member, keep in zip(members, expected, strict=True):
         assert torch.equal(member.keep, keep)
         assert member.kept == 12 - 4
@@ -60,102 +63,140 @@ def test_seed_sampling_over_the_greedy_ranking(model, inputs, tmp_path):
     # the 4 most useful heads (never in the pool of 8) are kept by every member
     for layer, head in ranking[8:]:
         assert all(m.keep[layer, head] for m in members)
-    assert any((cache.root / "greedy").iterdir())  # the search was cached
+    # the default pool is twice the budget
+    default = seed_sampled_members(ranking, layout, budget=4, seeds=[5], ranking_name="CircAvg")
+    assert "4 of the 8 least useful heads (CircAvg ranking)" in default[0].source
+    assert torch.equal(default[0].keep, expected[0])
 
 
-def test_circuit_and_identical_circuit(model, inputs):
+def test_circuit_member_takes_its_ranking_name(model, inputs):
+    layout = head_layout(model)
     ranking = greedy_circuit(
         model, inputs.id_x, inputs.id_y, inputs.ood_x, objective="ood", budget=3
     ).ranking()
-    (circuit,) = build_member_masks(
-        "circuit", model=model, inputs=inputs, m=1, budget=3, objective="ood"
-    )
+    circuit = circuit_member(ranking, layout, budget=3, ranking_name=CIRCUIT_NAMES["ood"])
     assert circuit.name == "CircOOD-3"
-    assert torch.equal(circuit.keep, mask_from_ranking(ranking, 3, head_layout(model)))
-    with pytest.raises(ValueError, match="identical-circuit"):
-        build_member_masks("circuit", model=model, inputs=inputs, m=3, budget=3, ranking=ranking)
-    copies = build_member_masks(
-        "identical-circuit", model=model, inputs=inputs, m=3, budget=3, ranking=ranking
+    assert circuit.source == "3 least useful heads of the CircOOD ranking removed"
+    assert torch.equal(circuit.keep, mask_from_ranking(ranking, 3, layout))
+    taylor = circuit_member(
+        taylor_ranking(model, inputs), layout, budget=5, ranking_name=TAYLOR_NAME
     )
-    assert len(copies) == 3 and all(torch.equal(c.keep, circuit.keep) for c in copies)
-    assert len({c.name for c in copies}) == 3
+    assert taylor.name == "Taylor-5" and taylor.kept == 12 - 5
+
+
+def test_identical_members_copy_one_circuit(model, inputs):
+    layout = head_layout(model)
+    ranking = greedy_ranking(model, inputs, objective="ood", budget=3)
+    circuit = circuit_member(ranking, layout, budget=3, ranking_name="CircOOD")
+    copies = identical_members(circuit, 3)
+    assert [c.name for c in copies] == ["CircOOD-3 copy 0", "CircOOD-3 copy 1", "CircOOD-3 copy 2"]
+    assert all(torch.equal(c.keep, circuit.keep) for c in copies)
+    check_members(copies, layout, allow_identical=True)
+    with pytest.raises(ValueError, match="keep exactly the same heads"):
+        check_members(copies, layout)
 
 
 def test_taylor_members(model, inputs):
-    (single,) = build_member_masks("taylor", model=model, inputs=inputs, m=1, budget=3)
+    single = taylor_member(model, inputs, budget=3)
     expected = taylor_prune(model, inputs.id_x, inputs.id_y, heads_to_prune_per_layer=1)
     assert torch.equal(single.keep, expected.keep)
-    assert single.keep.sum(1).tolist() == [3, 3, 3]
+    assert single.name == "Taylor-3" and single.keep.sum(1).tolist() == [3, 3, 3]
     with pytest.raises(ValueError, match="does not split evenly"):
-        build_member_masks("taylor", model=model, inputs=inputs, m=1, budget=4)
-    (uneven,) = build_member_masks("taylor", model=model, inputs=inputs, m=1, per_layer=[2, 1, 0])
+        taylor_member(model, inputs, budget=4)
+    uneven = taylor_member(model, inputs, per_layer=[2, 1, 0])
     assert uneven.keep.sum(1).tolist() == [2, 3, 4]
+    with pytest.raises(ValueError, match="exactly one of them"):
+        taylor_member(model, inputs)
 
-    members = build_member_masks("taylor", model=model, inputs=inputs, m=2, budget=3, pool=6)
-    ranking = taylor_global_ranking(taylor_scores(model, inputs.id_x, inputs.id_y))
-    expected = seed_sampled_masks(ranking, prune=3, pool=6, seeds=[0, 1], layout=head_layout(model))
+    ranking = taylor_ranking(model, inputs)
+    assert ranking == taylor_global_ranking(taylor_scores(model, inputs.id_x, inputs.id_y))
+    layout = head_layout(model)
+    members = seed_sampled_members(
+        ranking, layout, budget=3, pool=6, seeds=[0, 1], ranking_name=TAYLOR_NAME
+    )
+    expected = seed_sampled_masks(ranking, prune=3, pool=6, seeds=[0, 1], layout=layout)
     assert [m.name for m in members] == ["Taylor seed 0", "Taylor seed 1"]
     assert all(torch.equal(m.keep, k) for m, k in zip(members, expected, strict=True))
 
 
 def test_cahp_members_use_one_seed_each(model, inputs):
     grid = [2, 4, 6, 8, 10, 12]
-    members = build_member_masks(
-        "cahp",
-        model=model,
-        inputs=inputs,
-        m=2,
+    calls = []
+    members = cahp_members(
+        model,
+        inputs,
         seeds=(0, 1),
-        cahp_k_grid=grid,
+        k_grid=grid,
         allow_identical=True,
+        progress=lambda done, total: calls.append((done, total)),
     )
     for member, seed in zip(members, (0, 1), strict=True):
         expected = cahp_select(model, inputs.id_x, inputs.id_y, k_grid=grid, seed=seed)
         assert torch.equal(member.keep, expected.keep)
         assert member.name == f"CAHP seed {seed}"
+    assert calls == [(done, 12) for done in range(1, 13)]  # both seeds' curves, 6 points each
 
 
-def test_file_and_manual_members(model, tmp_path):
+def test_manual_members(model):
     layout = head_layout(model)
     a, b = layout.all_kept(), layout.all_kept()
     a[0, 0] = False
     b[2, 3] = False
-    identity = model_identity("tiny", layout, "abc")
-    path = save_masks(
-        tmp_path / "m.json", [MemberMask("a", "x", a), MemberMask("b", "y", b)], identity
-    )
-    members = build_member_masks("file", model=model, m=None, path=path, identity=identity)
-    assert [m.name for m in members] == ["a", "b"] and torch.equal(members[1].keep, b)
-    with pytest.raises(ValueError, match="holds 2 members, but m=3"):
-        build_member_masks("file", model=model, m=3, path=path)
-
-    manual = build_member_masks("manual", model=model, m=2, masks=[a, b], names=["left", "right"])
-    assert [m.name for m in manual] == ["left", "right"]
+    named = manual_members([MemberMask("left", "x", a), MemberMask("right", "y", b)], layout)
+    assert [m.name for m in named] == ["left", "right"] and torch.equal(named[1].keep, b)
+    assert [m.name for m in manual_members([a, b], layout)] == ["member 0", "member 1"]
     with pytest.raises(ValueError, match="'member 0' = 'member 1'.*allow_identical"):
-        build_member_masks("manual", model=model, m=2, masks=[a, a.clone()])
-    same = build_member_masks(
-        "manual", model=model, m=2, masks=[a, a.clone()], allow_identical=True
-    )
+        manual_members([a, a.clone()], layout)
+    same = manual_members([a, a.clone()], layout, allow_identical=True)
     assert torch.equal(same[0].keep, same[1].keep)
 
 
+def test_member_seeds():
+    assert member_seeds(3) == [0, 1, 2]
+    assert member_seeds(2, (7, 4)) == [7, 4]
+
+
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "build, match",
     [
-        (dict(strategy="bagging"), "unknown member strategy"),
-        (dict(strategy="seed-sampling", budget=4, seeds=(1, 1, 2)), "seeds must differ"),
-        (dict(strategy="seed-sampling", budget=4, seeds=(1, 2)), "2 seeds were given for m=3"),
-        (dict(strategy="seed-sampling"), "budget= .* is required"),
-        (dict(strategy="seed-sampling", budget=12), "budget must be between 1 and 11"),
-        (dict(strategy="seed-sampling", budget=4, ranking_source="random"), "ranking_source"),
-        (dict(strategy="cahp", inputs=None), "scores heads on search data"),
-        (dict(strategy="manual", masks=[torch.ones(2, 4, dtype=torch.bool)] * 3), "expected shape"),
+        (lambda r, lay: member_seeds(3, (1, 1, 2)), "seeds must differ"),
+        (lambda r, lay: member_seeds(3, (1, 2)), "2 seeds were given for m=3"),
+        (lambda r, lay: member_seeds(0), "m must be a positive number of members, got 0"),
+        (
+            lambda r, lay: seed_sampled_members(r, lay, budget=4, seeds=(1, 1), ranking_name="x"),
+            "seeds must differ",
+        ),
+        (
+            lambda r, lay: seed_sampled_members(r, lay, budget=4, seeds=(), ranking_name="x"),
+            "no seeds",
+        ),
+        (
+            lambda r, lay: seed_sampled_members(r, lay, budget=12, seeds=(0,), ranking_name="x"),
+            "budget must be between 1 and 11",
+        ),
+        (
+            lambda r, lay: seed_sampled_members(
+                r, lay, budget=2, pool=2, seeds=(0, 1), ranking_name="x"
+            ),
+            "keep exactly the same heads",
+        ),
+        (
+            lambda r, lay: circuit_member(r, lay, budget=0, ranking_name="x"),
+            "budget must be between 1 and 11",
+        ),
+        (lambda r, lay: identical_members(MemberMask("a", "", lay.all_kept()), 0), "positive"),
+        (
+            lambda r, lay: manual_members([torch.ones(2, 4, dtype=torch.bool)], lay),
+            "expected shape",
+        ),
+        (lambda r, lay: manual_members([], lay), "no members"),
     ],
 )
-def test_bad_requests_are_explained(model, inputs, kwargs, match):
-    kwargs = {"inputs": inputs, "m": 3, **kwargs}
+def test_bad_requests_are_explained(model, build, match):
+    layout = head_layout(model)
+    ranking = [tuple(h) for h in layout.all_kept().nonzero().tolist()]
     with pytest.raises(ValueError, match=match):
-        build_member_masks(kwargs.pop("strategy"), model=model, **kwargs)
+        build(ranking, layout)
 
 
 def test_member_overlap_numbers():

@@ -213,6 +213,29 @@ def knee_from_polyfit(
     return int(grid[above.argmax()]), poly
 
 
+def cahp_k_grid(total_heads: int, step: int = 1) -> list[int]:
+    """The head counts CAHP evaluates: every ``step``-th count from 1, and always every head.
+
+    A coarser grid makes the curve cheaper (one evaluation per count) while the knee is still
+    read off the fitted polynomial at every integer count.
+
+    Args:
+        total_heads: the model's number of heads (``head_layout(model).total_heads``).
+        step: evaluate every ``step``-th count (1: all of them).
+
+    Returns:
+        1, 1 + step, 1 + 2 step, ..., up to and including ``total_heads``.
+    """
+    if total_heads < 1:
+        raise ValueError(f"total_heads must be a positive number of heads, got {total_heads}")
+    if step < 1:
+        raise ValueError(f"step must be a positive number of head counts, got {step}")
+    grid = list(range(1, total_heads + 1, step))
+    if grid[-1] != total_heads:
+        grid.append(total_heads)
+    return grid
+
+
 @dataclass
 class CAHPResult:
     """The outcome of :func:`cahp_select`.
@@ -254,13 +277,14 @@ def cahp_select(
     Args:
         x, y: ID search inputs and labels: they give both the profiles and the accuracy curve.
         degree: degree of the polynomial fitted to the accuracy-vs-heads curve.
-        k_grid: the numbers of heads to evaluate (default: every k from 1 to the number of heads).
+        k_grid: the numbers of heads to evaluate (default: every k from 1 to the number of heads;
+            :func:`cahp_k_grid` makes coarser ones).
         seed: seed of the k-medoids clustering.
         progress: called as ``progress(done, total)`` after each k is evaluated.
     """
     layout = head_layout(model)
     heads = [tuple(h) for h in layout.all_kept().nonzero().tolist()]
-    grid = sorted({int(k) for k in (range(1, len(heads) + 1) if k_grid is None else k_grid)})
+    grid = cahp_k_grid(len(heads)) if k_grid is None else sorted({int(k) for k in k_grid})
     if not grid or grid[0] < 1 or grid[-1] > len(heads):
         raise ValueError(
             f"k_grid must hold numbers of heads between 1 and {len(heads)}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra_core.cli.common import (
     add_analysis_arguments,
@@ -16,6 +17,13 @@ from hydra_core.cli.common import (
     write_json,
 )
 from hydra_core.models.adapter import head_label, head_layout
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from hydra_core.analysis.inputs import SearchInputs
+    from hydra_core.masks import MemberMask
+    from hydra_core.types import Head
 
 #: strategies that compute masks (a mask file or hand-drawn masks need no command)
 COMPUTED_STRATEGIES = ("seed-sampling", "circuit", "identical-circuit", "taylor", "cahp")
@@ -87,41 +95,15 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
 def _masks(args: argparse.Namespace) -> int:
     """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
     from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
-    from hydra_core.hydra.members import build_member_masks, member_overlap
+    from hydra_core.hydra.members import member_overlap
     from hydra_core.masks import save_masks
-    from hydra_core.models.adapter import head_layout
 
     loaded, benchmark = load_for_cli(args)
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
-    layout = head_layout(loaded.model)
-    k_grid = sorted(
-        {*range(1, layout.total_heads + 1, max(1, args.cahp_k_step)), layout.total_heads}
-    )
-    needs_budget = args.strategy in ("seed-sampling", "circuit", "identical-circuit", "taylor")
-    members = build_member_masks(
-        args.strategy,
-        model=loaded.model,
-        inputs=inputs,
-        m=args.m,
-        budget=args.budget if needs_budget and per_layer is None else None,
-        pool=args.pool,
-        seeds=args.seeds,
-        ranking_source=args.ranking_source,
-        objective=args.objective,
-        per_layer=per_layer,
-        taylor_samples=args.taylor_samples,
-        cahp_degree=args.cahp_degree,
-        cahp_k_grid=k_grid,
-        allow_identical=args.allow_identical,
-        cache=DiskCache(),
-        batch_size=args.batch_size,
-        progress=progress_bar(f"{args.strategy} ranking"),
-    )
+    members = _build_members(args, loaded.model, inputs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_masks(out, members, loaded.identity())
@@ -137,6 +119,99 @@ def _masks(args: argparse.Namespace) -> int:
     )
     print(f"wrote {out} ({len(members)} members)")
     return 0
+
+
+def _build_members(
+    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs
+) -> list[MemberMask]:
+    """The members ``--strategy`` asks for, each strategy calling its own function of members.py.
+
+    ``taylor`` is layer-wise Taylor pruning for one member and seed sampling over the Taylor global
+    ranking for more (Hydra (Taylor)); ``seed-sampling`` draws from the greedy ranking of
+    ``--objective`` or, with ``--ranking-source taylor``, from the Taylor one. Arguments are checked
+    before any search runs.
+    """
+    from hydra_core.analysis.cahp import cahp_k_grid
+    from hydra_core.cache import DiskCache
+    from hydra_core.hydra.members import (
+        CIRCUIT_NAMES,
+        TAYLOR_NAME,
+        cahp_members,
+        circuit_member,
+        greedy_ranking,
+        identical_members,
+        member_seeds,
+        seed_sampled_members,
+        taylor_member,
+        taylor_ranking,
+    )
+
+    layout = head_layout(model)
+    if args.m < 1:
+        raise ValueError(f"--m must be a positive number of members, got {args.m}")
+    per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
+    if per_layer is not None and (args.strategy, args.m) != ("taylor", 1):
+        raise ValueError("--per-layer is for layer-wise pruning: --strategy taylor with --m 1")
+
+    def greedy() -> list[Head]:
+        return greedy_ranking(
+            model,
+            inputs,
+            objective=args.objective,
+            budget=args.budget,
+            cache=DiskCache(),
+            batch_size=args.batch_size,
+            progress=progress_bar(f"{args.strategy} ranking"),
+        )
+
+    if args.strategy == "taylor" and args.m == 1:
+        member = taylor_member(
+            model,
+            inputs,
+            budget=args.budget if per_layer is None else None,
+            per_layer=per_layer,
+            samples=args.taylor_samples,
+            batch_size=args.batch_size,
+        )
+        return [member]
+    if args.strategy in ("circuit", "identical-circuit"):
+        if args.strategy == "circuit" and args.m != 1:
+            raise ValueError(
+                f"the 'circuit' strategy gives one circuit, so {args.m} members would be "
+                "identical; use 'seed-sampling' for members that differ, or 'identical-circuit' "
+                "for the identical-members ablation (paper Table 9)"
+            )
+        name = CIRCUIT_NAMES[args.objective]
+        circuit = circuit_member(greedy(), layout, budget=args.budget, ranking_name=name)
+        return [circuit] if args.m == 1 else identical_members(circuit, args.m)
+    seeds = member_seeds(args.m, args.seeds)
+    if args.strategy == "cahp":
+        return cahp_members(
+            model,
+            inputs,
+            seeds=seeds,
+            degree=args.cahp_degree,
+            k_grid=cahp_k_grid(layout.total_heads, args.cahp_k_step),
+            batch_size=args.batch_size,
+            progress=progress_bar(f"{args.strategy} ranking"),
+            allow_identical=args.allow_identical,
+        )
+    if args.strategy == "taylor" or args.ranking_source == "taylor":
+        name = TAYLOR_NAME
+        ranking = taylor_ranking(
+            model, inputs, samples=args.taylor_samples, batch_size=args.batch_size
+        )
+    else:
+        name, ranking = CIRCUIT_NAMES[args.objective], greedy()
+    return seed_sampled_members(
+        ranking,
+        layout,
+        budget=args.budget,
+        seeds=seeds,
+        ranking_name=name,
+        pool=args.pool,
+        allow_identical=args.allow_identical,
+    )
 
 
 def _cahp_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,20 +231,17 @@ def _cahp_arguments(p: argparse.ArgumentParser) -> None:
 @command("cahp", _cahp_arguments)
 def _cahp(args: argparse.Namespace) -> int:
     """CAHP complementary head selection (our reading of the public abstract); writes the mask."""
-    from hydra_core.analysis.cahp import cahp_select
+    from hydra_core.analysis.cahp import cahp_k_grid, cahp_select
     from hydra_core.masks import MemberMask, save_masks
 
     loaded, _, inputs, _, out = prepare(args)
     layout = head_layout(loaded.model)
-    grid = list(range(1, layout.total_heads + 1, max(1, args.k_step)))
-    if grid[-1] != layout.total_heads:
-        grid.append(layout.total_heads)
     result = cahp_select(
         loaded.model,
         inputs.id_x,
         inputs.id_y,
         degree=args.degree,
-        k_grid=grid,
+        k_grid=cahp_k_grid(layout.total_heads, args.k_step),
         seed=args.seed,
         batch_size=args.batch_size,
         progress=progress_bar("CAHP curve"),

@@ -14,26 +14,36 @@ Anything identical across members is stored once (``S = 1`` on the leading axis 
 instead of per member (``S = M``). While the stem and the leading blocks are shared, the stream
 keeps ``S = 1`` and is computed once; the first per-member weight broadcasts it to M streams.
 
-``fuse_members`` builds a :class:`HydraViT` from (model, keep) pairs; ``save_hydra`` and
-``load_hydra`` store it as safetensors with a JSON description and rebuild it from the file alone.
-Both routes go through :func:`_assemble`, so a loaded model is the same module as the saved one.
+The building blocks (grouped linear layers, stacked LayerNorms, the merged MLP, the fused block,
+the stem) are in :mod:`hydra_core.hydra.layers`. ``fuse_members`` builds a :class:`HydraViT` from
+(model, keep) pairs; ``save_hydra`` and ``load_hydra`` store it as safetensors with its
+:class:`HydraConfig` as JSON and rebuild it from the file alone. Both routes go through
+:func:`_assemble`, so a loaded model is the same module as the saved one.
 The fused model is for inference: the members' dropout, drop-path and patch dropout are not kept.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from timm.layers import GELU, GELUTanh, LayerScale, QuickGELU
 from timm.models.vision_transformer import global_pool_nlc
 from torch import nn
 
+from hydra_core.hydra.layers import (
+    ACTIVATIONS,
+    FusedBlock,
+    GroupedLinear,
+    MergedMlp,
+    StackedLayerNorm,
+    Stem,
+)
 from hydra_core.models.adapter import (
     HeadLayout,
     UnsupportedModelError,
@@ -44,22 +54,6 @@ from hydra_core.models.adapter import (
 FORMAT = "hydra-fused"
 FORMAT_VERSION = 1
 POOLS = ("token", "avg", "max", "avgmax")
-
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "relu": F.relu,
-    "silu": F.silu,
-}
-#: in-place versions, used when no gradient is recorded (they overwrite their input)
-ACTIVATIONS_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": torch.ops.aten.gelu_,
-    "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
-    "quick_gelu": lambda x: x.mul_(torch.sigmoid(1.702 * x)),
-    "relu": torch.relu_,
-    "silu": lambda x: F.silu(x, inplace=True),
-}
 
 
 def ensemble_probs(member_logits: torch.Tensor) -> torch.Tensor:
@@ -72,240 +66,57 @@ def ensemble_probs(member_logits: torch.Tensor) -> torch.Tensor:
     return member_logits.float().softmax(dim=-1).mean(dim=1)
 
 
-# -------------------------------------------------------------------------------------------------
-# Building blocks. Every weight has a leading axis S: 1 when all members share it, M otherwise.
+@dataclass(frozen=True)
+class HydraConfig:
+    """What a :class:`HydraViT` is beyond its tensors: its architecture and each member's heads.
 
-
-class StackedLayerNorm(nn.Module):
-    """LayerNorm on the last axis; weight and bias (S, d), per member (S = M) or shared (S = 1)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> None:
-        super().__init__()
-        if weight.ndim != 2 or weight.shape != bias.shape:
-            raise ValueError(
-                f"norm weight and bias must both be (S, d), got {tuple(weight.shape)} "
-                f"and {tuple(bias.shape)}"
-            )
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias)
-        self.eps = eps
-
-    @property
-    def groups(self) -> int:
-        return self.weight.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (S_x, ..., d)
-        s, d = self.weight.shape
-        if s == 1:
-            return F.layer_norm(x, (d,), self.weight[0], self.bias[0], self.eps)
-        shape = (s,) + (1,) * (x.ndim - 2) + (d,)  # one row per member, broadcast over the rest
-        normed = F.layer_norm(x, (d,), eps=self.eps)
-        return torch.addcmul(self.bias.view(shape), normed, self.weight.view(shape))
-
-
-class GroupedLinear(nn.Module):
-    """Grouped fully-connected layer: ``y[m] = x[m] @ weight[m] + bias[m]``.
-
-    Member m's rows meet only member m's weights. ``weight`` is (S, in, out) - stored transposed, as
-    ``bmm`` wants it - and ``bias`` (S, 1, out) or None. With S = 1 every member uses the same
-    weights and all rows go through one matrix multiply.
+    :func:`save_hydra` writes it as JSON into the safetensors header (``to_json``, with the file
+    format and version first); :func:`load_hydra` reads it back (``from_json``). The fields and
+    their order are the header's, so files saved by earlier versions of this code still load.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        bias_shape = None if bias is None else tuple(bias.shape)
-        if weight.ndim != 3 or bias_shape not in (None, (weight.shape[0], 1, weight.shape[2])):
-            raise ValueError(
-                "grouped weight must be (S, in, out) with bias (S, 1, out), got "
-                f"{tuple(weight.shape)} and {bias_shape}"
-            )
-        self.weight = nn.Parameter(weight)
-        self.bias = None if bias is None else nn.Parameter(bias)
+    num_members: int  # M, the members fused into one model
+    embed_dim: int  # d, the token width
+    depth: int  # transformer blocks
+    head_dim: int  # d_k, the width of one attention head
+    num_classes: int  # C, the classifier's outputs
+    global_pool: str  # timm's pooling: "token", "avg", "max" or "avgmax"
+    num_prefix_tokens: int  # class and register tokens ahead of the patch tokens
+    class_token: bool  # the stem prepends a learned class token
+    reg_tokens: int  # learned register tokens the stem prepends after the class token
+    no_embed_class: bool  # the position embedding covers the patch tokens only
+    pool_include_prefix: bool  # avg/max pooling also reads the prefix tokens
+    pos_embed: bool  # the stem adds a learned position embedding
+    img_size: tuple[int, int]  # (H, W): the only image size the model accepts
+    patch_size: tuple[int, int]  # (p_h, p_w): the patch embedding's kernel and stride
+    in_chans: int  # image channels
+    mlp_act: str  # the MLP activation, a key of layers.ACTIVATIONS
+    norm_eps: float  # epsilon of every LayerNorm (1e-6 when the model has none)
+    # kept_heads[m][l]: the heads member m keeps in layer l, in that member's own numbering
+    kept_heads: tuple[tuple[tuple[int, ...], ...], ...]
 
-    @property
-    def groups(self) -> int:
-        return self.weight.shape[0]
+    def to_json(self) -> dict:
+        """The header entry: file format and version, then every field (tuples become lists)."""
+        return {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (S_x, T, in) -> (max(S, S_x), T, out)."""
-        s, _, out = self.weight.shape
-        if s == 1:  # one weight for every member: a single GEMM over all rows
-            rows = x.flatten(0, 1)  # (S_x * T, in)
-            w = self.weight[0]
-            y = rows @ w if self.bias is None else torch.addmm(self.bias[0], rows, w)
-            return y.view(*x.shape[:-1], out)
-        x = x.expand(s, *x.shape[1:])  # a stream still shared by all members meets member weights
-        if self.bias is None:
-            return torch.bmm(x, self.weight)
-        return torch.baddbmm(self.bias, x, self.weight)
-
-
-class MergedMlp(nn.Module):
-    """The members' MLPs averaged into one (paper: "Merged MLP"), applied to all streams at once."""
-
-    def __init__(
-        self,
-        fc1_weight: torch.Tensor,
-        fc1_bias: torch.Tensor | None,
-        fc2_weight: torch.Tensor,
-        fc2_bias: torch.Tensor | None,
-        act: str,
-    ) -> None:
-        super().__init__()
-        if act not in ACTIVATIONS:
-            raise ValueError(f"unknown MLP activation {act!r}; known: {', '.join(ACTIVATIONS)}")
-        self.fc1_weight = nn.Parameter(fc1_weight)  # (hidden, d)
-        self.fc1_bias = None if fc1_bias is None else nn.Parameter(fc1_bias)
-        self.fc2_weight = nn.Parameter(fc2_weight)  # (d, hidden)
-        self.fc2_bias = None if fc2_bias is None else nn.Parameter(fc2_bias)
-        self.act = act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.linear(x, self.fc1_weight, self.fc1_bias)  # (..., hidden)
-        act = ACTIVATIONS if torch.is_grad_enabled() else ACTIVATIONS_INPLACE
-        h = act[self.act](h)
-        return F.linear(h, self.fc2_weight, self.fc2_bias)
-
-
-class FusedBlock(nn.Module):
-    """One fused transformer block (timm ``Block`` semantics, pre-norm) for all members.
-
-    Args:
-        head_dim: d_k.
-        norm1, norm2: the two LayerNorms (shared or per member).
-        qkv: grouped Q/K/V projection, (S, d, 3 * H_max * d_k), columns ordered q | k | v and
-            head-major within each; None when no member keeps a head in this layer.
-        proj: grouped output projection (S, H_max * d_k, d), the attention's layer scale folded in.
-        mlp: the merged MLP.
-        ls2: the MLP's layer scale, (S, d), or None.
-    """
-
-    def __init__(
-        self,
-        *,
-        head_dim: int,
-        norm1: StackedLayerNorm,
-        qkv: GroupedLinear | None,
-        proj: GroupedLinear,
-        norm2: StackedLayerNorm,
-        mlp: MergedMlp,
-        ls2: torch.Tensor | None,
-    ) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.norm1, self.qkv, self.proj, self.norm2, self.mlp = norm1, qkv, proj, norm2, mlp
-        self.ls2 = None if ls2 is None else nn.Parameter(ls2)
-
-    @property
-    def max_heads(self) -> int:
-        return 0 if self.qkv is None else self.qkv.weight.shape[2] // (3 * self.head_dim)
-
-    @property
-    def is_shared(self) -> bool:
-        """True when every member uses the same weights here (and so the same heads)."""
-        parts = [self.norm1.weight, self.proj.weight, self.norm2.weight]
-        parts += [self.qkv.weight] if self.qkv is not None else []
-        parts += [self.ls2] if self.ls2 is not None else []
-        return all(p.shape[0] == 1 for p in parts)
-
-    def forward(self, x: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
-        """x: (S_x, B, N, d) -> (S, B, N', d); N' = 1 when ``cls_only`` (row 0 only)."""
-        _, b, _, d = x.shape
-        z = self.head_outputs(self.norm1(x), cls_only)  # (S, B*N', H*d_k)
-        if cls_only:
-            x = x[:, :, :1]  # (S_x, B, 1, d)
-        x = _add_residual(x, self.proj(z).view(-1, b, x.shape[2], d))  # (S, B, N', d)
-        del z  # free activation-sized temporaries as soon as they are used
-        m = self.mlp(self.norm2(x))
-        if self.ls2 is None:
-            return _add_residual(x, m)
-        return torch.addcmul(x, self.ls2.view(self.ls2.shape[0], 1, 1, d), m)
-
-    def head_outputs(self, h: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
-        """Every member's head outputs Z (before W_O) for the normalised stream h (S_x, B, N, d).
-
-        Returns (S, B*N', H_max*d_k): member-major, heads concatenated as at timm's ``proj``."""
-        s_x, b, n, d = h.shape
-        nq = 1 if cls_only else n
-        if self.qkv is None:  # no member keeps a head: the attention adds only W_O's bias
-            return h.new_zeros(s_x, b * nq, 0)
-        heads, dk = self.max_heads, self.head_dim
-        qkv = self.qkv(h.view(s_x, b * n, d))  # (S, B*N, 3*H*d_k)
-        s = qkv.shape[0]
-        qkv = qkv.view(s * b, n, 3, heads, dk)  # (S*B, N, 3, H, d_k): a view, no copy
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # each (S*B, H, N, d_k)
-        if cls_only:
-            q = q[:, :, :1]  # (S*B, H, 1, d_k)
-        z = F.scaled_dot_product_attention(q, k, v)  # every member's heads: (S*B, H, N', d_k)
-        return z.transpose(1, 2).reshape(s, b * nq, heads * dk)  # (S, B*N', H*d_k), no copy
-
-
-def _add_residual(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-    """``x + update``, written into ``update`` - a fresh matmul output that autograd does not keep -
-    when that keeps dtype and shape, which saves allocating one activation-sized tensor. (Under
-    autocast ``update`` is low precision and the stream fp32: then a new tensor, as timm does.)"""
-    if update.dtype == x.dtype and update.shape == torch.broadcast_shapes(x.shape, update.shape):
-        return update.add_(x)
-    return x + update
-
-
-class Stem(nn.Module):
-    """Patch embedding, class/register tokens and position embedding (timm's ``_pos_embed``).
-
-    Args:
-        patch_weight: (S, d, C, p_h, p_w) conv weights; patch_bias (S, d) or None.
-        patch_norm, norm_pre: optional LayerNorms (the patch embedding's norm, timm's norm_pre).
-        cls_token: (S, 1, d), reg_token: (S, R, d), pos_embed: (S, N_pos, d), each or None.
-        no_embed_class: the position embedding covers the patches only; prefix tokens come after.
-    """
-
-    def __init__(
-        self,
-        *,
-        patch_weight: torch.Tensor,
-        patch_bias: torch.Tensor | None,
-        patch_norm: StackedLayerNorm | None,
-        cls_token: torch.Tensor | None,
-        reg_token: torch.Tensor | None,
-        pos_embed: torch.Tensor | None,
-        no_embed_class: bool,
-        norm_pre: StackedLayerNorm | None,
-    ) -> None:
-        super().__init__()
-        self.patch_weight = nn.Parameter(patch_weight)
-        self.patch_bias = None if patch_bias is None else nn.Parameter(patch_bias)
-        self.patch_norm = patch_norm
-        self.cls_token = None if cls_token is None else nn.Parameter(cls_token)
-        self.reg_token = None if reg_token is None else nn.Parameter(reg_token)
-        self.pos_embed = None if pos_embed is None else nn.Parameter(pos_embed)
-        self.no_embed_class = no_embed_class
-        self.norm_pre = norm_pre
-
-    @property
-    def groups(self) -> int:
-        return self.patch_weight.shape[0]
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (S, B, N, d)
-        s, d = self.patch_weight.shape[:2]
-        b = images.shape[0]
-        weight = self.patch_weight.flatten(0, 1)  # (S*d, C, p_h, p_w): all members in one conv
-        bias = None if self.patch_bias is None else self.patch_bias.flatten()
-        x = F.conv2d(images, weight, bias, stride=weight.shape[-2:])  # (B, S*d, gh, gw)
-        x = x.view(b, s, d, -1).permute(1, 0, 3, 2)  # (S, B, Np, d)
-        if self.patch_norm is not None:
-            x = self.patch_norm(x)
-        tokens = [t for t in (self.cls_token, self.reg_token) if t is not None]
-        prefix = [t[:, None].expand(s, b, *t.shape[1:]) for t in tokens]  # (S, B, 1 or R, d)
-        pos = None if self.pos_embed is None else self.pos_embed[:, None]  # (S, 1, N_pos, d)
-        if pos is not None and self.no_embed_class:
-            x = x + pos
-        if prefix:
-            x = torch.cat([*prefix, x], dim=2)  # (S, B, N, d)
-        if pos is not None and not self.no_embed_class:
-            x = x + pos
-        if self.norm_pre is not None:
-            x = self.norm_pre(x)
-        return x
+    @classmethod
+    def from_json(cls, header: dict) -> HydraConfig:
+        """Read a header entry written by :meth:`to_json` (format and version checked by the
+        caller); a missing or unknown field is a ValueError naming it."""
+        names = [f.name for f in fields(cls)]
+        values = {k: v for k, v in header.items() if k not in ("format", "version")}
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"it lacks the fields {', '.join(missing)}")
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            raise ValueError(f"it has unknown fields {', '.join(unknown)}")
+        values["img_size"] = tuple(values["img_size"])
+        values["patch_size"] = tuple(values["patch_size"])
+        values["kept_heads"] = tuple(
+            tuple(tuple(layer) for layer in member) for member in values["kept_heads"]
+        )
+        return cls(**values)
 
 
 class HydraViT(nn.Module):
@@ -316,12 +127,12 @@ class HydraViT(nn.Module):
         num_shared_layers: leading blocks identical for all members (same heads, same weights,
             after a shared stem): they run once on (B, N, d) instead of M times.
         kept_heads: per member, per layer, the kept heads in that member's own numbering.
-        config: the JSON-able description that :func:`save_hydra` writes to the file header.
+        config: the description that :func:`save_hydra` writes to the file header.
     """
 
     def __init__(
         self,
-        config: dict,
+        config: HydraConfig,
         stem: Stem,
         blocks: Sequence[FusedBlock],
         norm: StackedLayerNorm | None,
@@ -330,12 +141,13 @@ class HydraViT(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.num_members: int = config["num_members"]
-        self.kept_heads: list[list[list[int]]] = config["kept_heads"]
-        self.global_pool: str = config["global_pool"]
-        self.num_prefix_tokens: int = config["num_prefix_tokens"]
-        self.pool_include_prefix: bool = config["pool_include_prefix"]
-        self.img_size: tuple[int, int] = tuple(config["img_size"])
+        # timm's attribute names, so code written for a VisionTransformer reads them here too
+        self.num_members = config.num_members
+        self.kept_heads = config.kept_heads
+        self.global_pool = config.global_pool
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.pool_include_prefix = config.pool_include_prefix
+        self.img_size = config.img_size
         self.stem = stem
         self.blocks = nn.ModuleList(blocks)
         self.norm, self.fc_norm, self.head = norm, fc_norm, head
@@ -402,13 +214,11 @@ def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT:
         [keep[layer, :n].nonzero().flatten() for layer, n in enumerate(layout.num_heads)]
         for _, keep, layout in parsed
     ]  # per member and layer: kept head indices
-    config = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "num_members": len(parsed),
+    config = HydraConfig(
+        num_members=len(parsed),
         **{k: v for k, v in spec.items() if k != "mlp_hidden"},
-        "kept_heads": [[h.tolist() for h in member] for member in heads],
-    }
+        kept_heads=tuple(tuple(tuple(h.tolist()) for h in member) for member in heads),
+    )
     models = [model for model, _, _ in parsed]
     tensors = _stem_tensors(models)
     for layer in range(spec["depth"]):
@@ -503,8 +313,8 @@ def _architecture(index: int, model: nn.Module, layout: HeadLayout) -> dict:
         "no_embed_class": bool(getattr(model, "no_embed_class", False)),
         "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
         "pos_embed": getattr(model, "pos_embed", None) is not None,
-        "img_size": list(pe.img_size),
-        "patch_size": list(conv.kernel_size),
+        "img_size": tuple(pe.img_size),
+        "patch_size": tuple(conv.kernel_size),
         "in_chans": conv.in_channels,
         "mlp_act": acts.pop(),
         "mlp_hidden": hidden.pop(),
@@ -677,7 +487,7 @@ def _merged_mlp(blocks: Sequence[nn.Module]) -> dict[str, torch.Tensor | None]:
 # One constructor for both routes: fused from members, or read back from a file.
 
 
-def _assemble(config: dict, tensors: dict[str, torch.Tensor]) -> HydraViT:
+def _assemble(config: HydraConfig, tensors: dict[str, torch.Tensor]) -> HydraViT:
     """Build a :class:`HydraViT` from its description and its named tensors (a state dict)."""
     unused = set(tensors)
 
@@ -693,25 +503,25 @@ def _assemble(config: dict, tensors: dict[str, torch.Tensor]) -> HydraViT:
         weight = take(f"{prefix}.weight", required)
         if weight is None:
             return None
-        return StackedLayerNorm(weight, take(f"{prefix}.bias"), config["norm_eps"])
+        return StackedLayerNorm(weight, take(f"{prefix}.bias"), config.norm_eps)
 
     stem = Stem(
         patch_weight=take("stem.patch_weight"),
         patch_bias=take("stem.patch_bias", False),
         patch_norm=norm("stem.patch_norm"),
-        cls_token=take("stem.cls_token", config["class_token"]),
-        reg_token=take("stem.reg_token", config["reg_tokens"] > 0),
-        pos_embed=take("stem.pos_embed", config["pos_embed"]),
-        no_embed_class=config["no_embed_class"],
+        cls_token=take("stem.cls_token", config.class_token),
+        reg_token=take("stem.reg_token", config.reg_tokens > 0),
+        pos_embed=take("stem.pos_embed", config.pos_embed),
+        no_embed_class=config.no_embed_class,
         norm_pre=norm("stem.norm_pre"),
     )
     blocks = []
-    for layer in range(config["depth"]):
+    for layer in range(config.depth):
         p = f"blocks.{layer}."
         qkv_weight, qkv_bias = take(p + "qkv.weight", False), take(p + "qkv.bias", False)
         blocks.append(
             FusedBlock(
-                head_dim=config["head_dim"],
+                head_dim=config.head_dim,
                 norm1=norm(p + "norm1", True),
                 qkv=None if qkv_weight is None else GroupedLinear(qkv_weight, qkv_bias),
                 proj=GroupedLinear(take(p + "proj.weight"), take(p + "proj.bias", False)),
@@ -721,7 +531,7 @@ def _assemble(config: dict, tensors: dict[str, torch.Tensor]) -> HydraViT:
                     take(p + "mlp.fc1_bias", False),
                     take(p + "mlp.fc2_weight"),
                     take(p + "mlp.fc2_bias", False),
-                    config["mlp_act"],
+                    config.mlp_act,
                 ),
                 ls2=take(p + "ls2", False),
             )
@@ -738,7 +548,7 @@ def _assemble(config: dict, tensors: dict[str, torch.Tensor]) -> HydraViT:
 def _check_consistent(hydra: HydraViT) -> None:
     """Shapes agree with the description (catches a file whose header and tensors disagree)."""
     cfg = hydra.config
-    m, d, dk, depth = cfg["num_members"], cfg["embed_dim"], cfg["head_dim"], cfg["depth"]
+    m, d, dk, depth = cfg.num_members, cfg.embed_dim, cfg.head_dim, cfg.depth
     if len(hydra.kept_heads) != m or any(len(member) != depth for member in hydra.kept_heads):
         raise ValueError(f"kept_heads must list {depth} layers for each of the {m} members")
     for name, module in hydra.named_modules():
@@ -754,10 +564,10 @@ def _check_consistent(hydra: HydraViT) -> None:
             )
         if block.ls2 is not None and block.ls2.shape[0] not in (1, m):
             raise ValueError(f"block {layer}: ls2 holds {block.ls2.shape[0]} member groups")
-    if hydra.head.weight.shape[1:] != (d, cfg["num_classes"]):
+    if hydra.head.weight.shape[1:] != (d, cfg.num_classes):
         raise ValueError(
             f"the head has shape {tuple(hydra.head.weight.shape)}; expected "
-            f"(S, {d}, {cfg['num_classes']})"
+            f"(S, {d}, {cfg.num_classes})"
         )
 
 
@@ -771,7 +581,7 @@ def save_hydra(hydra: HydraViT, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in hydra.state_dict().items()}
     tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(state, str(tmp), metadata={"hydra": json.dumps(hydra.config)})
+    save_file(state, str(tmp), metadata={"hydra": json.dumps(hydra.config.to_json())})
     tmp.replace(path)
 
 
@@ -792,17 +602,21 @@ def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT
             "'hydra' entry); such files are written by save_hydra"
         )
     try:
-        config = json.loads(meta["hydra"])
+        header = json.loads(meta["hydra"])
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: the 'hydra' header is not valid JSON ({error})") from None
-    if not isinstance(config, dict):
+    if not isinstance(header, dict):
         raise ValueError(f"{path}: the 'hydra' header is not a JSON object")
-    if (config.get("format"), config.get("version")) != (FORMAT, FORMAT_VERSION):
+    if (header.get("format"), header.get("version")) != (FORMAT, FORMAT_VERSION):
         raise ValueError(
-            f"{path}: the header says format {config.get('format')!r} version "
-            f"{config.get('version')!r}; this code reads {FORMAT!r} version "
+            f"{path}: the header says format {header.get('format')!r} version "
+            f"{header.get('version')!r}; this code reads {FORMAT!r} version "
             f"{FORMAT_VERSION}"
         )
+    try:
+        config = HydraConfig.from_json(header)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{path}: the 'hydra' header is malformed ({error})") from None
     try:
         return _assemble(config, tensors).eval()
     except (KeyError, TypeError) as error:

@@ -1,0 +1,43 @@
+"""The replication report: the paper's analyses re-run on our default model, whatever comes out.
+
+``python -m hydra_core report`` writes ``report.md``, ``report.json`` and one CSV per table into an
+output folder (default ``docs/report``). Sections, in the paper's numbering:
+
+- Table 4: zero-shot pruning, Taylor against the CircAvg circuit (same number of heads removed);
+- Table 5: ID/OOD centroid distances of the last layer's heads, CircOOD against the dense model;
+- Table 6: CircAcc against CircOOD;
+- Tables 1-2: single model, Taylor, CircAvg, Hydra (Taylor), Hydra (Circ) and Deep Ensembles (when
+  trained copies exist) on every metric, zero-shot and, unless disabled, fine-tuned;
+- Table 9: where diversity comes from: members differing by their pruning seed against identical
+  members (and, fine-tuned, by batch order);
+- Table 11: fused against non-fused members;
+- Table 7: parameters, multiply-adds and latency.
+
+Every head selection uses the search split; every number in the tables comes from the report
+split. Searches and fine-tuned weights are cached, so a second run is much faster.
+
+Modules: :mod:`~hydra_core.report.run` runs the analyses and writes the files,
+:mod:`~hydra_core.report.tables` picks the tables' rows and columns from the results,
+:mod:`~hydra_core.report.markdown` renders ``report.md``.
+"""
+
+from hydra_core.report.markdown import markdown_report, markdown_table
+from hydra_core.report.run import (
+    DEFAULT_OUT,
+    Budgets,
+    ReportConfig,
+    config_from_args,
+    run_report,
+)
+from hydra_core.report.tables import report_tables
+
+__all__ = [
+    "DEFAULT_OUT",
+    "Budgets",
+    "ReportConfig",
+    "config_from_args",
+    "markdown_report",
+    "markdown_table",
+    "report_tables",
+    "run_report",
+]

@@ -1,0 +1,201 @@
+"""The report's tables: rows and columns picked from the evaluated systems and searches.
+
+Each table is a DataFrame named as its CSV (``table4_zero_shot`` and so on); the numbers are the
+ones :class:`~hydra_core.hydra.systems.SystemsReport` computed, only selected and ordered here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from hydra_core.hydra.members import CIRCUIT_NAMES
+from hydra_core.hydra.systems import system_name
+
+if TYPE_CHECKING:
+    from hydra_core.analysis.greedy import GreedyResult
+    from hydra_core.hydra.systems import SystemsReport
+
+#: the ensembles the report evaluates, by label (rows are named through ``system_name``)
+HYDRA_CIRC = "Hydra (Circ)"
+HYDRA_TAYLOR = "Hydra (Taylor)"
+HYDRA_IDENTICAL = "Hydra (Circ, identical members)"
+HYDRA_CIRC_FT = f"{HYDRA_CIRC}, fine-tuned"
+HYDRA_TAYLOR_FT = f"{HYDRA_TAYLOR}, fine-tuned"
+HYDRA_IDENTICAL_FT = f"{HYDRA_IDENTICAL}, fine-tuned"
+HYDRA_IDENTICAL_ORDER_FT = f"{HYDRA_IDENTICAL}, batch order varied, fine-tuned"
+
+
+def fused(label: str) -> str:
+    """The row of the fused Hydra model of the ensemble ``label``."""
+    return system_name(label, "fused")
+
+
+OOD_METRICS = ("auroc", "fpr95", "aupr_in", "aupr_out")
+#: the OOD metrics averaged over the near and the far OOD sets
+NEAR_FAR = tuple(f"{g}_{m}" for g in ("near", "far") for m in OOD_METRICS)
+
+
+def report_tables(
+    systems: SystemsReport,
+    table5: pd.DataFrame,
+    circuits: Mapping[str, GreedyResult],
+    deep: bool,
+    finetuned: Sequence[str],
+) -> dict[str, pd.DataFrame]:
+    """Every table of the report, by CSV name, from the evaluated systems and searches.
+
+    Args:
+        systems: every evaluated system (zero-shot and fine-tuned), with costs measured.
+        table5: the centroid distances, passed through as Table 5.
+        circuits: the greedy search results by objective (``avg``, ``acc``, ``ood``).
+        deep: whether the systems include Deep Ensembles.
+        finetuned: labels of the fine-tuned Hydra variants in ``systems`` (empty when zero-shot).
+
+    Tables pick their rows by system name and skip the ones that were not evaluated, so a
+    zero-shot run or one without Deep Ensembles gives the same tables minus those rows.
+    """
+    summary = systems.summary().set_index("system")
+    return {
+        "table4_zero_shot": _rows(summary, ["single", "Taylor", "CircAvg"])[
+            ["system", "heads", "accuracy", "ece", *NEAR_FAR]
+        ],
+        "table5_distances": table5,
+        "table6_circuits": _rows(summary, ["CircOOD", "CircAcc"])[
+            ["system", "heads", "accuracy", *NEAR_FAR, *(f"all_{m}" for m in OOD_METRICS)]
+        ],
+        "table1_systems": _table1(summary, deep, finetuned),
+        "table9_diversity": _table9(summary, deep, finetuned),
+        "table11_fusion": _table11(systems, finetuned),
+        "table7_cost": systems.cost.reset_index(),
+        "circuits": _circuits_table(circuits),
+        "summary_all_systems": summary.reset_index(),
+        "all_sets": systems.table(),
+    }
+
+
+def _rows(summary: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """The summary rows of the named systems that were evaluated, in the order given."""
+    return summary.loc[[n for n in names if n in summary.index]].reset_index()
+
+
+def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.DataFrame:
+    """Tables 1-2: the main systems on every metric."""
+    main = ["single", "Taylor", "CircAvg", fused(HYDRA_TAYLOR), fused(HYDRA_CIRC)]
+    if deep:
+        main.append("Deep Ensembles")
+    if HYDRA_CIRC_FT in finetuned:
+        main += [
+            "Taylor (fine-tuned)",
+            "CircAvg (fine-tuned)",
+            fused(HYDRA_TAYLOR_FT),
+            fused(HYDRA_CIRC_FT),
+        ]
+    columns = [
+        "system",
+        "kind",
+        "heads",
+        "accuracy",
+        "brier",
+        "nll",
+        "ece",
+        "adaptive_ece",
+        *(f"all_{m}" for m in OOD_METRICS),
+        *NEAR_FAR,
+        "id_mi",
+        "id_di",
+        "ood_mi",
+        "ood_di",
+    ]
+    return _rows(summary, main)[[c for c in columns if c in summary.reset_index().columns]]
+
+
+def _table9(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.DataFrame:
+    """Table 9: diversity of members that differ by pruning seed, batch order, or neither."""
+    diversity = [  # (system, pruning seed, batch order)
+        ("CircAvg", "-", "-"),
+        (fused(HYDRA_CIRC), "varied", "-"),
+        (fused(HYDRA_IDENTICAL), "fixed", "-"),
+    ]
+    if deep:
+        diversity.insert(1, ("Deep Ensembles", "-", "-"))
+    if finetuned:
+        diversity += [
+            (fused(HYDRA_CIRC_FT), "varied", "fixed"),
+            (fused(HYDRA_IDENTICAL_ORDER_FT), "fixed", "varied"),
+            (fused(HYDRA_IDENTICAL_FT), "fixed", "fixed"),
+        ]
+    table = _rows(summary, [d[0] for d in diversity])
+    sources = {name: (seed, order) for name, seed, order in diversity}
+    table.insert(1, "pruning_seed", [sources[n][0] for n in table["system"]])
+    table.insert(2, "batch_order", [sources[n][1] for n in table["system"]])
+    return table[
+        [
+            "system",
+            "pruning_seed",
+            "batch_order",
+            "heads",
+            "id_mi",
+            "id_di",
+            "ood_mi",
+            "ood_di",
+            "accuracy",
+            "all_auroc",
+        ]
+    ]
+
+
+def _table11(systems: SystemsReport, finetuned: Sequence[str]) -> pd.DataFrame:
+    """Table 11: each Hydra variant fused and unfused, with the largest probability gap.
+
+    The single model appears once, at the top; ``max_prob_diff`` is set on the fused rows only."""
+    fusion = []
+    labels = ["Hydra (Circ)", "Hydra (Taylor)", *(f for f in finetuned if "identical" not in f)]
+    for label in labels:
+        table = systems.fusion_table(label)
+        gap = table.attrs["max_prob_diff"]
+        for _, row in table.iterrows():
+            if row["system"] == "single" and fusion:
+                continue
+            fused = row["kind"] == "fused"
+            fusion.append({**row.to_dict(), "max_prob_diff": gap if fused else np.nan})
+    return pd.DataFrame(fusion)[
+        [
+            "system",
+            "heads",
+            "accuracy",
+            "brier",
+            "nll",
+            "ece",
+            "adaptive_ece",
+            "all_auroc",
+            "all_fpr95",
+            "all_aupr_in",
+            "all_aupr_out",
+            "ood_mi",
+            "max_prob_diff",
+        ]
+    ]
+
+
+def _circuits_table(circuits: Mapping[str, GreedyResult]) -> pd.DataFrame:
+    """One row per greedy search: its scores on the search split and the heads it removed."""
+    return pd.DataFrame(
+        [
+            {
+                "circuit": CIRCUIT_NAMES[o],
+                "objective": o,
+                "heads_removed": r.steps,
+                "search_accuracy": r.accuracy[-1],
+                "search_auroc": r.auroc[-1],
+                "dense_search_accuracy": r.base_accuracy,
+                "dense_search_auroc": r.base_auroc,
+                "seconds": r.seconds,
+                "removed": " ".join(r.labels()),
+            }
+            for o, r in circuits.items()
+        ]
+    )
