@@ -6,8 +6,9 @@ import torch
 from hydra_core.data.generic import class_order_note
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import model_card
+from hydra_core.hydra.fused import check_fusable
 from hydra_core.models.registry import BUILTIN_MODELS, chance_note, check_fit
-from hydra_ui.context import disk_cache, get_config, get_context, set_config
+from hydra_ui.context import cached_model, disk_cache, get_config, get_context, set_config
 from hydra_ui.widgets import show_error, table_with_download
 
 st.title("Setup")
@@ -125,25 +126,29 @@ if applied:
     elif not ood and not ood_folders.strip():
         st.error("Choose at least one OOD set or OOD folder.")
     else:
-        set_config(
-            config.replace(
-                model=model,
-                arch=arch.strip() or None,
-                arch_kwargs=arch_kwargs.strip(),
-                classes=tuple(c.strip() for c in classes.split(",") if c.strip()) or None,
-                dinov2_img_size=int(img_size),
-                ood=tuple(ood),
-                id_folder=id_folder.strip() or None,
-                ood_folders=tuple(
-                    line.strip() for line in ood_folders.splitlines() if line.strip()
-                ),
-                n_search=int(n_search),
-                n_report=int(n_report) or None,
-                device=device,
-                precision=precision,
-            )
+        chosen = config.replace(
+            model=model,
+            arch=arch.strip() or None,
+            arch_kwargs=arch_kwargs.strip(),
+            classes=tuple(c.strip() for c in classes.split(",") if c.strip()) or None,
+            dinov2_img_size=int(img_size),
+            ood=tuple(ood),
+            id_folder=id_folder.strip() or None,
+            ood_folders=tuple(line.strip() for line in ood_folders.splitlines() if line.strip()),
+            n_search=int(n_search),
+            n_report=int(n_report) or None,
+            device=device,
+            precision=precision,
         )
-        st.rerun()
+        with show_error(f"Cannot use {model}"):
+            # Refused here rather than on the last page: every page analyses or fuses the model.
+            loaded = cached_model(
+                chosen.model, chosen.arch, chosen.dinov2_img_size, chosen.arch_kwargs
+            )
+            loaded.check_analysable()
+            check_fusable(loaded.model)
+            set_config(chosen)
+            st.rerun()
 
 with show_error("Could not load the model or data"):
     context = get_context()

@@ -14,6 +14,7 @@ from hydra_core.hydra.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.hydra.systems import evaluate_systems
+from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, reliability_diagram, roc_curves
 from hydra_ui.jobs import start_job
@@ -85,10 +86,17 @@ def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
     return frame
 
 
-def fused_file(hydra) -> bytes:
+def fused_file(hydra, loaded) -> bytes:
+    """The fused model as a safetensors file that `load_model` evaluates like its source."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "hydra.safetensors"
-        save_hydra(hydra, path)
+        save_hydra(
+            hydra,
+            path,
+            preprocess=describe(loaded.preprocess),
+            source=loaded.name,
+            classes=loaded.classes,
+        )
         return path.read_bytes()
 
 
@@ -238,7 +246,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         hydra = report.info[fused].models[0]
         c1.download_button(
             "Fused model (safetensors)",
-            lambda: fused_file(hydra),
+            lambda: fused_file(hydra, context.loaded),
             file_name="hydra.safetensors",
             mime="application/octet-stream",
             icon=":material/download:",

@@ -321,3 +321,70 @@ def test_a_resumed_search_says_where(tmp_path, checkpoint, capsys):
     assert code == 0 and "resumed at step 2 of 4" in err
     steps = json.loads((tmp_path / "greedy_acc.json").read_text())["order"]
     assert len(steps) == 4
+
+
+# --- files written at once, options every command takes ---------------------------------------
+
+
+def test_concurrent_saves_of_one_path_never_collide(tmp_path):
+    """Two writers of the same file (two CLI processes saving the same masks): each writes its
+    own temporary file, so every save succeeds and the file is always one whole version."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hydra_core.files import atomic_write
+
+    path = tmp_path / "shared.json"
+    versions = [json.dumps({"writer": i, "pad": "x" * 200_000}) for i in range(8)]
+
+    def save(text: str) -> None:
+        for _ in range(5):
+            atomic_write(path, lambda tmp, text=text: tmp.write_text(text))
+            assert path.read_text() in versions  # never a torn or truncated file
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(save, versions))
+    assert path.read_text() in versions
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("command", ["info", "search", "importance", "masks", "hydra", "report"])
+def test_every_command_takes_threads_and_cache_dir(command):
+    from hydra_core.cli import build_parser
+
+    args = build_parser().parse_args(
+        [command, "--threads", "1", "--cache-dir", "/tmp/x", "--debug"]
+        + (["--masks", "m.json"] if command == "hydra" else [])
+    )
+    assert (args.threads, args.cache_dir, args.debug) == (1, "/tmp/x", True)
+
+
+def test_cache_dir_is_where_results_go(tmp_path, checkpoint, capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_LAB_CACHE")
+    assert main(["eval", "--model", checkpoint, *DATA, "--cache-dir", str(tmp_path / "c")]) == 0
+    assert list((tmp_path / "c" / "predictions").glob("*.pt"))
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+
+def test_setup_refuses_a_model_that_cannot_be_fused(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from hydra_ui.context import CONFIG_KEY, SetupConfig
+
+    arch = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=24, depth=2,
+                num_heads=4, dynamic_img_size=True)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path / "dynamic.safetensors"
+    save_checkpoint(timm.models.vision_transformer.VisionTransformer(**arch), path, arch)
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    app = AppTest.from_file("../app.py", default_timeout=180)
+    app.session_state[CONFIG_KEY] = SetupConfig(n_search=32, n_report=64)
+    app.run()
+    app.radio[0].set_value("Checkpoint file")
+    app.text_input(key="setup_model_name").set_value(str(path))
+    app.button[0].click()
+    app.run()
+    assert not app.exception
+    assert any("cannot be fused: dynamic image sizes" in e.value for e in app.error)
+    assert app.session_state[CONFIG_KEY].model == "default"  # the setup was not applied

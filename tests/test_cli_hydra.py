@@ -103,6 +103,15 @@ def test_masks_then_hydra(checkpoint, tmp_path, capsys):
         probs = probabilities(hydra(preprocess(id_report.images)))
     expected = summary.loc["Hydra (fused)", "accuracy"]
     assert accuracy(probs, id_report.labels) == pytest.approx(expected)
+    # ... and loads back as a model: `eval` gives the fused row's numbers, analyses refuse it
+    capsys.readouterr()
+    exported = str(out / "hydra.safetensors")
+    assert main(["eval", "--model", exported, *DATA, "--json"]) == 0
+    evaluation = json.loads(capsys.readouterr().out)
+    assert evaluation["model"]["members"] == 3 and evaluation["model"]["heads"] == "6+6+6"
+    assert evaluation["id"]["accuracy"] == pytest.approx(expected)
+    assert main(["search", "--model", exported, *DATA, "--out", str(tmp_path / "s")]) == 2
+    assert "is a fused Hydra model" in capsys.readouterr().err
 
     tuned = tmp_path / "tuned"
     assert (

@@ -23,6 +23,7 @@ LAYERS = (
     ("hydra_core.evaluate",),
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
+    ("hydra_core.models.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )
@@ -70,10 +71,16 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
-    for rank, prefixes in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return rank
-    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+    """The layer of the most specific entry of LAYERS that names ``module`` or a parent."""
+    found = [
+        (len(p), rank)
+        for rank, prefixes in enumerate(LAYERS)
+        for p in prefixes
+        if module == p or module.startswith(p + ".")
+    ]
+    if not found:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+    return max(found)[1]
 
 
 GRAPH = _graph()

@@ -87,10 +87,7 @@ def _search(args: argparse.Namespace) -> int:
         bar.refresh()
 
     result = greedy_circuit(
-        loaded.model,
-        inputs.id_x,
-        inputs.id_y,
-        inputs.ood_x,
+        *data,
         objective=args.objective,
         budget=args.budget,
         batch_size=args.batch_size,

@@ -112,14 +112,17 @@ def progress_bar(description: str):
     return update
 
 
-def load_for_cli(args: argparse.Namespace):
-    """The model and benchmark named by the common arguments, checked to fit each other."""
+def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
+    """The model and benchmark named by the common arguments, checked to fit each other; a fused
+    Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
     from hydra_core.data.benchmark import folder_benchmark
     from hydra_core.data.ood import OOD_SETS
     from hydra_core.models.preprocess import input_format
     from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
     loaded = load_model(args.model, arch=args.arch, arch_kwargs=parse_arch_kwargs(args.arch_kwargs))
+    if not fused_ok:
+        loaded.check_analysable()
     default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(

@@ -122,6 +122,7 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.hydra.systems import evaluate_systems
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
+    from hydra_core.models.preprocess import describe
 
     loaded, benchmark = load_for_cli(args)
     layout = head_layout(loaded.model)
@@ -158,7 +159,13 @@ def _hydra(args: argparse.Namespace) -> int:
     report.cost.to_csv(out / "cost.csv")
     (out / "systems.json").write_text(json.dumps(report.to_json(), indent=1))
     fused = report.info[report.find(args.label, "fused")].models[0]
-    save_hydra(fused.cpu(), out / "hydra.safetensors")
+    save_hydra(
+        fused.cpu(),
+        out / "hydra.safetensors",
+        preprocess=describe(loaded.preprocess),
+        source=loaded.name,
+        classes=loaded.classes,
+    )
     columns = [
         "system",
         "heads",

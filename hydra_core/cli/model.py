@@ -90,7 +90,7 @@ def _eval(args: argparse.Namespace) -> int:
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import evaluate_model
 
-    loaded, benchmark = load_for_cli(args)
+    loaded, benchmark = load_for_cli(args, fused_ok=True)
     bars: dict = {}
 
     def report(name: str, done: int, total: int) -> None:
@@ -130,7 +130,7 @@ def _info(args: argparse.Namespace) -> int:
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import model_card
 
-    loaded, benchmark = load_for_cli(args)
+    loaded, benchmark = load_for_cli(args, fused_ok=True)
     card = model_card(
         loaded, benchmark, cache=DiskCache(), device=args.device, batch_size=args.batch_size
     )

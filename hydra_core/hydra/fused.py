@@ -36,6 +36,7 @@ from timm.layers import GELU, GELUTanh, LayerScale, QuickGELU
 from timm.models.vision_transformer import global_pool_nlc
 from torch import nn
 
+from hydra_core.files import atomic_write
 from hydra_core.hydra.layers import (
     ACTIVATIONS,
     FusedBlock,
@@ -246,12 +247,19 @@ def _parse_member(index: int, member: object) -> tuple[nn.Module, torch.Tensor, 
     return model, keep, layout
 
 
-def _architecture(index: int, model: nn.Module, layout: HeadLayout) -> dict:
+def check_fusable(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedModelError` saying why members of ``model`` cannot be fused, so
+    that a user learns it when choosing the model, not at the last step."""
+    _architecture(None, model, head_layout(model))
+
+
+def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> dict:
     """What members must agree on, read from a timm VisionTransformer; refuses the unsupported."""
 
     def refuse(what: str) -> UnsupportedModelError:
+        where = "this model" if index is None else f"member {index}"
         return UnsupportedModelError(
-            f"member {index}: {what}; Hydra fusion supports timm "
+            f"{where} cannot be fused: {what}; Hydra fusion supports timm "
             "VisionTransformers (Conv2d patch embedding, Block, Mlp)"
         )
 
@@ -575,14 +583,31 @@ def _check_consistent(hydra: HydraViT) -> None:
 # Export.
 
 
-def save_hydra(hydra: HydraViT, path: str | Path) -> None:
-    """Write ``hydra`` as safetensors; the header's ``hydra`` entry (JSON) describes the model."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save_hydra(
+    hydra: HydraViT,
+    path: str | Path,
+    *,
+    preprocess: dict | None = None,
+    source: str | None = None,
+    classes: Sequence[str] | None = None,
+) -> None:
+    """Write ``hydra`` as safetensors (atomically); the header's ``hydra`` entry (JSON) describes
+    the model.
+
+    Args:
+        hydra: the fused model.
+        path: the file.
+        preprocess: how images become its input (``size``, ``channels``, ``mean``, ``std``, as
+            :func:`hydra_core.models.preprocess.describe` gives them); stored so that
+            ``load_model(path)`` can evaluate the file like its source model.
+        source: the name of the model the members were pruned from.
+        classes: class names, index = label.
+    """
     state = {k: v.detach().cpu().contiguous() for k, v in hydra.state_dict().items()}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(state, str(tmp), metadata={"hydra": json.dumps(hydra.config.to_json())})
-    tmp.replace(path)
+    header = {"hydra": json.dumps(hydra.config.to_json())}
+    extras = {"preprocess": preprocess, "source": source, "classes": classes}
+    header.update({k: json.dumps(list(v) if k == "classes" else v) for k, v in extras.items() if v})
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
 
 
 def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT:

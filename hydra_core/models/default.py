@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from hydra_core.files import atomic_write
+from hydra_core.models.preprocess import normalize_images
 from hydra_core.paths import ASSETS_DIR
 
 DEFAULT_CHECKPOINT = ASSETS_DIR / "fmnist_vit_default.safetensors"
@@ -66,16 +68,9 @@ def build_vit(config: VitConfig = VitConfig()) -> VisionTransformer:
     return VisionTransformer(**asdict(config))
 
 
-def preprocess(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images (N, C, H, W) of any size and channel count -> the default model's input.
-
-    Colour is averaged to grayscale and the size resampled to 28x28 (bilinear, antialiased)."""
-    x = images.float().div_(255.0)
-    if x.shape[1] != 1:
-        x = x.mean(dim=1, keepdim=True)
-    if x.shape[-2:] != (28, 28):
-        x = F.interpolate(x, size=(28, 28), mode="bilinear", antialias=True, align_corners=False)
-    return (x - MEAN) / STD
+#: uint8 images (N, C, H, W) of any size and channel count -> the default model's input: colour
+#: averaged to grayscale, resampled to 28x28 (bilinear, antialiased), Fashion-MNIST's statistics
+preprocess = partial(normalize_images, size=28, channels=1, mean=(MEAN,), std=(STD,))
 
 
 def load_checkpoint(path: str | Path) -> tuple[VisionTransformer, dict]:

@@ -31,8 +31,21 @@ def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, st
     return (x - mean) / std
 
 
+def describe(preprocess: Callable[[torch.Tensor], torch.Tensor]) -> dict | None:
+    """The settings of a preprocessing built on :func:`normalize_images` (``size``,
+    ``channels``, ``mean``, ``std``), to store beside a model; None for any other function."""
+    if isinstance(preprocess, partial) and preprocess.func is normalize_images:
+        spec = dict(preprocess.keywords)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
+    return None
+
+
 def input_format(model: nn.Module) -> tuple[int, int]:
-    """(channels, side) of a ViT's input images: 1 or 3 channels, the patch embedding's size."""
+    """(channels, side) of a ViT's input images: 1 or 3 channels, the patch embedding's size
+    (a fused Hydra model states both in its ``config``)."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "in_chans") and hasattr(config, "img_size"):
+        return (1 if config.in_chans == 1 else 3), int(config.img_size[0])
     patch_embed = getattr(model, "patch_embed", None)
     size = getattr(patch_embed, "img_size", None)
     channels = getattr(getattr(patch_embed, "proj", None), "in_channels", 3)

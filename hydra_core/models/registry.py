@@ -22,7 +22,7 @@ from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError
 from hydra_core.masks import model_identity
 from hydra_core.models.adapter import head_layout
-from hydra_core.models.preprocess import input_format, model_preprocess
+from hydra_core.models.preprocess import input_format, model_preprocess, normalize_images
 
 #: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
 BUILTIN_MODELS = {
@@ -39,7 +39,8 @@ class LoadedModel:
 
     Args:
         name: identifier shown in the app and written into mask files.
-        model: a timm VisionTransformer in eval mode.
+        model: a timm VisionTransformer in eval mode (or, loaded from a file ``hydra`` exported,
+            a fused :class:`~hydra_core.hydra.fused.HydraViT`, for evaluation only).
         preprocess: uint8 images (N, C, H, W) -> model input (float).
         description: one line for the model card.
         classes: class names, index = label, when known.
@@ -69,8 +70,32 @@ class LoadedModel:
             logits = self.model(torch.zeros(1, channels, size, size, device=device))
         return int(logits.shape[-1])
 
+    @property
+    def is_fused(self) -> bool:
+        """A fused Hydra model (from a file ``hydra`` wrote): it can be evaluated, not analysed."""
+        return hasattr(self.model, "config") and hasattr(self.model.config, "kept_heads")
+
+    def check_analysable(self) -> None:
+        """Refuse the head analyses on a fused Hydra model, with what to do instead."""
+        if self.is_fused:
+            raise InputError(
+                f"{self.name} is a fused Hydra model: it can be evaluated (eval, info), but the "
+                "head analyses need the model its members were pruned from; load that one"
+            )
+
     def card(self) -> dict:
         """Layers, heads, parameters: the static part of the model card."""
+        if self.is_fused:
+            config = self.model.config
+            return {
+                "name": self.name,
+                "members": config.num_members,
+                "layers": config.depth,
+                "heads": "+".join(str(sum(map(len, kept))) for kept in config.kept_heads),
+                "head_dim": config.head_dim,
+                "embed_dim": config.embed_dim,
+                "params": sum(p.numel() for p in self.model.parameters()),
+            }
         layout = head_layout(self.model)
         return {
             "name": self.name,
@@ -215,6 +240,10 @@ def _load_file(
     path: Path, arch: str | None, arch_kwargs: dict, num_classes: int | None
 ) -> LoadedModel:
     meta = _header(path) if path.suffix == ".safetensors" else {}
+    if "hydra" in meta:
+        if arch or arch_kwargs:
+            raise InputError(f"{path} is a fused Hydra model, which says its architecture itself")
+        return _load_fused(path, meta)
     if "vit_config" in meta and arch is None:
         return _load_configured(path, meta)
     if arch is None:
@@ -275,6 +304,30 @@ def _load_configured(path: Path, meta: dict[str, str]) -> LoadedModel:
         model.eval(),
         model_preprocess(model, mean=norm["mean"], std=norm["std"]),
         f"ViT from {path} (configuration in the file)",
+        tuple(classes) if classes else None,
+    )
+
+
+def _load_fused(path: Path, meta: dict[str, str]) -> LoadedModel:
+    """A Hydra model written by ``hydra`` / ``save_hydra``: evaluated like its source model
+    (its logits are the members', (B, M, C)); the head analyses need the source model."""
+    from hydra_core.hydra.fused import load_hydra
+
+    if "preprocess" not in meta:
+        raise InputError(
+            f"{path} is a fused Hydra model saved without its input preprocessing (an older "
+            "export); export it again with `hydra` or the Hydra page"
+        )
+    hydra = load_hydra(path)
+    spec = json.loads(meta["preprocess"])
+    source = json.loads(meta.get("source", "null")) or "unknown source"
+    classes = json.loads(meta.get("classes", "null"))
+    members = hydra.config.num_members
+    return LoadedModel(
+        f"hydra:{path.name}",
+        hydra,
+        partial(normalize_images, **spec),
+        f"Hydra ensemble of {members} pruned members of {source}, fused ({path})",
         tuple(classes) if classes else None,
     )
 
