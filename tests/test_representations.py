@@ -124,6 +124,20 @@ def test_dense_vs_circuit_table():
             assert table.loc[1, f"{variant}_{metric}"] == pytest.approx(expected, rel=1e-5)
     assert table.loc[2, "delta_euclidean"] == pytest.approx(table.loc[:1, "delta_euclidean"].mean())
     assert (table["delta_euclidean"].abs() > 1e-4).all()
+    # The paper's convention: the mean over all 4 heads of the layer; the circuit's removed head
+    # counts with distance 0, the dense model's with its own distance.
+    paper = distance_table_dense_vs_circuit(
+        model, keep, x, ood, layer=2, shrinkage=0.1, average_over="all"
+    )
+    dense_all = centroid_distances(
+        head_cls_features(model, x), head_cls_features(model, ood["scaled"]), shrinkage=0.1
+    )
+    dense_all = dense_all[dense_all["layer"] == 2]
+    for metric in ("euclidean", "mahalanobis"):
+        assert paper.loc[1, f"circuit_{metric}"] == pytest.approx(
+            table.loc[1, f"circuit_{metric}"] * 3 / 4
+        )
+        assert paper.loc[1, f"dense_{metric}"] == pytest.approx(dense_all[metric].mean(), rel=1e-5)
     no_layer_1 = keep & (torch.arange(3) != 1)[:, None]
     with pytest.raises(ValueError, match="keeps no head in layer 1"):
         distance_table_dense_vs_circuit(model, no_layer_1, x, ood, layer=1)

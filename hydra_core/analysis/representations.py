@@ -239,17 +239,26 @@ def distance_table_dense_vs_circuit(
     layer: int = -1,
     shrinkage: Shrinkage = "ledoit_wolf",
     batch_size: int = 256,
+    average_over: str = "kept",
 ) -> pd.DataFrame:
     """The paper's Table 5: ID/OOD centroid distances of a circuit against the dense model.
 
     Per OOD set, the mean Euclidean and Mahalanobis distance at ``layer`` (default: the last) for
     the circuit (``model`` with the heads outside ``keep`` ablated; its ID covariance is its own)
-    and for the dense model, and circuit minus dense. Both columns average over the same heads,
-    the ones the circuit keeps in that layer: an ablated head reads zero for ID and OOD alike, so
-    counting it would lower the circuit's mean for no reason other than the pruning itself. So
-    the two columns differ only through heads the circuit removes in layers before ``layer``. The
-    last row, "Average", is the mean over the OOD sets. ``attrs["heads"]`` lists the heads used.
+    and for the dense model, and circuit minus dense. The last row, "Average", is the mean over
+    the OOD sets. ``attrs["heads"]`` lists the heads the circuit keeps there.
+
+    Two conventions for the mean over heads (``average_over``):
+
+    - ``"kept"`` (ours): both columns average over the heads the circuit keeps in that layer. An
+      ablated head reads zero for ID and OOD alike, so counting it would lower the circuit's mean
+      for no reason other than the pruning itself; the columns then differ only through heads the
+      circuit removes in layers before ``layer``.
+    - ``"all"`` (the paper's): both average over all H heads of the layer; the circuit's removed
+      heads count with distance 0 (their output is zero), the dense model's with their own.
     """
+    if average_over not in ("kept", "all"):
+        raise ValueError(f"average_over must be 'kept' or 'all', got {average_over!r}")
     if not ood_sets:
         raise ValueError("ood_sets is empty; pass at least one OOD set")
     layout = head_layout(model)
@@ -266,7 +275,12 @@ def distance_table_dense_vs_circuit(
         for name, ood_x in ood_sets.items():
             ood = head_cls_features(model, ood_x, **features).double().numpy()  # (N, 1, H, d_k)
             table = _distance_frame([layer], *stats.distances(ood))
-            mean = average_distances(table, heads)
+            if average_over == "kept":
+                mean = average_distances(table, heads)
+            elif variant == "circuit":  # removed heads: distance 0, counted among all H
+                mean = average_distances(table, heads) * len(heads) / layout.num_heads[layer]
+            else:
+                mean = average_distances(table)
             columns.setdefault(name, {})[f"{variant}_euclidean"] = mean["euclidean"]
             columns[name][f"{variant}_mahalanobis"] = mean["mahalanobis"]
     frame = pd.DataFrame.from_dict(columns, orient="index")
