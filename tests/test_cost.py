@@ -156,3 +156,19 @@ def test_cost_table():
     assert {"a_ms", "a_iqr_ms", "a_ratio", "b_ms", "b_iqr_ms", "b_ratio"} <= set(two.columns)
     without_single = cost_table({"Hydra fused": [hydra]}, images, latency=False)
     assert list(without_single.columns) == ["params", "macs"]
+
+
+def test_parameter_breakdown_counts_every_parameter_once():
+    from hydra_core.hydra.cost import parameter_breakdown
+    from hydra_core.hydra.fused import fuse_members
+    from tests.conftest import make_tiny_vit, random_mask
+
+    model = make_tiny_vit()  # d = 24, 3 layers, MLP ratio 2
+    parts = parameter_breakdown(model)
+    assert sum(parts.values()) == sum(p.numel() for p in model.parameters())
+    d, depth = 24, 3
+    assert parts["attention weights"] == depth * 4 * d * d  # Q, K, V and the output projection
+    assert parts["MLP weights"] == depth * 2 * d * (2 * d)
+    assert parts["classifier"] == 5 * d + 5
+    hydra = fuse_members([(model, random_mask((3, 4), seed)) for seed in (1, 2)])
+    assert sum(parameter_breakdown(hydra).values()) == sum(p.numel() for p in hydra.parameters())

@@ -11,6 +11,7 @@ generalised to any MLP width, per-layer kept heads and token count, with the att
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -162,6 +163,33 @@ def formula_params(shape: VitShape, heads: Sequence[Sequence[int]], *, merged_ml
     attn = sum(4 * d * h * shape.head_dim for member in heads for h in member)
     mlps = (1 if merged_mlp else len(heads)) * len(heads[0]) * 2 * d * shape.mlp_hidden
     return attn + mlps
+
+
+#: parameter groups of :func:`parameter_breakdown`, matched in this order on parameter names of
+#: timm ViTs and fused Hydra models alike
+PARAMETER_GROUPS = (
+    ("embedding", r"patch_embed|stem|cls_token|reg_token|pos_embed"),
+    ("layer norms", r"norm"),
+    ("attention weights", r"(qkv|proj)[._]weight"),
+    ("attention biases", r"(qkv|proj)[._]bias"),
+    ("MLP weights", r"fc[12][._]weight"),
+    ("MLP biases", r"fc[12][._]bias"),
+    ("classifier", r"^head"),
+)
+
+
+def parameter_breakdown(module: nn.Module) -> dict[str, int]:
+    """Parameters by kind (:data:`PARAMETER_GROUPS`): what the paper's formula counts (attention
+    and MLP weights) and what it leaves out (biases, norms, embedding, classifier), so that a fused
+    model's count can be set against :func:`formula_params`. Raises on a parameter no group
+    matches, rather than dropping it."""
+    counts = dict.fromkeys((name for name, _ in PARAMETER_GROUPS), 0)
+    for name, parameter in module.named_parameters():
+        group = next((g for g, pattern in PARAMETER_GROUPS if re.search(pattern, name)), None)
+        if group is None:
+            raise ValueError(f"parameter {name!r} fits no group of PARAMETER_GROUPS")
+        counts[group] += parameter.numel()
+    return counts
 
 
 def forward_fn(
