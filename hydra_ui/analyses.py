@@ -13,7 +13,7 @@ import streamlit as st
 import torch
 
 from hydra_core.analysis.greedy import GreedyResult, saved_searches, single_head_importance
-from hydra_core.analysis.inputs import SearchInputs, search_inputs
+from hydra_core.analysis.inputs import ReportSample, SearchInputs, report_sample, search_inputs
 from hydra_core.analysis.representations import (
     centroid_distances,
     distance_table_dense_vs_circuit,
@@ -30,8 +30,21 @@ def _search_inputs(setup_key: str, _context: Context) -> SearchInputs:
 
 
 def search_data(context: Context) -> SearchInputs:
-    """The preprocessed search split (ID with labels, pooled OOD, each OOD set) on the device."""
+    """The preprocessed search data (ID with labels, the search-role OOD sets pooled and each on
+    its own) on the device: what head selection sees."""
     return _search_inputs(context.config.key, context)
+
+
+@st.cache_resource(show_spinner="Preparing a sample of the report data...", max_entries=4)
+def _report_sample(setup_key: str, _context: Context) -> ReportSample:
+    return report_sample(_context.loaded.preprocess, _context.benchmark).to(_context.device)
+
+
+def report_data(context: Context) -> ReportSample:
+    """A fixed sample of the report data (ID and each report-role OOD set, at most
+    :data:`~hydra_core.analysis.inputs.REPORT_SAMPLE` images each) on the device: what the views
+    that describe the reported distributions show."""
+    return _report_sample(context.config.key, context)
 
 
 def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:
@@ -60,16 +73,16 @@ def taylor(setup_key: str, n_samples: int, _context: Context, _inputs: SearchInp
 
 
 @st.cache_resource(show_spinner="Reading every head's CLS output...", max_entries=4)
-def _features(setup_key: str, _context: Context, _inputs: SearchInputs) -> dict[str, torch.Tensor]:
+def _features(setup_key: str, _context: Context, _sample: ReportSample) -> dict[str, torch.Tensor]:
     model = _context.loaded.model
-    feats = {"ID": head_cls_features(model, _inputs.id_x)}  # (N, L, H, d_k)
-    feats.update({name: head_cls_features(model, x) for name, x in _inputs.ood_per_set.items()})
+    feats = {"ID": head_cls_features(model, _sample.id_x)}  # (N, L, H, d_k)
+    feats.update({name: head_cls_features(model, x) for name, x in _sample.ood_per_set.items()})
     return feats
 
 
-def features(context: Context, inputs: SearchInputs) -> dict[str, torch.Tensor]:
-    """Per-head CLS features (N, L, H, d_k) of the ID search images and of each OOD set."""
-    return _features(context.config.key, context, inputs)
+def features(context: Context, sample: ReportSample) -> dict[str, torch.Tensor]:
+    """Per-head CLS features (N, L, H, d_k) of the ID report sample and of each report OOD set."""
+    return _features(context.config.key, context, sample)
 
 
 @st.cache_data(show_spinner="Centroid distances...", max_entries=4)
@@ -104,9 +117,10 @@ def dense_vs_circuit(
     layer: int,
     _keep: torch.Tensor,
     _context: Context,
-    _inputs: SearchInputs,
+    _sample: ReportSample,
 ) -> pd.DataFrame:
-    """The paper's Table 5 for the circuit ``_keep`` at ``layer`` (``keep_key`` identifies it)."""
+    """The paper's Table 5 for the circuit ``_keep`` at ``layer`` (``keep_key`` identifies it), on
+    the report sample."""
     return distance_table_dense_vs_circuit(
-        _context.loaded.model, _keep, _inputs.id_x, _inputs.ood_per_set, layer=layer
+        _context.loaded.model, _keep, _sample.id_x, _sample.ood_per_set, layer=layer
     )

@@ -7,14 +7,14 @@ disappear instead of showing numbers that belong to another model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import streamlit as st
 import torch
 
 from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.benchmark import Benchmark, folder_benchmark
-from hydra_core.data.ood import OOD_SETS
+from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.preprocess import input_format
 from hydra_core.models.registry import LoadedModel, load_model, parse_arch_kwargs
@@ -31,9 +31,11 @@ class SetupConfig:
     arch: str | None = None  # timm architecture of a checkpoint without its configuration
     arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
-    ood: tuple[str, ...] = field(default_factory=lambda: tuple(OOD_SETS))
+    ood: tuple[str, ...] = REPORT_OOD  # OOD sets reported on, never used to select heads
+    search_ood: tuple[str, ...] = SEARCH_OOD  # OOD sets that select heads, never reported on
+    protocol: str = "dedicated"  # "halves": search on halves of the report sets (leaks them)
     id_folder: str | None = None  # an ImageFolder of your own instead of Fashion-MNIST
-    ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near: path" / "far: path"
+    ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near:" / "far:" / "search:" + path
     classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID folder
     n_search: int = 512  # images per set used to select heads
     n_report: int | None = 2000  # images per set results are reported on (None = all)
@@ -43,6 +45,12 @@ class SetupConfig:
     @property
     def key(self) -> str:
         return cache_key("setup", asdict(self))
+
+    @property
+    def search_sets(self) -> tuple[str, ...] | None:
+        """The search sets the benchmark is given: None under "halves", whose search uses halves
+        of the report sets instead."""
+        return None if self.protocol == "halves" else self.search_ood
 
     def replace(self, **changes) -> SetupConfig:
         return replace(self, **changes)
@@ -87,11 +95,15 @@ def cached_benchmark(
     ood_folders: tuple[str, ...] = (),
     image_format: tuple[int, int] = (1, 28),
     classes: tuple[str, ...] | None = None,
+    search_ood: tuple[str, ...] | None = None,
+    protocol: str = "dedicated",
 ) -> Benchmark:
     return folder_benchmark(
         id_folder=id_folder,
         ood=ood,
+        search_ood=search_ood,
         ood_folders=ood_folders,
+        protocol=protocol,
         channels=image_format[0],
         size=image_format[1],
         n_search=n_search,
@@ -119,6 +131,8 @@ def get_context() -> Context:
         config.ood_folders,
         input_format(loaded.model),  # used only when folders are involved
         config.classes,
+        search_ood=config.search_sets,
+        protocol=config.protocol,
     )
     return Context(config, loaded, benchmark, device)
 

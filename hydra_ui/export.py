@@ -165,6 +165,22 @@ def _draw_heatmap(canvas: _Canvas, trace) -> None:
             canvas.colorbars.add(key)
 
 
+def _error(bar, n: int) -> np.ndarray | None:
+    """Plotly's ``error_x`` / ``error_y`` (``array``, ``arrayminus``) as matplotlib's (2, n)."""
+    if bar is None or bar.array is None or bar.visible is False:
+        return None
+    plus = np.asarray(bar.array, dtype=np.float64)
+    minus = np.asarray(bar.arrayminus if bar.arrayminus is not None else bar.array, np.float64)
+    return np.stack([minus, plus])[:, :n]
+
+
+def _draw_error_bars(ax, trace, x: np.ndarray, y: np.ndarray, kwargs: dict) -> None:
+    """The trace's error bars (the 95% intervals), as in the browser."""
+    xerr, yerr = _error(trace.error_x, len(x)), _error(trace.error_y, len(y))
+    if xerr is not None or yerr is not None:
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", elinewidth=0.8, **kwargs)
+
+
 def _draw_scatter(canvas: _Canvas, trace) -> None:
     ax, _ = canvas.axes_for(trace)
     x = np.asarray(trace.x if trace.x is not None else range(len(trace.y)))
@@ -190,6 +206,7 @@ def _draw_scatter(canvas: _Canvas, trace) -> None:
         size = trace.marker.size if trace.marker is not None and trace.marker.size else 6
         alpha = trace.marker.opacity if trace.marker is not None and trace.marker.opacity else 1.0
         ax.scatter(x, y, s=float(size) ** 2 / 2, alpha=alpha, label=label, linewidths=0, **kwargs)
+    _draw_error_bars(ax, trace, x, y, kwargs)
     if "text" in mode and trace.text is not None:
         texts = [trace.text] * len(x) if isinstance(trace.text, str) else list(trace.text)
         for xi, yi, text in zip(x, y, texts, strict=False):

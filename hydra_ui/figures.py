@@ -473,13 +473,16 @@ def roc_curves(
     """ROC curves (false positive rate vs true positive rate, OOD positive), one per system.
 
     Args:
-        curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally ``auroc`` in
-            ``frame.attrs`` for the legend).
+        curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally, in
+            ``frame.attrs``, ``auroc`` and its 95% interval ``auroc_ci95`` for the legend).
     """
     fig = go.Figure(_diagonal("chance"))
     for i, (name, frame) in enumerate(curves.items()):
-        auroc = frame.attrs.get("auroc")
-        label = f"{name} (AUROC {auroc:.3f})" if auroc is not None else name
+        auroc, interval = frame.attrs.get("auroc"), frame.attrs.get("auroc_ci95")
+        label = name
+        if auroc is not None:
+            bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else ""
+            label = f"{name} (AUROC {auroc:.3f}{bounds})"
         fig.add_trace(
             go.Scatter(
                 x=frame["fpr"],
@@ -500,6 +503,23 @@ def roc_curves(
     return fig
 
 
+def _error_bar(frame: pd.DataFrame, column: str) -> dict | None:
+    """Plotly error bars from ``<column>_lo`` / ``<column>_hi`` (the tables' interval columns),
+    or None when the frame has none. Percentile intervals need not be symmetric."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in frame or hi not in frame:
+        return None
+    value = frame[column].to_numpy(dtype=np.float64)
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": frame[hi].to_numpy(dtype=np.float64) - value,
+        "arrayminus": value - frame[lo].to_numpy(dtype=np.float64),
+        "thickness": 1.5,
+        "width": 4,
+    }
+
+
 def cost_scatter(
     frame: pd.DataFrame,
     *,
@@ -510,25 +530,32 @@ def cost_scatter(
     title: str = "Cost vs OOD AUROC",
     log_x: bool = False,
 ) -> go.Figure:
-    """One labelled point per system: a cost column against a quality column.
+    """One labelled point per system: a cost column against a quality column, with the quality's
+    95% interval as an error bar when the frame has ``<y>_lo`` and ``<y>_hi`` columns.
 
     Args:
         frame: one row per system, a ``system`` column plus ``x`` and ``y``.
     """
     fig = go.Figure()
-    for i, row in enumerate(frame.itertuples(index=False)):
-        name = str(row.system)
+    bounds = [f"{y}_lo", f"{y}_hi"]
+    has_interval = all(b in frame for b in bounds)
+    interval = " [%{customdata[0]:.4f}, %{customdata[1]:.4f}]" if has_interval else ""
+    for i in range(len(frame)):
+        row = frame.iloc[i : i + 1]
+        name = str(row["system"].item())
         fig.add_trace(
             go.Scatter(
-                x=[getattr(row, x)],
-                y=[getattr(row, y)],
+                x=row[x],
+                y=row[y],
+                error_y=_error_bar(row, y),
+                customdata=row[bounds].to_numpy() if has_interval else None,
                 mode="markers+text",
                 name=name,
                 text=[name],
                 textposition="top center",
                 marker={"size": 11, "color": PALETTE[i % len(PALETTE)]},
                 hovertemplate=f"{name}<br>{x_title or x}: %{{x:.4g}}<br>"
-                f"{y_title}: %{{y:.4f}}<extra></extra>",
+                f"{y_title}: %{{y:.4f}}{interval}<extra></extra>",
             )
         )
     fig.update_layout(
@@ -541,4 +568,75 @@ def cost_scatter(
     )
     if log_x:
         fig.update_xaxes(type="log")
+    return fig
+
+
+#: How a difference whose 95% interval excludes 0, and one whose interval contains it, are drawn.
+SIGNIFICANCE_STYLE = {
+    True: ("significant (95% interval excludes 0)", {"color": PALETTE[0], "symbol": "circle"}),
+    False: (
+        "not significant (interval contains 0)",
+        {"color": "#999999", "symbol": "circle-open", "line": {"width": 2}},
+    ),
+}
+
+
+def difference_plot(
+    frame: pd.DataFrame,
+    column: str,
+    *,
+    reference: str = "single",
+    metric_title: str | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Each system's difference to ``reference`` on one metric, with its paired 95% interval as an
+    error bar, and the zero line: a point whose bar crosses 0 is drawn hollow and grey ("not
+    significant").
+
+    Args:
+        frame: one row per system: ``system``, ``column`` (the difference), ``<column>_lo`` and
+            ``<column>_hi`` (e.g. :meth:`~hydra_core.hydra.systems.SystemsReport.differences`).
+    """
+    shown = frame.dropna(subset=[column, f"{column}_lo", f"{column}_hi"])
+    if shown.empty:
+        raise ValueError(f"no system has a difference on {column!r} to show")
+    label = metric_title or column
+    systems = [str(s) for s in shown["system"]]
+    fig = go.Figure(
+        go.Scatter(
+            x=systems,  # every system, in order: it fixes the category order of the axis
+            y=np.zeros(len(systems)),
+            mode="lines",
+            name="no difference",
+            line={"color": "#555555", "dash": "dot"},
+            hoverinfo="skip",
+        )
+    )
+    significant = (shown[f"{column}_lo"] > 0) | (shown[f"{column}_hi"] < 0)
+    for flag in (True, False):
+        part = shown[significant == flag]
+        if part.empty:
+            continue
+        name, marker = SIGNIFICANCE_STYLE[flag]
+        fig.add_trace(
+            go.Scatter(
+                x=[str(s) for s in part["system"]],
+                y=part[column],
+                error_y={**_error_bar(part, column), "color": marker["color"]},
+                customdata=part[[f"{column}_lo", f"{column}_hi"]].to_numpy(),
+                mode="markers",
+                name=name,
+                marker={"size": 10, **marker},
+                hovertemplate=f"%{{x}}<br>{label} − {reference}: %{{y:+.4f}}<br>"
+                "95% interval [%{customdata[0]:+.4f}, %{customdata[1]:+.4f}]<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title or f"{label}: difference to {reference} (paired 95% bootstrap interval)",
+        height=440,
+        yaxis_title=f"{label} − {label} of {reference}",
+        legend={"orientation": "h", "y": -0.35},
+        margin=dict(l=60, r=20, t=60, b=40),
+    )
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=systems)
     return fig

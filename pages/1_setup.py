@@ -3,6 +3,7 @@
 import streamlit as st
 import torch
 
+from hydra_core.data.benchmark import PROTOCOLS, check_ood_choice
 from hydra_core.data.generic import class_order_note
 from hydra_core.data.ood import OOD_SETS
 from hydra_core.evaluate import model_card
@@ -78,17 +79,40 @@ with st.form("setup"):
         key="setup_classes",
     )
     ood = st.multiselect(
-        "OOD sets",
+        "Report OOD sets (every table and metric, never used to select heads)",
         list(OOD_SETS),
         default=list(config.ood),
         format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
     )
+    search_ood = st.multiselect(
+        "Search OOD sets (head selection only, never reported)",
+        list(OOD_SETS),
+        default=list(config.search_ood),
+        format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
+        help="The greedy search, single-head importance and member masks score heads on these "
+        "sets; no reported number uses them (the paper's dedicated OOD validation set). "
+        "Defaults: generic natural images (photographs, faces). A set may not be in both lists.",
+    )
+    protocol = st.radio(
+        "Protocol",
+        PROTOCOLS,
+        index=PROTOCOLS.index(config.protocol),
+        format_func={
+            "dedicated": "dedicated search sets (default)",
+            "halves": "halves of the report sets (leaks: the search sees the reported sets)",
+        }.get,
+        horizontal=True,
+        help="halves, the earlier protocol, selects heads on one half of each report set and "
+        "reports on the other half: the search sees the reported distributions, so OOD numbers "
+        "come out optimistic. The search sets above are not used then.",
+    )
     ood_folders = st.text_area(
         "Extra OOD folders, one per line (optional)",
         value="\n".join(config.ood_folders),
-        placeholder="near: /data/similar_objects\nfar: /data/other_images",
-        help="Prefix a folder with 'near:' or 'far:' (a bare path is far). Flat folders of "
-        "images, or class folders (their labels are ignored).",
+        placeholder="near: /data/similar_objects\nfar: /data/other_images\nsearch: /data/more",
+        help="Prefix a folder with 'near:' or 'far:' to report on it (a bare path is far), or "
+        "with 'search:' to select heads on it. Flat folders of images, or class folders (their "
+        "labels are ignored).",
     )
     c1, c2 = st.columns(2)
     n_search = c1.number_input(
@@ -117,14 +141,13 @@ with st.form("setup"):
 
 if applied:
     model = SOURCES[source] if SOURCES[source] in ("default", "dinov2-s") else name.strip()
+    folders = [line.strip() for line in ood_folders.splitlines() if line.strip()]
     if not model:
         st.error(
             "Enter a "
             + ("timm model name" if SOURCES[source] == "timm" else "checkpoint path")
             + " first."
         )
-    elif not ood and not ood_folders.strip():
-        st.error("Choose at least one OOD set or OOD folder.")
     else:
         chosen = config.replace(
             model=model,
@@ -133,22 +156,26 @@ if applied:
             classes=tuple(c.strip() for c in classes.split(",") if c.strip()) or None,
             dinov2_img_size=int(img_size),
             ood=tuple(ood),
+            search_ood=tuple(search_ood),
+            protocol=protocol,
             id_folder=id_folder.strip() or None,
-            ood_folders=tuple(line.strip() for line in ood_folders.splitlines() if line.strip()),
+            ood_folders=tuple(folders),
             n_search=int(n_search),
             n_report=int(n_report) or None,
             device=device,
             precision=precision,
         )
-        with show_error(f"Cannot use {model}"):
-            # Refused here rather than on the last page: every page analyses or fuses the model.
-            loaded = cached_model(
-                chosen.model, chosen.arch, chosen.dinov2_img_size, chosen.arch_kwargs
-            )
-            loaded.check_analysable()
-            check_fusable(loaded.model)
-            set_config(chosen)
-            st.rerun()
+        with show_error("Cannot use these OOD sets"):
+            check_ood_choice(chosen.ood, chosen.search_sets, chosen.ood_folders, chosen.protocol)
+            with show_error(f"Cannot use {model}"):
+                # Refused here rather than on the last page: every page analyses or fuses it.
+                loaded = cached_model(
+                    chosen.model, chosen.arch, chosen.dinov2_img_size, chosen.arch_kwargs
+                )
+                loaded.check_analysable()
+                check_fusable(loaded.model)
+                set_config(chosen)
+                st.rerun()
 
 with show_error("Could not load the model or data"):
     context = get_context()
@@ -173,14 +200,26 @@ with show_error("Could not load the model or data"):
         card = model_card(
             context.loaded, context.benchmark, cache=disk_cache(), device=context.device
         )
-    st.metric("ID accuracy", f"{card['id_accuracy']:.2%}", help=card["id_set"])
+    lo, hi = card["id_accuracy_ci95"]
+    st.metric(
+        "ID accuracy",
+        f"{card['id_accuracy']:.2%}",
+        help=f"{card['id_set']}; 95% bootstrap interval {lo:.2%} to {hi:.2%}",
+    )
+    st.caption(f"ID accuracy 95% interval: [{lo:.2%}, {hi:.2%}] (bootstrap over the report images)")
     if config.id_folder and (
         note := chance_note(card["id_accuracy"], context.loaded.num_outputs())
     ):
         st.warning(note)
     groups = {s.name: s.group for s in context.benchmark.ood_report}
     rows = [
-        {"OOD set": n, "group": groups.get(n, ""), "AUROC (MSP)": a}
+        {
+            "OOD set": n,
+            "group": groups.get(n, ""),
+            "AUROC (MSP)": a,
+            "95% low": card["ood_auroc_ci95"][n][0],
+            "95% high": card["ood_auroc_ci95"][n][1],
+        }
         for n, a in card["ood_auroc"].items()
     ]
     table_with_download(rows, "model_card_ood_auroc.csv", float_format="{:.4f}")
@@ -189,4 +228,10 @@ with show_error("Could not load the model or data"):
         "in-distribution), as in OpenOOD."
     )
     st.subheader("Data")
+    if note := context.benchmark.protocol_note():
+        st.warning(note)
     table_with_download(context.benchmark.describe(), "data_splits.csv")
+    st.caption(
+        "role: search sets select heads only, report sets are what every table and metric is "
+        "computed on; the ID set's validation images search and its test images report."
+    )

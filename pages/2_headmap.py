@@ -132,10 +132,16 @@ with show_error("Could not run the head search"):
     running = job is not None and job.running
     stored = saved_searches_shown(context, inputs, job)
 
+    leak = context.benchmark.protocol_note()  # None unless the search saw the report sets
+    roles = (
+        "" if leak else "; these OOD search sets select heads only, no reported number uses them"
+    )
     st.caption(
-        f"Search split: {inputs.describe()} (sizes are set on the Setup page). "
+        f"Search data: {inputs.describe()}{roles} (sets and sizes are chosen on the Setup page). "
         f"{layout.num_layers} layers x {layout.max_heads} heads = {total} heads."
     )
+    if leak:
+        st.warning(leak)
     c1, c2, c3 = st.columns([2, 1, 1])
     objective = c1.radio(
         "Objective", list(OBJECTIVES), format_func=OBJECTIVES.get, horizontal=True, disabled=running

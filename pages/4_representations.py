@@ -11,6 +11,7 @@ from hydra_ui.analyses import (
     distances,
     features,
     projection,
+    report_data,
     search_data,
     stored_greedy_runs,
 )
@@ -20,8 +21,10 @@ from hydra_ui.widgets import figure_with_download, show_error, table_with_downlo
 
 st.title("Representations")
 st.caption(
-    "What each head writes: its output Z at the CLS token, before W_O (paper B.2), for the ID "
-    "and OOD search images. Heads whose ID and OOD outputs lie apart help tell them apart."
+    "What each head writes: its output Z at the CLS token, before W_O (paper B.2), for a fixed "
+    "sample of the report data: ID report images and the report OOD sets, the distributions "
+    "results are reported on (heads are selected on other data: the search sets). Heads whose ID "
+    "and OOD outputs lie apart help tell them apart."
 )
 
 
@@ -44,11 +47,14 @@ def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: st
 
 with show_error("Could not compute the representations"):
     context = get_context()
-    inputs = search_data(context)
+    sample = report_data(context)
     layout = head_layout(context.loaded.model)
-    feats = features(context, inputs)
+    feats = features(context, sample)
     key = context.config.key
-    ood_names = list(inputs.ood_per_set)
+    ood_names = list(sample.ood_per_set)
+    st.caption(f"Shown: {sample.describe()}.")
+    if note := context.benchmark.protocol_note():
+        st.warning(note)
     last = layout.num_layers - 1
     c1, c2 = st.columns([3, 1])
     sets = c1.multiselect("OOD sets shown", ood_names, default=ood_names)
@@ -86,7 +92,7 @@ with show_error("Could not compute the representations"):
             st.info("Choose at least one head and one OOD set.")
 
     with tabs[1]:
-        stored = stored_greedy_runs(context, inputs)
+        stored = stored_greedy_runs(context, search_data(context))
         if not stored:
             st.info("This view ranks heads by a greedy search: run one on the Headmap search page.")
         elif sets:
@@ -158,7 +164,7 @@ with show_error("Could not compute the representations"):
         table_with_download(table, "distances_per_head.csv", float_format="{:.4f}")
 
     with tabs[3]:
-        stored = stored_greedy_runs(context, inputs)
+        stored = stored_greedy_runs(context, search_data(context))
         members = results().get("members", [])
         circuits = {f"greedy {o}": o for o in stored} | {f"member {m.name}": m for m in members}
         if not circuits:
@@ -188,7 +194,7 @@ with show_error("Could not compute the representations"):
             if st.button("Compare dense vs circuit", icon=":material/compare_arrows:"):
                 results()["table5"] = (cache_key(keep), layer)
             if results().get("table5") == (cache_key(keep), layer):
-                table5 = dense_vs_circuit(key, cache_key(keep), layer, keep, context, inputs)
+                table5 = dense_vs_circuit(key, cache_key(keep), layer, keep, context, sample)
                 table_with_download(table5, "dense_vs_circuit.csv", float_format="{:.4f}")
                 deltas = table5.set_index("dataset")[["delta_euclidean", "delta_mahalanobis"]]
                 figure_with_download(

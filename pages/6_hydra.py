@@ -6,17 +6,17 @@ import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
+from hydra_core.evaluate import format_intervals
 from hydra_core.hydra.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.hydra.systems import evaluate_systems
 from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
-from hydra_ui.figures import cost_scatter, reliability_diagram, roc_curves
+from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import start_job
 from hydra_ui.widgets import (
     figure_with_download,
@@ -31,6 +31,17 @@ COST_AXES = {
     "macs": "multiply-adds (batch)",
     "params": "parameters",
     "latency_ms": "latency (ms / batch)",
+}
+#: Summary columns compared with the single model, and how the page names them.
+DIFFERENCES = {
+    "accuracy": "accuracy",
+    "nll": "NLL",
+    "ece": "ECE",
+    "near_auroc": "AUROC near",
+    "far_auroc": "AUROC far",
+    "all_auroc": "AUROC all",
+    "all_fpr95": "FPR@95 all",
+    "ood_mi": "MI (OOD)",
 }
 
 st.title("Hydra")
@@ -82,7 +93,8 @@ def start_evaluation(
 def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
     fpr, tpr = report.roc(system, ood_set)
     frame = pd.DataFrame({"fpr": fpr, "tpr": tpr})
-    frame.attrs["auroc"] = float(np.trapezoid(tpr, fpr)) if len(fpr) else float("nan")
+    auroc, lo, hi = report.roc_auroc(system, ood_set)
+    frame.attrs.update(auroc=auroc, auroc_ci95=(lo, hi))
     return frame
 
 
@@ -178,14 +190,35 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         st.subheader("Summary")
         summary = report.summary()
-        table_with_download(summary, "hydra_summary.csv", float_format="{:.4f}")
+        table_with_download(format_intervals(summary), "hydra_summary.csv", float_format="{:.4g}")
         st.caption(
             "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
             "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "
-            "disagreement are the ensembles' diversity on ID and OOD."
+            "disagreement are the ensembles' diversity on ID and OOD. ± is half the width of the "
+            f"95% bootstrap interval ({setup['bootstrap']['n_boot']} resamples of the report "
+            "images, ID within each class, each OOD set within itself); the exact bounds are in "
+            "the JSON report."
         )
+        if "single" in report.systems:
+            st.subheader("Difference to the single model")
+            differences = report.differences("single", list(DIFFERENCES))
+            shown = format_intervals(differences, signed=True).rename(columns=DIFFERENCES)
+            table_with_download(shown, "hydra_differences_to_single.csv")
+            st.caption(
+                "System minus single model on the same images; ± is half the width of the paired "
+                "95% bootstrap interval (both systems resampled alike). **(n.s.)**: not "
+                "significant, the interval contains 0."
+            )
+            column = st.selectbox(
+                "Difference shown", list(DIFFERENCES), index=5, format_func=DIFFERENCES.get
+            )
+            if differences[column].notna().any():
+                figure_with_download(
+                    difference_plot(differences, column, metric_title=DIFFERENCES[column]),
+                    f"hydra_difference_{column}",
+                )
         with st.expander("Every metric per OOD set", expanded=True):
-            table_with_download(report.table(), "hydra_metrics_per_set.csv", float_format="{:.4f}")
+            table_with_download(format_intervals(report.table()), "hydra_metrics_per_set.csv")
 
         systems = report.systems
         fused, unfused = (
@@ -229,14 +262,15 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             )
             axes = [a for a in COST_AXES if a in summary]
             axis = st.radio("Cost axis", axes, format_func=COST_AXES.get, horizontal=True)
-            points = summary[["system", axis, "all_auroc"]].dropna()
+            points = summary[["system", axis, "all_auroc", "all_auroc_lo", "all_auroc_hi"]]
+            points = points.dropna()
             figure_with_download(
                 cost_scatter(
                     points,
                     x=axis,
                     y="all_auroc",
                     x_title=COST_AXES[axis],
-                    y_title="OOD AUROC (mean over OOD sets)",
+                    y_title="OOD AUROC (mean over OOD sets; bars: 95% interval)",
                 ),
                 f"hydra_cost_vs_auroc_{axis}",
             )

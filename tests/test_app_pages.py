@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import greedy
 from hydra_core.analysis.greedy import single_head_importance
-from hydra_core.analysis.inputs import search_inputs
+from hydra_core.analysis.inputs import report_sample, search_inputs
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json
@@ -108,6 +108,8 @@ def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
     assert sorted(z[np.isfinite(z)].tolist()) == [1.0, 2.0]  # two heads removed, at steps 1 and 2
     runs = app.dataframe[0].value
     assert runs.loc[0, "objective"] == "avg" and runs.loc[0, "heads removed"] == 2
+    search_caption = next(c.value for c in app.caption if c.value.startswith("Search data"))
+    assert "(photos, faces)" in search_caption and "no reported number uses them" in search_caption
 
     again = AppTest.from_file("../app.py", default_timeout=180)  # a new visit, same disk cache
     again.session_state[CONFIG_KEY] = setup
@@ -163,13 +165,18 @@ def test_importance_maps_match_hydra_core(app, reference):
 
 
 def test_representations_distances_match_hydra_core(app, reference):
+    """The page describes the report sets (a sample of the report data), never the search sets."""
     open_page(app, "pages/4_representations.py")
-    loaded, inputs = reference
-    id_feats = head_cls_features(loaded.model, inputs.id_x)
+    loaded, _ = reference
+    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
+    sample = report_sample(loaded.preprocess, benchmark)
+    assert len(sample.id_x) == N_REPORT and list(sample.ood_per_set) == list(OOD)
+    id_feats = head_cls_features(loaded.model, sample.id_x)
     expected = centroid_distances(
-        id_feats, head_cls_features(loaded.model, inputs.ood_per_set["noise"])
+        id_feats, head_cls_features(loaded.model, sample.ood_per_set["noise"])
     )
     shown = next(d.value for d in app.dataframe if {"ood_set", "label"} <= set(d.value.columns))
+    assert list(shown["ood_set"].unique()) == list(OOD)
     noise = shown[shown["ood_set"] == "noise"].reset_index(drop=True)
     np.testing.assert_allclose(noise["mahalanobis"], expected["mahalanobis"], rtol=1e-6)
     np.testing.assert_allclose(noise["euclidean"], expected["euclidean"], rtol=1e-6)
@@ -237,12 +244,30 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     systems = ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)", "Hydra (fused)"]
     assert list(summary.index) == systems
     assert list(summary["heads"]) == ["8", "7", "7", "7x2", "7x2"]
+    # every number with its interval: "value ± half-width", from the report's own summary
+    report = app.session_state["results"]["hydra"][0]
+    numbers = report.summary().set_index("system")
+    row = numbers.loc["Hydra (fused)"]
+    half = (row["all_auroc_hi"] - row["all_auroc_lo"]) / 2
+    assert summary.loc["Hydra (fused)", "all_auroc"] == f"{row['all_auroc']:.4f} ± {half:.4f}"
+    assert "all_auroc_lo" not in summary
     # zero-shot fusion: the fused model computes exactly what the members compute one by one
-    fused, unfused = summary.loc["Hydra (fused)"], summary.loc["Hydra (unfused)"]
-    for column in ("accuracy", "nll", "all_auroc", "id_mi"):
+    fused, unfused = numbers.loc["Hydra (fused)"], numbers.loc["Hydra (unfused)"]
+    for column in ("accuracy", "nll", "all_auroc", "id_mi", "all_auroc_lo", "id_mi_hi"):
         assert fused[column] == pytest.approx(unfused[column], abs=1e-5)
-    per_set = app.dataframe[1].value
+    # differences to the single model: paired intervals, "(n.s.)" where they contain 0
+    differences = app.dataframe[1].value.set_index("system")
+    assert list(differences.index) == systems[1:]
+    for system in systems[1:]:
+        found = report.difference(system, "single", "auroc", set="all")
+        cell = differences.loc[system, "AUROC all"]
+        assert cell.startswith(f"{found.value:+.4f}")
+        assert cell.endswith("(n.s.)") == (not found.significant)
+    per_set = app.dataframe[2].value
     assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
-    cost = app.dataframe[2].value.set_index("system")
+    cost = app.dataframe[3].value.set_index("system")
     assert (cost["latency_ms"] > 0).all() and cost.loc["single", "params_ratio"] == 1
-    assert len(figures(app)) == 3  # reliability, ROC, cost vs AUROC
+    drawn = figures(app)  # difference to single, reliability, ROC, cost vs AUROC
+    assert len(drawn) == 4
+    assert drawn[0].data[0].name == "no difference"
+    assert drawn[-1].data[0].error_y.arrayminus is not None  # AUROC with its interval

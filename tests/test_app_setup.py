@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
 from hydra_ui.context import CONFIG_KEY, SetupConfig
 
 SMALL = SetupConfig(n_search=64, n_report=300)
@@ -41,6 +42,53 @@ def test_apply_changes_the_setup(app):
     app.run()
     assert not app.exception, app.exception
     assert app.session_state[CONFIG_KEY].n_report == 500
+
+
+def test_search_and_report_sets_have_their_roles(app):
+    app.run()
+    assert not app.exception, app.exception
+    report, search = app.multiselect[0], app.multiselect[1]
+    assert (
+        report.label.startswith("Report OOD sets") and "never used to select heads" in report.label
+    )
+    assert search.label == "Search OOD sets (head selection only, never reported)"
+    assert (report.value, search.value) == (list(REPORT_OOD), list(SEARCH_OOD))
+    protocol = next(r for r in app.radio if r.label == "Protocol")
+    assert protocol.value == "dedicated" and "leaks" in protocol.options[1]
+    data = app.dataframe[1].value.set_index("name")
+    assert [data.loc[n, "role"] for n in (*REPORT_OOD, *SEARCH_OOD)] == ["report"] * 5 + [
+        "search"
+    ] * 2
+    assert (data.loc[list(REPORT_OOD), "n_search"] == 0).all()
+    assert (data.loc[list(SEARCH_OOD), "n_report"] == 0).all()
+    assert (data.loc[list(SEARCH_OOD), "n_search"] == SMALL.n_search).all()
+    assert not app.warning  # the dedicated protocol has nothing to warn about
+
+    search.set_value(["faces", "noise"])  # noise is a report set too: refused, setup unchanged
+    app.button[0].click()
+    app.run()
+    assert any("'noise' named both as search and as report set" in e.value for e in app.error)
+    assert app.session_state[CONFIG_KEY] == SMALL
+
+    app.multiselect[1].set_value(["faces"])
+    app.button[0].click()
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert app.session_state[CONFIG_KEY].search_ood == ("faces",)
+    assert app.dataframe[1].value.set_index("name").loc["faces", "role"] == "search"
+
+
+def test_halves_protocol_is_labelled_as_leaking(app):
+    app.run()
+    next(r for r in app.radio if r.label == "Protocol").set_value("halves")
+    app.button[0].click()
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert app.session_state[CONFIG_KEY].protocol == "halves"
+    assert any("saw the reported distributions" in w.value for w in app.warning)
+    data = app.dataframe[1].value.set_index("name")
+    assert list(data.index) == ["fashion_mnist", *REPORT_OOD]  # no search set under halves
+    assert (data.loc[list(REPORT_OOD), "role"] == "search + report (halves)").all()
 
 
 def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):

@@ -36,10 +36,10 @@ def test_eval_json(checkpoint, capsys):
     assert main(["eval", "--model", checkpoint, *DATA, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["layers"] == 2 and out["model"]["heads"] == 4
-    assert out["id"]["n"] == 60 and 0 <= out["id"]["accuracy"] <= 1
-    assert [o["name"] for o in out["ood"]] == ["mnist", "noise"]
+    assert out["id"]["n"] == 60 and 0 <= out["id"]["accuracy"]["value"] <= 1
+    assert [o["name"] for o in out["ood"]] == ["mnist", "noise"]  # the report sets, no search set
     assert {o["group"] for o in out["ood"]} == {"near", "far"}
-    assert all(0 <= o["auroc"] <= 1 for o in out["ood"])
+    assert all(0 <= o["auroc"]["value"] <= 1 and o["n"] == 60 for o in out["ood"])
 
 
 def test_eval_on_folders_of_ones_own(checkpoint, tmp_path, capsys):
@@ -56,7 +56,11 @@ def test_eval_on_folders_of_ones_own(checkpoint, tmp_path, capsys):
     assert main(["eval", "--model", checkpoint, "--device", "cpu", *args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["id"]["name"] == "mine" and out["id"]["n"] == 6  # the report half of 12
-    assert [(o["name"], o["group"], o["n"]) for o in out["ood"]] == [("odd", "near", 4)]
+    assert [(o["name"], o["group"], o["n"]) for o in out["ood"]] == [("odd", "near", 8)]
+    args[-1] = f"search:{tmp_path / 'odd'}"  # the same folder as a search set: never evaluated
+    assert main(["eval", "--model", checkpoint, "--device", "cpu", *args, "--ood", "noise"]) == 0
+    table = capsys.readouterr().out
+    assert "noise" in table and "odd" not in table
 
 
 def test_info_json(checkpoint, capsys):
@@ -118,8 +122,9 @@ def test_search_importance_represent(checkpoint, tmp_path, capsys):
     distances = pd.read_csv(rep / "distances_layer1.csv")
     assert len(distances) == 4 * 2 and (distances["mahalanobis"] >= 0).all()
     table5 = pd.read_csv(rep / "dense_vs_circuit.csv")
-    assert list(table5["dataset"]) == ["mnist", "noise", "Average"]
-    assert len(pd.read_csv(rep / "pca_layer1.csv")) == 40 + 2 * 40
+    assert list(table5["dataset"]) == ["mnist", "noise", "Average"]  # the report sets
+    assert set(distances["ood_set"]) == {"mnist", "noise"}
+    assert len(pd.read_csv(rep / "pca_layer1.csv")) == 60 + 2 * 60  # the report parts, whole
 
 
 def test_cahp(checkpoint, tmp_path):
@@ -139,6 +144,18 @@ def test_cahp(checkpoint, tmp_path):
         (
             ["eval", "--model", "{checkpoint}", "--n-search", "0"],
             "n_search must be a positive number",
+        ),
+        (
+            ["eval", "--model", "{checkpoint}", "--search-ood", "cifar"],
+            "unknown OOD set(s) 'cifar'; valid names: mnist",
+        ),
+        (
+            ["eval", "--model", "{checkpoint}", "--ood", "mnist", "--search-ood", "mnist"],
+            "'mnist' named both as search and as report set",
+        ),
+        (
+            ["search", "--model", "{checkpoint}", "--protocol", "halves", "--search-ood", "faces"],
+            "apply to the 'dedicated' protocol",
         ),
     ],
 )

@@ -109,7 +109,7 @@ def test_masks_then_hydra(checkpoint, tmp_path, capsys):
     assert main(["eval", "--model", exported, *DATA, "--json"]) == 0
     evaluation = json.loads(capsys.readouterr().out)
     assert evaluation["model"]["members"] == 3 and evaluation["model"]["heads"] == "6+6+6"
-    assert evaluation["id"]["accuracy"] == pytest.approx(expected)
+    assert evaluation["id"]["accuracy"]["value"] == pytest.approx(expected)
     assert main(["search", "--model", exported, *DATA, "--out", str(tmp_path / "s")]) == 2
     assert "is a fused Hydra model" in capsys.readouterr().err
 

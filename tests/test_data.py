@@ -17,6 +17,8 @@ from PIL import Image
 
 from hydra_core.data import (
     OOD_SETS,
+    REPORT_OOD,
+    SEARCH_OOD,
     Benchmark,
     ImageSet,
     build_benchmark,
@@ -28,17 +30,28 @@ from hydra_core.data import (
     load_torchvision_set,
     ood,
 )
-from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder, resampled
-from hydra_core.data.images import split_in_two
+from hydra_core.data.benchmark import (
+    check_ood_choice,
+    folder_benchmark,
+    parse_ood_folder,
+    resampled,
+)
+from hydra_core.data.images import split_in_two, take
+from hydra_core.errors import InputError
 from tests.conftest import missing_data
 
-# name -> (group, N, number of classes, range of the mean pixel as a share of 255)
+# report sets: name -> (group, N, number of classes, range of the mean pixel as a share of 255)
 EXPECTED = {
     "mnist": ("near", 5000, 10, (0.10, 0.20)),
     "animal_silhouettes": ("near", 10000, 10, (0.20, 0.35)),
     "digits8x8": ("near", 1797, 10, (0.20, 0.40)),
     "textures": ("far", 3000, 3, (0.35, 0.60)),
     "noise": ("far", 2000, 2, (0.45, 0.55)),
+}
+# search sets, the same way
+EXPECTED_SEARCH = {
+    "photos": ("far", 3000, 12, (0.35, 0.50)),
+    "faces": ("far", 400, 2, (0.30, 0.45)),
 }
 
 
@@ -64,10 +77,20 @@ def border_and_centre(images: torch.Tensor) -> tuple[float, float]:
 # ---- OOD sets ----------------------------------------------------------------------------------
 
 
-def test_registry_lists_near_sets_first():
-    assert list(OOD_SETS) == list(EXPECTED)
-    assert [s.group for s in OOD_SETS.values()] == [e[0] for e in EXPECTED.values()]
+def test_registry_lists_report_sets_near_first_then_search_sets():
+    assert list(OOD_SETS) == [*EXPECTED, *EXPECTED_SEARCH]
+    assert REPORT_OOD == tuple(EXPECTED) and SEARCH_OOD == tuple(EXPECTED_SEARCH)
+    assert [OOD_SETS[n].role for n in OOD_SETS] == ["report"] * 5 + ["search"] * 2
+    expected = EXPECTED | EXPECTED_SEARCH
+    assert [s.group for s in OOD_SETS.values()] == [expected[n][0] for n in OOD_SETS]
     assert all(s.description for s in OOD_SETS.values())
+
+
+def test_search_sets_share_no_file_with_report_sets():
+    """The photos are not the texture photographs; no search set reads a report set's file."""
+    search_files = {f.path for f in (*ood.PHOTOS.values(), ood.LFW_SUBSET)}
+    report_files = {f.path for f in (*ood.TEXTURES.values(), ood.MNIST_CSV, ood.ANIMAL_IMAGES)}
+    assert len(search_files) == len(ood.PHOTOS) + 1 and not search_files & report_files
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -90,6 +113,49 @@ def test_ood_set_format_and_pixel_statistics(name):
         assert centre > 2.5 * border
     else:  # full-frame texture or noise: no dark background
         assert border > 90 and abs(centre - border) < 15
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_SEARCH))
+def test_search_set_format_and_pixel_statistics(name):
+    image_set = load_or_skip(name)
+    group, n, n_classes, (low, high) = EXPECTED_SEARCH[name]
+    assert (image_set.name, image_set.group, OOD_SETS[name].role) == (name, group, "search")
+    assert image_set.images.dtype == torch.uint8
+    assert tuple(image_set.images.shape) == (n, 1, 28, 28)
+    assert image_set.labels.dtype == torch.int64 and len(image_set.classes) == n_classes
+    assert image_set.labels.bincount().tolist() == [n // n_classes] * n_classes
+    mean = image_set.images.float().mean().item() / 255
+    assert low < mean < high, f"{name}: mean pixel {mean:.3f} of 255"
+    border, centre = border_and_centre(image_set.images)
+    assert border > 60  # no dark background around one object, as in Fashion-MNIST
+    assert len(set(row_hashes(image_set))) > 0.95 * n  # crops, not copies of a few images
+
+
+def test_photos_are_crops_of_the_listed_photographs():
+    image_set = load_or_skip("photos")
+    assert image_set.classes == tuple(ood.PHOTOS)
+    assert "text" not in ood.PHOTOS and "horse" not in ood.PHOTOS  # handwriting, a silhouette
+    name = image_set.classes[0]
+    first = ood._read_gray(ood.PHOTOS[name].locate())
+    shorter = min(first.shape)
+    sides = (round(shorter * ood.PHOTO_CROP_SHARES[0]), round(shorter * ood.PHOTO_CROP_SHARES[1]))
+    crops = ood._random_crops(first, ood.CROPS_PER_PHOTO, ood.stable_seed("photos", name), sides)
+    assert torch.equal(image_set.images[: ood.CROPS_PER_PHOTO], crops)
+    assert (image_set.labels[: ood.CROPS_PER_PHOTO] == 0).all()
+
+
+def test_faces_are_lfw_subset_upscaled_then_mirrored():
+    image_set = load_or_skip("faces")
+    array = np.load(ood.LFW_SUBSET.locate())
+    assert array.shape == (200, 25, 25) and array.dtype == np.float64
+    small = torch.from_numpy(array[:1].astype(np.float32) * 255).view(1, 1, 25, 25)
+    large = F.interpolate(small, size=(28, 28), mode="bilinear")
+    assert torch.equal(image_set.images[:1], large.round().clamp(0, 255).to(torch.uint8))
+    assert torch.equal(image_set.images[200:], image_set.images[:200].flip(-1))
+    assert image_set.classes == ("face", "background")
+    assert image_set.labels.tolist() == ([0] * 100 + [1] * 100) * 2
+    border, centre = border_and_centre(image_set.images[:100])
+    assert centre > border + 20  # a lit face in the middle, darker surroundings
 
 
 def test_mnist_rows_are_the_csv_rows():
@@ -136,7 +202,7 @@ def test_digits8x8_is_load_digits_upscaled():
 
 
 def test_sets_are_cached_and_regenerated_identically():
-    for name in ("textures", "noise"):
+    for name in ("textures", "noise", "photos", "faces"):
         first = load_or_skip(name)
         assert load_ood_set(name) is first
         ood._load_cached.cache_clear()
@@ -148,10 +214,11 @@ def test_sets_are_cached_and_regenerated_identically():
 def test_loading_everything_imports_no_wheel():
     ood._load_cached.cache_clear()
     try:
-        sets = load_ood_sets()
+        sets = load_ood_sets(list(OOD_SETS))
     except FileNotFoundError as exc:
         missing_data(str(exc))
-    assert [s.name for s in sets] == list(EXPECTED)
+    assert [s.name for s in sets] == [*EXPECTED, *EXPECTED_SEARCH]
+    assert [s.name for s in load_ood_sets()] == list(EXPECTED)  # the default: the report sets
     assert not {"mlxtend", "animal_mnist", "skimage"} & set(sys.modules)
 
 
@@ -162,7 +229,9 @@ def test_load_ood_sets_keeps_the_order_asked():
 
 def test_unknown_name_lists_the_valid_ones():
     with pytest.raises(
-        ValueError, match="'cifar'.*valid names: mnist, animal_silhouettes, digits8x8"
+        InputError,
+        match="'cifar'.*valid names: mnist, animal_silhouettes, digits8x8, textures, noise "
+        r"\(report sets\), photos, faces \(search sets\)",
     ):
         load_ood_set("cifar")
     with pytest.raises(ValueError, match="unknown OOD set"):
@@ -366,7 +435,9 @@ def indices(image_set: ImageSet) -> list[int]:
     return (flat[:, 0] + 256 * flat[:, 1]).tolist()
 
 
-def tiny_benchmark(**kwargs) -> Benchmark:
+def tiny_benchmark(protocol: str = "dedicated", **kwargs) -> Benchmark:
+    """Three report sets (tags 1-3); under "dedicated" two search sets of their own (tags 4, 5)."""
+    search = [indexed_set("s", 12, "far", tag=4), indexed_set("t", 9, "near", tag=5)]
     return build_benchmark(
         indexed_set("id_val", 40, "id", labels=True),
         indexed_set("id_test", 60, "id", labels=True),
@@ -375,23 +446,49 @@ def tiny_benchmark(**kwargs) -> Benchmark:
             indexed_set("b", 21, "near", tag=2),
             indexed_set("c", 30, "far", tag=3),
         ],
+        search_ood=None if protocol == "halves" else search,
+        protocol=protocol,
         **kwargs,
     )
 
 
-def test_search_and_report_are_disjoint_by_index():
+def tags(image_set: ImageSet) -> set[int]:
+    return set(image_set.images.view(len(image_set), 16)[:, 2].tolist())
+
+
+def test_dedicated_search_sets_are_not_report_sets():
+    """The search sees the search sets only; every report set is reported on whole."""
     bench = tiny_benchmark()
-    assert bench.ood_names() == ["a", "b", "c"]
+    assert (bench.protocol, bench.protocol_note()) == ("dedicated", None)
+    assert bench.search_names() == ["s", "t"] and bench.report_names() == ["a", "b", "c"]
+    assert sorted(indices(bench.id_search)) == list(range(40))
+    assert sorted(indices(bench.id_report)) == list(range(60))
+    for part, n in zip(bench.ood_search, (12, 9), strict=True):
+        assert sorted(indices(part)) == list(range(n))
+    for part, n in zip(bench.ood_report, (10, 21, 30), strict=True):
+        assert sorted(indices(part)) == list(range(n))
+    searched = set().union(*map(tags, bench.ood_search))
+    assert searched == {4, 5} and not searched & set().union(*map(tags, bench.ood_report))
+
+
+def test_halves_search_and_report_are_disjoint_by_index_and_say_so():
+    bench = tiny_benchmark("halves")
+    assert bench.search_names() == bench.report_names() == ["a", "b", "c"]
     assert sorted(indices(bench.id_search)) == list(range(40))
     assert sorted(indices(bench.id_report)) == list(range(60))
     for search, report, n in zip(bench.ood_search, bench.ood_report, (10, 21, 30), strict=True):
         assert not set(indices(search)) & set(indices(report))
         assert sorted(indices(search) + indices(report)) == list(range(n))
         assert len(search) == round(n / 2)
+    note = bench.protocol_note()
+    assert "search saw the reported distributions" in note and "(a, b, c)" in note
+    assert bench.fingerprint() != tiny_benchmark().fingerprint()
 
 
-def test_caps_are_prefixes_and_deterministic():
-    small, large = tiny_benchmark(n_search=3, n_report=4), tiny_benchmark(n_search=5, n_report=7)
+@pytest.mark.parametrize("protocol", ["dedicated", "halves"])
+def test_caps_are_prefixes_and_deterministic(protocol):
+    small = tiny_benchmark(protocol, n_search=3, n_report=4)
+    large = tiny_benchmark(protocol, n_search=5, n_report=7)
     for part, bigger in zip(
         [small.id_search, *small.ood_search], [large.id_search, *large.ood_search], strict=True
     ):
@@ -400,75 +497,156 @@ def test_caps_are_prefixes_and_deterministic():
         [small.id_report, *small.ood_report], [large.id_report, *large.ood_report], strict=True
     ):
         assert len(part) == 4 and torch.equal(part.images, bigger.images[:4])
-    everything = tiny_benchmark()  # caps at least as large as a part keep the same order
+    everything = tiny_benchmark(protocol)  # caps at least as large as a part keep the same order
     assert torch.equal(large.ood_search[0].images, everything.ood_search[0].images[:5])
-    again = tiny_benchmark(n_search=3, n_report=4)
+    again = tiny_benchmark(protocol, n_search=3, n_report=4)
     assert again.fingerprint() == small.fingerprint() != large.fingerprint()
     assert torch.equal(again.ood_report[2].images, small.ood_report[2].images)
 
 
 def test_pooled_ood_search_is_balanced():
-    bench = tiny_benchmark()  # search parts of 5, 10 and 15 images
+    bench = tiny_benchmark()  # search sets of 12 and 9 images
     smallest = min(len(s) for s in bench.ood_search)
     pooled = bench.pooled_ood_search(7)
     assert (pooled.name, pooled.labels, len(pooled)) == ("ood_search", None, 7)
-    tags = pooled.images.view(7, 16)[:, 2].tolist()
-    assert Counter(tags) == {1: 3, 2: 2, 3: 2}
-    assert tags != sorted(tags)  # shuffled, not one block per set
+    set_tags = pooled.images.view(7, 16)[:, 2].tolist()
+    assert Counter(set_tags) == {4: 4, 5: 3}
+    assert set_tags != sorted(set_tags)  # shuffled, not one block per set
     assert torch.equal(bench.pooled_ood_search(7).images, pooled.images)
     everything = bench.pooled_ood_search()
-    assert Counter(everything.images.view(-1, 16)[:, 2].tolist()) == {
-        1: smallest,
-        2: smallest,
-        3: smallest,
-    }
+    assert Counter(everything.images.view(-1, 16)[:, 2].tolist()) == {4: smallest, 5: smallest}
     assert pooled.group == "far"  # mixed near and far
-    with pytest.raises(ValueError, match=f"at most {3 * smallest}"):
-        bench.pooled_ood_search(3 * smallest + 3)
+    with pytest.raises(ValueError, match=f"at most {2 * smallest}"):
+        bench.pooled_ood_search(2 * smallest + 3)
+    halves = tiny_benchmark("halves").pooled_ood_search(7)  # pools the search halves
+    assert Counter(halves.images.view(7, 16)[:, 2].tolist()) == {1: 3, 2: 2, 3: 2}
 
 
-def test_describe_has_one_row_per_set():
-    table = tiny_benchmark(n_search=4).describe()
-    assert table[["name", "group", "n_search", "n_report"]].values.tolist() == [
-        ["id_val", "id", 4, 60],
-        ["a", "near", 4, 5],
-        ["b", "near", 4, 11],
-        ["c", "far", 4, 15],
+def test_describe_has_one_row_per_set_with_its_role():
+    columns = ["name", "group", "role", "n_search", "n_report"]
+    assert tiny_benchmark(n_search=4).describe()[columns].values.tolist() == [
+        ["id_val", "id", "search + report", 4, 60],
+        ["a", "near", "report", 0, 10],
+        ["b", "near", "report", 0, 21],
+        ["c", "far", "report", 0, 30],
+        ["s", "far", "search", 4, 0],
+        ["t", "near", "search", 4, 0],
+    ]
+    assert tiny_benchmark("halves", n_search=4).describe()[columns].values.tolist() == [
+        ["id_val", "id", "search + report", 4, 60],
+        ["a", "near", "search + report (halves)", 4, 5],
+        ["b", "near", "search + report (halves)", 4, 11],
+        ["c", "far", "search + report (halves)", 4, 15],
     ]
 
 
 def test_one_id_pool_is_split_in_two():
-    bench = build_benchmark(indexed_set("id", 50, "id", labels=True), None, [indexed_set("o", 8)])
+    bench = build_benchmark(
+        indexed_set("id", 50, "id", labels=True),
+        None,
+        [indexed_set("o", 8)],
+        search_ood=[indexed_set("s", 8, tag=1)],
+    )
     assert not set(indices(bench.id_search)) & set(indices(bench.id_report))
     assert len(bench.id_search) + len(bench.id_report) == 50
 
 
+def test_named_search_sets_take_the_id_pool_format():
+    """Sets named (the default ones, 28 x 28 grey) are resampled to the ID pool's format."""
+    bench = build_benchmark(
+        indexed_set("v", 8, "id", labels=True),
+        indexed_set("t", 8, "id", labels=True),
+        [indexed_set("o", 8)],
+        search_ood=["faces"],
+        n_search=6,
+    )
+    faces = load_ood_set("faces")
+    expected = resampled(take(faces, 6, purpose="search"), 4, 1).images
+    assert bench.search_names() == ["faces"] and tuple(expected.shape) == (6, 1, 4, 4)
+    torch.testing.assert_close(bench.ood_search[0].images, expected, atol=0, rtol=0)
+
+
 def test_benchmark_errors():
     id_val, id_test = indexed_set("v", 8, "id", labels=True), indexed_set("t", 8, "id", labels=True)
-    ok = indexed_set("o", 8)
+    ok, search = indexed_set("o", 8), indexed_set("s", 8, "far", tag=1)
+    big = ImageSet("big", torch.zeros(4, 1, 5, 5, dtype=torch.uint8), group="far")
     cases = [
-        ({"ood_sets": [indexed_set("one", 1)]}, "'one' has 1 image.*at least 2"),
+        (
+            {"ood_sets": [indexed_set("one", 1)], "search_ood": None, "protocol": "halves"},
+            "'one' has 1 image.*at least 2",
+        ),
         ({"n_search": 0}, "n_search must be a positive"),
         ({"n_report": -2}, "n_report must be a positive"),
         ({"n_search": True}, "n_search must be a positive"),
         ({"id_report_pool": id_val}, "same images"),
-        ({"ood_sets": [ok, indexed_set("o", 6)]}, "names must be unique"),
+        ({"ood_sets": [ok, indexed_set("o", 6)]}, "report OOD set names must be unique"),
+        ({"search_ood": [search, indexed_set("s", 6)]}, "search OOD set names must be unique"),
         ({"ood_sets": [indexed_set("x", 8, "id")]}, "group 'id'; load it with group='near'"),
-        (
-            {
-                "ood_sets": [
-                    ImageSet("big", torch.zeros(4, 1, 5, 5, dtype=torch.uint8), group="far")
-                ]
-            },
-            r"shape \(1, 5, 5\) but the in-distribution set has \(1, 4, 4\)",
-        ),
+        ({"search_ood": [indexed_set("y", 8, "id")]}, "group 'id'; load it with group='near'"),
+        ({"ood_sets": [big]}, r"shape \(1, 5, 5\) but the in-distribution set has \(1, 4, 4\)"),
+        ({"search_ood": [big]}, r"shape \(1, 5, 5\) but the in-distribution set has \(1, 4, 4\)"),
         ({"id_search_pool": indexed_set("u", 8, "id")}, "needs labels"),
         ({"id_search_pool": indexed_set("e", 0, "id", labels=True)}, "'e'.* empty"),
     ]
     for overrides, message in cases:
-        args = {"id_search_pool": id_val, "id_report_pool": id_test, "ood_sets": [ok]} | overrides
+        args = {
+            "id_search_pool": id_val,
+            "id_report_pool": id_test,
+            "ood_sets": [ok],
+            "search_ood": [search],
+        } | overrides
         with pytest.raises(ValueError, match=message):
             build_benchmark(**args)
+
+
+def test_role_errors_name_the_input_and_the_fix():
+    id_val, id_test = indexed_set("v", 8, "id", labels=True), indexed_set("t", 8, "id", labels=True)
+    ok, search = indexed_set("o", 8), indexed_set("s", 8, "far", tag=1)
+    cases = [
+        ({"search_ood": [indexed_set("o", 8, tag=2)]}, "'o' named both as search and as report"),
+        ({"search_ood": ["mnist"], "ood_sets": ["mnist", ok]}, "'mnist' named both"),
+        ({"search_ood": []}, "choose at least one search OOD set"),
+        ({"ood_sets": []}, "at least one OOD set or OOD folder to report on"),
+        ({"protocol": "halves"}, "apply to the 'dedicated' protocol"),
+        ({"protocol": "thirds"}, "unknown protocol 'thirds'; choose one of dedicated, halves"),
+        ({"search_ood": ["cifar"]}, r"unknown OOD set\(s\) 'cifar'; valid names: mnist"),
+    ]
+    for overrides, message in cases:
+        args = {
+            "id_search_pool": id_val,
+            "id_report_pool": id_test,
+            "ood_sets": [ok],
+            "search_ood": [search],
+        } | overrides
+        with pytest.raises(InputError, match=message):
+            build_benchmark(**args)
+    with pytest.raises(InputError, match="'o' named both"):  # also when built by hand
+        Benchmark(id_val, id_test, (ok,), (ok,))
+    with pytest.raises(ValueError, match="must be halves of the report sets"):
+        Benchmark(id_val, id_test, (search,), (ok,), protocol="halves")
+
+
+@pytest.mark.parametrize(
+    "ood_names, search, folders, protocol, message",
+    [
+        ([], None, ["search: /x"], "dedicated", "to report on"),
+        (["mnist"], [], [], "dedicated", "at least one search OOD set or search: folder"),
+        (["photos"], None, [], "dedicated", "'photos' named both"),
+        (["mnist"], None, ["search: /x"], "halves", "apply to the 'dedicated' protocol"),
+        (["mnist"], ["faces"], [], "halves", "apply to the 'dedicated' protocol"),
+    ],
+)
+def test_check_ood_choice_refuses_before_loading(ood_names, search, folders, protocol, message):
+    with pytest.raises(InputError, match=message):
+        check_ood_choice(ood_names, search, folders, protocol)
+
+
+def test_check_ood_choice_accepts_what_makes_a_benchmark():
+    check_ood_choice(["mnist"], None)  # the default search sets
+    check_ood_choice(["photos"], None, ["search: /x"])  # the folder replaces the defaults
+    check_ood_choice(["mnist"], [], ["search: /x"])
+    check_ood_choice([], None, ["far: /y"])
+    check_ood_choice(["mnist", "photos"], None, [], "halves")
 
 
 @pytest.fixture(scope="module")
@@ -481,35 +659,63 @@ def fashion_pools():
 
 def test_default_benchmark(fashion_pools):
     """Fashion-MNIST validation images to search, test images to report, each with its own label;
-    every OOD part cut from its own set; the same request gives the same benchmark."""
+    the search sets (photos, faces) to search, the five report sets to report, every part cut
+    from its own set; the same request gives the same benchmark."""
     try:
-        ood_sets = load_ood_sets()
+        report_sets, search_sets = load_ood_sets(), load_ood_sets(SEARCH_OOD)
     except FileNotFoundError as exc:
         missing_data(str(exc))
     bench = default_benchmark(n_search=64, n_report=32)
+    assert (bench.protocol, bench.protocol_note()) == ("dedicated", None)
     table = bench.describe()
-    assert table["name"].tolist() == ["fashion_mnist", *EXPECTED]
-    assert table["group"].tolist() == ["id"] + [e[0] for e in EXPECTED.values()]
-    assert (table["n_search"] == 64).all() and (table["n_report"] == 32).all()
+    assert table["name"].tolist() == ["fashion_mnist", *EXPECTED, *EXPECTED_SEARCH]
+    assert table["group"].tolist() == ["id"] + [
+        e[0] for e in (*EXPECTED.values(), *EXPECTED_SEARCH.values())
+    ]
+    assert table["role"].tolist() == ["search + report"] + ["report"] * 5 + ["search"] * 2
+    assert table["n_search"].tolist() == [64] + [0] * 5 + [64] * 2
+    assert table["n_report"].tolist() == [32] * 6 + [0] * 2
 
     for part, pool in zip((bench.id_search, bench.id_report), fashion_pools, strict=True):
         label_of = dict(zip(row_hashes(pool), pool.labels.tolist(), strict=True))
         assert [label_of[h] for h in row_hashes(part)] == part.labels.tolist()
-    for full, search, report in zip(ood_sets, bench.ood_search, bench.ood_report, strict=True):
-        assert search.group == report.group == full.group
-        assert set(row_hashes(search)) | set(row_hashes(report)) <= set(row_hashes(full))
+    for parts, fulls in ((bench.ood_report, report_sets), (bench.ood_search, search_sets)):
+        for part, full in zip(parts, fulls, strict=True):
+            assert (part.name, part.group) == (full.name, full.group)
+            assert set(row_hashes(part)) <= set(row_hashes(full))
     assert default_benchmark(n_search=64, n_report=32).fingerprint() == bench.fingerprint()
+    halves = default_benchmark(n_search=64, n_report=32, protocol="halves")
+    assert halves.search_names() == halves.report_names() == list(EXPECTED)
+    assert "saw the reported distributions" in halves.protocol_note()
 
 
-def test_default_search_and_report_share_no_image(fashion_pools):
-    """By pixel content: an image may be shared only if the source set itself holds it twice."""
+def test_default_search_never_sees_a_report_image(fashion_pools):
+    """By pixel content: no image of a search set is an image of a report set or of the ID report
+    split; ID search and report share none; report sets are reported on whole."""
+    try:
+        report_sets, search_sets = load_ood_sets(), load_ood_sets(SEARCH_OOD)
+    except FileNotFoundError as exc:
+        missing_data(str(exc))
+    bench = build_benchmark(*fashion_pools, report_sets)
+    assert bench.search_names() == list(SEARCH_OOD)
+    assert len(bench.id_search) == 5000 and len(bench.id_report) == 10000
+    assert not set(row_hashes(bench.id_search)) & set(row_hashes(bench.id_report))
+    for full, report in zip(report_sets, bench.ood_report, strict=True):
+        assert len(report) == len(full)
+    searched = set().union(*(row_hashes(s) for s in bench.ood_search))
+    reported = set().union(*(row_hashes(s) for s in (bench.id_report, *bench.ood_report)))
+    assert sum(map(len, search_sets)) == sum(map(len, bench.ood_search))
+    assert not searched & reported
+
+
+def test_halves_search_and_report_share_no_image(fashion_pools):
+    """The old protocol, still available: by pixel content, an image may be shared only if the
+    source set itself holds it twice."""
     try:
         ood_sets = load_ood_sets()
     except FileNotFoundError as exc:
         missing_data(str(exc))
-    bench = build_benchmark(*fashion_pools, ood_sets)
-    assert len(bench.id_search) == 5000 and len(bench.id_report) == 10000
-    assert not set(row_hashes(bench.id_search)) & set(row_hashes(bench.id_report))
+    bench = build_benchmark(*fashion_pools, ood_sets, protocol="halves")
     for full, search, report in zip(ood_sets, bench.ood_search, bench.ood_report, strict=True):
         assert len(search) + len(report) == len(full)
         duplicated = {h for h, c in Counter(row_hashes(full)).items() if c > 1}
@@ -529,10 +735,11 @@ def test_split_of_an_ood_set_is_stable():
 @pytest.mark.parametrize(
     "entry, expected",
     [
-        ("near: /data/x", ("near", "/data/x")),
-        ("far:/data/y", ("far", "/data/y")),
-        ("/data/z", ("far", "/data/z")),
-        ("C:/windows/path", ("far", "C:/windows/path")),  # a drive letter is not a group
+        ("near: /data/x", ("report", "near", "/data/x")),
+        ("far:/data/y", ("report", "far", "/data/y")),
+        ("search: /data/s", ("search", "far", "/data/s")),
+        ("/data/z", ("report", "far", "/data/z")),
+        ("C:/windows/path", ("report", "far", "C:/windows/path")),  # a drive letter is no role
     ],
 )
 def test_parse_ood_folder(entry, expected):
@@ -550,9 +757,12 @@ def test_resampled_equals_interpolating_the_images():
     assert resampled(source, 4, 1) is source  # already in that format
 
 
-def test_folder_benchmark_without_folders_is_the_default():
-    ours = folder_benchmark(ood=["digits8x8"], n_search=20, n_report=30)
-    default = default_benchmark(ood=["digits8x8"], n_search=20, n_report=30)
+@pytest.mark.parametrize(
+    "options", [{}, {"search_ood": ["faces"]}, {"protocol": "halves"}], ids=str
+)
+def test_folder_benchmark_without_folders_is_the_default(options):
+    ours = folder_benchmark(ood=["digits8x8"], n_search=20, n_report=30, **options)
+    default = default_benchmark(ood=["digits8x8"], n_search=20, n_report=30, **options)
     assert ours.fingerprint() == default.fingerprint()
 
 
@@ -562,10 +772,11 @@ def test_folder_benchmark_with_an_id_folder_and_an_ood_folder(tmp_path):
             write_png(tmp_path / "mine" / label / f"{i}.png", (colour[0], i * 10, colour[2]))
     for i in range(6):
         write_png(tmp_path / "other" / f"{i}.png", (i * 30, 100, 100))
+        write_png(tmp_path / "mine_search" / f"{i}.png", (100, i * 30, 100))
     bench = folder_benchmark(
         id_folder=str(tmp_path / "mine"),
         ood=["digits8x8"],
-        ood_folders=[f"near: {tmp_path / 'other'}"],
+        ood_folders=[f"near: {tmp_path / 'other'}", f"search: {tmp_path / 'mine_search'}"],
         size=12,
         channels=3,
         n_search=4,
@@ -576,11 +787,19 @@ def test_folder_benchmark_with_an_id_folder_and_an_ood_folder(tmp_path):
     assert len(bench.id_search) == 4 and len(bench.id_search) + len(bench.id_report) <= 10
     search = {bytes(x.numpy()) for x in bench.id_search.images}
     assert not search & {bytes(x.numpy()) for x in bench.id_report.images}  # disjoint halves
-    assert [(s.name, s.group) for s in bench.ood_search] == [
+    assert [(s.name, s.group) for s in bench.ood_report] == [
         ("digits8x8", "near"),
         ("other", "near"),
     ]
+    assert len(bench.ood_report[1]) == 6  # a report folder is reported on whole
+    # a search: folder replaces the default search sets
+    assert [(s.name, len(s)) for s in bench.ood_search] == [("mine_search", 4)]
     assert bench.id_search.classes == ("blue", "red")
+    with_defaults = folder_benchmark(
+        ood_folders=[f"far: {tmp_path / 'other'}"], size=12, channels=3, n_search=4
+    )
+    assert with_defaults.search_names() == list(SEARCH_OOD)
+    assert tuple(with_defaults.ood_search[0].images.shape) == (4, 3, 12, 12)
 
 
 def test_folder_benchmark_errors(tmp_path):
@@ -595,3 +814,7 @@ def test_folder_benchmark_errors(tmp_path):
         folder_benchmark(id_folder=str(tmp_path / "tiny"), ood=["noise"])
     with pytest.raises(ValueError, match="channels must be 1"):
         folder_benchmark(ood_folders=[str(tmp_path)], channels=2)
+    with pytest.raises(InputError, match="to report on"):
+        folder_benchmark(ood_folders=[f"search: {tmp_path}"])  # nothing left to report on
+    with pytest.raises(InputError, match="apply to the 'dedicated' protocol"):
+        folder_benchmark(ood=["noise"], ood_folders=[f"search: {tmp_path}"], protocol="halves")

@@ -1,23 +1,37 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
 from hydra_core import metrics
 from hydra_core.cache import DiskCache
+from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import (
+    ID_COLUMNS,
+    OOD_COLUMNS,
     Evaluation,
     SetPredictions,
     evaluate_model,
+    format_intervals,
+    interval_columns,
+    interval_json,
     masked,
+    model_card,
+    nest_intervals,
+    ood_score,
     predict,
     probabilities,
     resolve_device,
 )
+from hydra_core.metrics.bootstrap import BootstrapConfig
 from hydra_core.models.adapter import ablate
+from hydra_core.models.registry import LoadedModel
 from tests.conftest import make_tiny_vit, random_mask
 
 
@@ -92,15 +106,107 @@ def test_ensemble_rows_carry_diversity():
         metrics.mutual_information(member_probs)
     )
     assert table.loc["o", "disagreement"] >= 0
+    assert table.loc["far-OOD average", "disagreement"] == table.loc["o", "disagreement"]
+    assert table.loc["id", "mutual_information_lo"] <= table.loc["id", "mutual_information_hi"]
+
+
+def assert_interval(entry: dict) -> None:
+    """``{"value": v, "ci95": [lo, hi]}`` with lo <= hi, plain floats."""
+    assert set(entry) == {"value", "ci95"}
+    lo, hi = entry["ci95"]
+    assert all(isinstance(x, float) for x in (entry["value"], lo, hi)) and lo <= hi
 
 
 def test_json_has_the_documented_shape():
     evaluation = evaluate_model(make_tiny_vit(), to_input, ID, OOD, name="tiny", device="cpu")
-    out = evaluation.to_json({"name": "tiny", "layers": 3, "heads": 4, "params": 1})
-    assert set(out["id"]) >= {"name", "n", "accuracy", "nll", "brier", "ece", "adaptive_ece"}
+    out = json.loads(
+        json.dumps(
+            evaluation.to_json({"name": "tiny", "layers": 3, "heads": 4, "params": 1}),
+            allow_nan=False,
+        )
+    )
+    assert set(out) == {"model", "score", "bootstrap", "id", "ood", "ood_average"}
+    assert out["bootstrap"]["n_boot"] == 1000 and out["bootstrap"]["level"] == 0.95
+    assert set(out["id"]) == {"name", "n", *ID_COLUMNS}
     assert [o["name"] for o in out["ood"]] == ["near1", "far1"]
-    assert set(out["ood"][0]) >= {"name", "group", "n", "auroc", "fpr95", "aupr_in", "aupr_out"}
+    assert set(out["ood"][0]) == {"name", "group", "n", *OOD_COLUMNS, "fpr95_tpr_id"}
     assert out["ood"][1]["group"] == "far"
+    assert list(out["ood_average"]) == ["near-OOD average", "far-OOD average", "OOD average"]
+    entries = [out["id"][m] for m in ID_COLUMNS]
+    for row in [*out["ood"], *out["ood_average"].values()]:
+        entries += [row[m] for m in (*OOD_COLUMNS, "fpr95_tpr_id")]
+    for entry in entries:
+        assert_interval(entry)
+    table = evaluation.table().set_index("set")
+    assert out["id"]["accuracy"]["value"] == table.loc["id", "accuracy"]
+    assert out["ood"][1]["auroc"]["ci95"] == [table.loc["far1", f"auroc_{b}"] for b in ("lo", "hi")]
+
+
+def test_intervals_are_percentiles_of_the_plain_metrics_on_the_resamples():
+    config = BootstrapConfig(n_boot=60, seed=3)
+    evaluation = evaluate_model(make_tiny_vit(), to_input, ID, OOD, device="cpu", bootstrap=config)
+    table = evaluation.table().set_index("set")
+    resamples = evaluation.resamples()
+    assert resamples.n_boot == 60
+    probs = probabilities(evaluation.id.logits)
+    scores = [ood_score(s.logits) for s in (evaluation.id, *evaluation.ood)]
+    accuracy, near_auroc, average_fpr = [], [], []
+    for b in range(60):
+        id_rows = np.repeat(np.arange(len(probs)), resamples.id_counts[b])
+        accuracy.append(metrics.accuracy(probs[id_rows], ID.labels[id_rows]))
+        fpr = []
+        for k, counts in enumerate(resamples.ood_counts):
+            ood_rows = np.repeat(np.arange(len(counts[b])), counts[b])
+            found = metrics.ood_metrics(scores[0][id_rows], scores[k + 1][ood_rows])
+            fpr.append(found["fpr95"])
+            if k == 0:
+                near_auroc.append(found["auroc"])
+        average_fpr.append(np.mean(fpr))
+    for row, column, values in (
+        ("id", "accuracy", accuracy),
+        ("near1", "auroc", near_auroc),
+        ("OOD average", "fpr95", average_fpr),
+    ):
+        lo, hi = np.quantile(values, [0.025, 0.975])
+        assert table.loc[row, f"{column}_lo"] == pytest.approx(lo, abs=1e-9)
+        assert table.loc[row, f"{column}_hi"] == pytest.approx(hi, abs=1e-9)
+    # each part is stratified: every resample keeps the class counts and the set sizes
+    for c in range(5):
+        in_class = (ID.labels == c).numpy()
+        assert (resamples.id_counts[:, in_class].sum(1) == in_class.sum()).all()
+    assert [c.sum(1).tolist() for c in resamples.ood_counts] == [[30] * 60, [25] * 60]
+
+
+def test_table_and_json_helpers():
+    frame = pd.DataFrame(
+        {"system": ["a", "b"], "auroc": [0.81234, -0.01], "auroc_lo": [0.8, -0.03],
+         "auroc_hi": [0.83, 0.02], "n": [3, 4]}
+    )  # fmt: skip
+    assert interval_columns(["auroc", "nll"]) == [
+        "auroc", "auroc_lo", "auroc_hi", "nll", "nll_lo", "nll_hi"
+    ]  # fmt: skip
+    shown = format_intervals(frame, digits=3)
+    assert list(shown.columns) == ["system", "auroc", "n"]
+    assert list(shown["auroc"]) == ["0.812 ± 0.015", "-0.010 ± 0.025"]
+    signed = format_intervals(frame, digits=2, signed=True)
+    assert list(signed["auroc"]) == ["+0.81 ± 0.01", "-0.01 ± 0.03 (n.s.)"]
+    assert nest_intervals(frame.iloc[0].to_dict()) == {
+        "system": "a",
+        "auroc": {"value": 0.81234, "ci95": [0.8, 0.83]},
+        "n": 3,
+    }
+    assert interval_json(float("nan"), 0.1, 0.2) == {"value": None, "ci95": [0.1, 0.2]}
+
+
+def test_model_card_carries_intervals():
+    loaded = LoadedModel("tiny", make_tiny_vit(), to_input)
+    benchmark = build_benchmark(image_set("pool", 80, 5), None, [image_set("o", 40, 6, "far")])
+    card = model_card(loaded, benchmark, device="cpu")
+    lo, hi = card["id_accuracy_ci95"]
+    assert lo <= card["id_accuracy"] <= hi
+    assert list(card["ood_auroc_ci95"]) == list(card["ood_auroc"]) == ["o"]
+    lo, hi = card["ood_auroc_ci95"]["o"]
+    assert lo <= card["ood_auroc"]["o"] <= hi
 
 
 def test_predictions_are_cached(tmp_path):

@@ -155,6 +155,41 @@ def test_reliability_roc_and_cost_figures():
     assert list(scatter.data[1].x) == [2.5e6] and scatter.layout.xaxis.type == "log"
 
 
+def test_intervals_become_error_bars():
+    cost = pd.DataFrame(
+        {"system": ["single", "Hydra"], "macs": [1e6, 2.5e6], "auroc": [0.8, 0.9],
+         "auroc_lo": [0.78, 0.85], "auroc_hi": [0.83, 0.92]}
+    )  # fmt: skip
+    scatter = figures.cost_scatter(cost, x="macs")
+    bars = scatter.data[1].error_y
+    assert list(bars.array) == pytest.approx([0.02]) and list(bars.arrayminus) == pytest.approx(
+        [0.05]
+    )  # asymmetric: the percentile interval is not centred on the value
+    assert "customdata[0]" in scatter.data[0].hovertemplate
+    roc = pd.DataFrame({"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]})
+    roc.attrs.update(auroc=0.65, auroc_ci95=(0.6, 0.7))
+    assert figures.roc_curves({"h": roc}).data[1].name == "h (AUROC 0.650 [0.600, 0.700])"
+
+
+def test_difference_plot_marks_intervals_that_contain_zero():
+    frame = pd.DataFrame(
+        {"system": ["Hydra", "Taylor", "member", "Deep"], "all_auroc": [0.03, -0.01, 0.0, np.nan],
+         "all_auroc_lo": [0.01, -0.02, -0.01, np.nan], "all_auroc_hi": [0.05, 0.005, 0.01, np.nan]}
+    )  # fmt: skip
+    fig = figures.difference_plot(frame, "all_auroc", metric_title="AUROC")
+    zero, significant, not_significant = fig.data
+    assert list(zero.x) == ["Hydra", "Taylor", "member"] and set(zero.y) == {0.0}  # NaN left out
+    assert list(significant.x) == ["Hydra"] and significant.name.startswith("significant")
+    assert list(not_significant.x) == ["Taylor", "member"]
+    assert not_significant.marker.symbol == "circle-open"
+    assert list(not_significant.error_y.array) == pytest.approx([0.015, 0.01])
+    assert list(not_significant.error_y.arrayminus) == pytest.approx([0.01, 0.01])
+    assert "AUROC: difference to single" in fig.layout.title.text
+    assert to_matplotlib(fig).axes  # the PNG / SVG export draws it
+    with pytest.raises(ValueError, match="no system has a difference on 'all_auroc'"):
+        figures.difference_plot(frame.iloc[3:], "all_auroc")
+
+
 # --- export --------------------------------------------------------------------------------------
 
 
@@ -256,3 +291,25 @@ def test_format_seconds():
     assert format_seconds(42.4) == "42 s"
     assert format_seconds(75) == "1 min 15 s"
     assert format_seconds(3 * 3600 + 60 * 5) == "3 h 05 min"
+
+
+def test_exported_pictures_keep_the_error_bars():
+    """The 95% intervals drawn in the browser are in the PNG/SVG downloads too."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(
+        go.Scatter(
+            x=[1.0, 2.0],
+            y=[0.8, 0.7],
+            mode="markers",
+            error_y=dict(type="data", array=[0.02, 0.03], arrayminus=[0.01, 0.05]),
+        )
+    )
+    mpl = to_matplotlib(fig)
+    (ax,) = mpl.axes
+    bars = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"]
+    assert bars, "no error bars drawn"
+    segments = np.concatenate([np.asarray(s) for s in bars[0].get_segments()])
+    assert segments[:, 1].min() == pytest.approx(0.65) and segments[:, 1].max() == pytest.approx(
+        0.82
+    )

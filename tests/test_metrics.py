@@ -1,6 +1,6 @@
 """Tests of hydra_core.metrics: reference values (scikit-learn and hand-worked examples),
-invariances run over the METRICS registry, error messages, and undefined cases that warn and return
-NaN."""
+invariances run over the METRICS registry (including the resampled form the bootstrap uses), error
+messages, and undefined cases that warn and return NaN."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from hydra_core.metrics import (
     auroc,
     brier,
     classification_metrics,
+    classification_replicates,
     disagreement,
     diversity_metrics,
     ece,
@@ -29,11 +30,13 @@ from hydra_core.metrics import (
     fpr_at_95,
     fpr_at_95_tpr_id,
     max_logit,
+    mean_replicates,
     msp,
     mutual_information,
     neg_entropy,
     nll,
     ood_metrics,
+    ood_replicates,
     ood_score,
     reliability_curve,
     roc_curve_ood,
@@ -154,6 +157,40 @@ def test_direction_matches_higher_is_better(name):
         good_args, bad_args = ([1.0, 2.0, 3.0], [-1.0, -2.0]), ([-1.0, -2.0], [1.0, 2.0, 3.0])
     better, worse = info.fn(*good_args), info.fn(*bad_args)
     assert (better > worse) if info.higher_is_better else (better < worse)
+
+
+#: The key of each OOD metric in the dicts of ``ood_metrics`` and ``ood_replicates``.
+OOD_KEYS = {"fpr_at_95": "fpr95", "fpr_at_95_tpr_id": "fpr95_tpr_id"}
+
+
+def resampled_values(name: str, args: tuple, counts: list[np.ndarray]) -> np.ndarray:
+    """The metric ``name`` on every resample of ``counts`` (one (B, N) array per input set), by
+    the vectorised functions of hydra_core.metrics.bootstrap."""
+    kind = METRICS[name].kind
+    if kind == "classification":
+        return classification_replicates(*args, counts[0])[name]
+    if kind == "ood":
+        return ood_replicates(*args, *counts)[OOD_KEYS.get(name, name)]
+    return mean_replicates(METRICS[name].fn(*args, reduction="none"), counts[0])
+
+
+@pytest.mark.parametrize("name", sorted(METRICS))
+def test_every_metric_has_an_equal_resampled_form(name):
+    # the bootstrap computes each metric on all resamples at once; on every resample it must
+    # equal the metric itself on the resampled samples
+    info = METRICS[name]
+    args = INPUTS[info.kind]()
+    sets = args if info.kind == "ood" else args[:1]  # ID and OOD scores are resampled apart
+    rng = np.random.default_rng(0)
+    counts = [rng.integers(0, 3, size=(6, len(a))) for a in sets]
+    found = resampled_values(name, args, counts)
+    for b in range(6):
+        index = [np.repeat(np.arange(len(a)), c[b]) for a, c in zip(sets, counts, strict=True)]
+        if info.kind == "ood":
+            resampled = tuple(a[i] for a, i in zip(args, index, strict=True))
+        else:
+            resampled = tuple(a[index[0]] for a in args)
+        assert found[b] == pytest.approx(info.fn(*resampled), abs=1e-9)
 
 
 def test_bfloat16_probabilities_are_accepted():

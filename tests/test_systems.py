@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from hydra_core import metrics
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
-from hydra_core.evaluate import evaluate_model
+from hydra_core.evaluate import ID_COLUMNS, OOD_COLUMNS, evaluate_model, interval_columns
 from hydra_core.hydra.cost import count_params
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_members
-from hydra_core.hydra.systems import SystemInfo, evaluate_systems, system_name
+from hydra_core.hydra.systems import SUMMARY_METRICS, SystemInfo, evaluate_systems, system_name
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import ablate, prune_heads
 from hydra_core.models.registry import LoadedModel
@@ -185,8 +186,68 @@ def test_table_reliability_and_roc(report, benchmark):
     np.testing.assert_allclose(fpr, ref_fpr, atol=1e-12)
     np.testing.assert_allclose(tpr, ref_tpr, atol=1e-12)
     assert len(report.roc("single", "all")[0]) > 2
+    # the AUROC of each drawn curve, with its interval: per set the table's, pooled its own
+    row = table[(table["system"] == "Hydra (fused)") & (table["set"] == "far_set")].iloc[0]
+    assert report.roc_auroc("Hydra (fused)", "far_set") == (
+        row["auroc"],
+        row["auroc_lo"],
+        row["auroc_hi"],
+    )
+    value, lo, hi = report.roc_auroc("single", "all")
+    assert value == pytest.approx(np.trapezoid(*report.roc("single", "all")[::-1]), abs=1e-12)
+    assert lo <= value <= hi
     with pytest.raises(KeyError, match="no OOD set 'cifar'"):
         report.roc("single", "cifar")
+
+
+def test_every_number_carries_its_interval(report):
+    table = report.table()
+    for metric in (*ID_COLUMNS, *OOD_COLUMNS, "fpr95_tpr_id", "mutual_information"):
+        present = table[metric].notna()
+        assert (table.loc[present, f"{metric}_lo"] <= table.loc[present, f"{metric}_hi"]).all()
+        assert table.loc[~present, f"{metric}_lo"].isna().all()
+    summary = report.summary().set_index("system")
+    for column in SUMMARY_METRICS:
+        assert {f"{column}_lo", f"{column}_hi"} <= set(summary.columns)
+    row = table[(table["system"] == "Hydra (fused)") & (table["set"] == "near-OOD average")]
+    assert summary.loc["Hydra (fused)", "near_auroc_lo"] == row["auroc_lo"].item()
+    assert (
+        summary.loc["Hydra (fused)", "ood_mi_hi"]
+        == table.loc[
+            (table["system"] == "Hydra (fused)") & (table["set"] == "OOD average"),
+            "mutual_information_hi",
+        ].item()
+    )
+    # every system of the report uses the same resamples: their differences are paired
+    shared = report.evaluations["single"].resamples()
+    assert all(ev.resamples() is shared for ev in report.evaluations.values())
+    assert "intervals" in report.setup["seconds"] and report.setup["bootstrap"]["n_boot"] == 1000
+
+
+def test_paired_differences_between_systems(report):
+    same = report.difference("Hydra (fused)", "Hydra (fused)", "auroc", set="near")
+    assert (same.value, same.lo, same.hi, same.significant) == (0.0, 0.0, 0.0, False)
+    # zero-shot fusion computes what the members compute one by one: a (near) zero difference
+    fusion = report.difference("Hydra (fused)", "Hydra (unfused)", "nll")
+    assert abs(fusion.value) < 1e-5 and fusion.hi - fusion.lo < 1e-5
+    summary = report.summary().set_index("system")
+    found = report.difference("Hydra (fused)", "single", "auroc", set="near")
+    expected = summary.loc["Hydra (fused)", "near_auroc"] - summary.loc["single", "near_auroc"]
+    assert found.value == pytest.approx(expected, abs=1e-12)
+    assert found.lo <= found.value <= found.hi
+    assert found.significant == (found.lo > 0 or found.hi < 0)
+    assert report.difference("Taylor", "single", "accuracy").value == pytest.approx(
+        summary.loc["Taylor", "accuracy"] - summary.loc["single", "accuracy"]
+    )
+    table = report.differences("single", ["accuracy", "near_auroc", "id_mi"]).set_index("system")
+    assert list(table.index) == [s for s in report.systems if s != "single"]
+    assert list(table.columns) == ["kind", *interval_columns(["accuracy", "near_auroc", "id_mi"])]
+    assert table.loc["Hydra (fused)", "near_auroc_lo"] == found.lo
+    assert table["id_mi"].isna().all()  # the single model has no MI to compare with
+    with pytest.raises(KeyError, match="no summary columns"):
+        report.differences("single", ["auroc"])
+    with pytest.raises(KeyError, match="no system 'nope'"):
+        report.difference("nope", "single", "auroc")
 
 
 def test_cost(report, loaded, members):
@@ -210,12 +271,32 @@ def test_json_and_merge(report, loaded, benchmark, members):
     data = json.loads(text)
     assert set(data["systems"]) == set(report.systems)
     assert data["setup"]["device"] == "cpu" and "evaluate" in data["setup"]["seconds"]
+    fused = next(r for r in data["summary"] if r["system"] == "Hydra (fused)")
+    assert set(fused["near_auroc"]) == {"value", "ci95"} and fused["heads"] == "10x3"
+    assert "near_auroc_lo" not in fused
+    single = next(r for r in data["summary"] if r["system"] == "single")
+    assert single["id_mi"] == {"value": None, "ci95": [None, None]}
+    differences = {r["system"]: r for r in data["differences_to_single"]}
+    assert set(differences) == set(report.systems) - {"single"}
+    found = report.difference("Hydra (fused)", "single", "auroc", set="all")
+    entry = differences["Hydra (fused)"]["all_auroc"]
+    assert entry == {
+        "value": found.value,
+        "ci95": [found.lo, found.hi],
+        "significant": found.significant,
+    }
+    evaluation = data["systems"]["Hydra (fused)"]["evaluation"]
+    assert set(evaluation["ood"][0]["mutual_information"]) == {"value", "ci95"}
 
     other = evaluate_systems(
         loaded, benchmark, members[:2], label="Pair", device="cpu", latency=False
     )
     merged = report.merge(other)
     assert "Pair (fused)" in merged.systems and merged.systems.count("single") == 1
+    # both reports drew the same resamples of the same images: intervals survive the merge
+    pd.testing.assert_frame_equal(
+        merged.table().query("system in @report.systems").reset_index(drop=True), report.table()
+    )
     assert "Pair (fused)" in merged.cost.index and "latency_ms" not in other.cost
     with pytest.raises(ValueError, match="already has a system named 'single'"):
         merged.add_system("single", other.evaluations["single"], SystemInfo("single", "12"))

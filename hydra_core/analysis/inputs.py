@@ -1,5 +1,11 @@
 """From data-set objects to the tensors the analyses take: the thin layer between
-:mod:`hydra_core.data` and the search/importance/representation functions."""
+:mod:`hydra_core.data` and the search/importance/representation functions.
+
+Two kinds of analyses, two kinds of inputs: those that *select* heads (greedy search, single-head
+importance, Taylor, member masks) take :func:`search_inputs`, the ID search part and the
+search-role OOD sets; those that *describe* the reported distributions (per-head representations,
+dense vs circuit) take :func:`report_sample`, a fixed sample of the ID report part and of every
+report-role OOD set."""
 
 from __future__ import annotations
 
@@ -8,16 +14,20 @@ from dataclasses import dataclass
 import torch
 
 from hydra_core.data.benchmark import Benchmark
+from hydra_core.data.images import take
+
+#: images per set in :func:`report_sample` (enough for stable centroids and a readable scatter)
+REPORT_SAMPLE = 512
 
 
 @dataclass(frozen=True)
 class SearchInputs:
-    """Preprocessed search-split tensors: ID images with labels, and the pooled OOD images."""
+    """Preprocessed search tensors: ID images with labels, and the pooled search-role OOD sets."""
 
     id_x: torch.Tensor  # (N_id, C, H, W) model input
     id_y: torch.Tensor  # (N_id,) int64
-    ood_x: torch.Tensor  # (N_ood, C, H, W) model input, OOD search parts pooled and balanced
-    ood_per_set: dict[str, torch.Tensor]  # each OOD set's search part, preprocessed
+    ood_x: torch.Tensor  # (N_ood, C, H, W) model input, the OOD search sets pooled and balanced
+    ood_per_set: dict[str, torch.Tensor]  # each search-role OOD set, preprocessed
 
     def to(self, device: torch.device | str) -> SearchInputs:
         return SearchInputs(
@@ -33,11 +43,13 @@ class SearchInputs:
 
 
 def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None) -> SearchInputs:
-    """The search split of ``benchmark`` run through ``preprocess`` (a LoadedModel's).
+    """The search data of ``benchmark`` run through ``preprocess`` (a LoadedModel's): the ID
+    search part and the search-role OOD sets, never a report-role set (under the ``"halves"``
+    protocol, the search halves of the report sets).
 
     Args:
         n_ood: size of the pooled OOD set (default: as many as ID search images, balanced across the
-            OOD sets, or fewer when their search parts are smaller).
+            search sets, or fewer when they are smaller).
     """
     n_id = len(benchmark.id_search)
     smallest = min(len(s) for s in benchmark.ood_search)
@@ -47,4 +59,35 @@ def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None)
         id_y=benchmark.id_search.labels,
         ood_x=preprocess(benchmark.pooled_ood_search(n_ood).images),
         ood_per_set={s.name: preprocess(s.images) for s in benchmark.ood_search},
+    )
+
+
+@dataclass(frozen=True)
+class ReportSample:
+    """Preprocessed samples of the report data: ID images and each report-role OOD set."""
+
+    id_x: torch.Tensor  # (N_id, C, H, W) model input
+    ood_per_set: dict[str, torch.Tensor]  # report-role OOD set name -> (N, C, H, W) model input
+
+    def to(self, device: torch.device | str) -> ReportSample:
+        return ReportSample(
+            self.id_x.to(device), {k: v.to(device) for k, v in self.ood_per_set.items()}
+        )
+
+    def describe(self) -> str:
+        sets = ", ".join(f"{len(x)} {name}" for name, x in self.ood_per_set.items())
+        return f"{len(self.id_x)} ID report images and OOD report images ({sets})"
+
+
+def report_sample(
+    preprocess, benchmark: Benchmark, *, n: int | None = REPORT_SAMPLE
+) -> ReportSample:
+    """At most ``n`` images of the ID report part and of every report-role OOD set (a fixed
+    :func:`~hydra_core.data.images.take` sample; all when None), run through ``preprocess``:
+    what the analyses that describe the reported distributions take."""
+    return ReportSample(
+        id_x=preprocess(take(benchmark.id_report, n, purpose="describe").images),
+        ood_per_set={
+            s.name: preprocess(take(s, n, purpose="describe").images) for s in benchmark.ood_report
+        },
     )

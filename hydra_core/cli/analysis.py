@@ -2,7 +2,9 @@
 
 Each command writes JSON and CSV files into ``--out`` (default ``results/<command>``) and prints
 where they are. Search and importance results are cached, so a repeated command is instant and an
-interrupted search continues where it stopped.
+interrupted search continues where it stopped. ``search`` and ``importance`` select heads, so they
+see the search data only (the ID search part and the search-role OOD sets); ``represent``
+describes the reported distributions, so it reads a sample of the report data.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
     add_analysis_arguments,
     command,
@@ -46,6 +49,12 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         help="start over instead of continuing a saved search (a longer saved search is kept "
         "until the new one is as long)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (objective, budget, order, scores, search_ood, n_id, n_ood, "
+        "seconds) on stdout; everything else goes to stderr",
+    )
 
 
 @command("search", _search_arguments)
@@ -56,7 +65,7 @@ def _search(args: argparse.Namespace) -> int:
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
 
-    loaded, _, inputs, cache, out = prepare(args)
+    loaded, benchmark, inputs, cache, out = prepare(args)
     total = head_layout(loaded.model).total_heads
     if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
         raise InputError(
@@ -125,13 +134,30 @@ def _search(args: argparse.Namespace) -> int:
         [circuit],
         loaded.identity(),
     )
+    summary = sys.stderr if args.json else sys.stdout  # --json: stdout holds the JSON alone
     print(
         f"dense: accuracy {result.base_accuracy:.4f}, AUROC {result.base_auroc:.4f}; "
         f"after removing "
         f"{result.steps} heads: accuracy {result.accuracy[-1]:.4f}, AUROC {result.auroc[-1]:.4f} "
-        f"({result.seconds:.0f} s of compute)"
+        f"({result.seconds:.0f} s of compute)",
+        file=summary,
     )
-    print(f"wrote {out}/{stem}.json, {stem}_steps.csv, {stem}_ranking.csv, {stem}_masks.json")
+    print(
+        f"wrote {out}/{stem}.json, {stem}_steps.csv, {stem}_ranking.csv, {stem}_masks.json",
+        file=summary,
+    )
+    if args.json:
+        found = {
+            "objective": result.objective,
+            "budget": args.budget,
+            "order": result.labels(),
+            "scores": result.scores,
+            "search_ood": benchmark.search_names(),
+            "n_id": len(inputs.id_x),
+            "n_ood": len(inputs.ood_x),
+            "seconds": result.seconds,  # compute of the search itself, not start-up or loading
+        }
+        print(json.dumps(found, indent=2))
     return 0
 
 
@@ -220,11 +246,18 @@ def _represent_arguments(p: argparse.ArgumentParser) -> None:
         help="heads for the 2-D projection (default: every head of --layer)",
     )
     p.add_argument("--method", default="pca", choices=("pca", "umap"))
+    p.add_argument(
+        "--n-images",
+        type=int,
+        default=REPORT_SAMPLE,
+        help="images per set: a fixed sample of the ID report part and of every report set "
+        "(default: %(default)s)",
+    )
 
 
 @command("represent", _represent_arguments)
 def _represent(args: argparse.Namespace) -> int:
-    """Per-head CLS representations: ID/OOD centroid distances, dense vs circuit, 2-D projection."""
+    """Per-head CLS outputs of report images: centroid distances, dense vs circuit, 2-D maps."""
     from hydra_core.analysis.representations import (
         centroid_distances,
         distance_table_dense_vs_circuit,
@@ -233,7 +266,9 @@ def _represent(args: argparse.Namespace) -> int:
     )
     from hydra_core.masks import load_masks
 
-    loaded, _, inputs, _, out = prepare(args)
+    if args.n_images < 1:
+        raise InputError(f"--n-images must be a positive number of images, got {args.n_images}")
+    loaded, _, inputs, _, out = prepare(args, report_sample_size=args.n_images)
     layout = head_layout(loaded.model)
     layer = args.layer % layout.num_layers
     id_feats = head_cls_features(

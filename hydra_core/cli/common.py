@@ -53,26 +53,48 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def add_data_arguments(
     p: argparse.ArgumentParser, *, n_search: int | None = 512, n_report: int | None = None
 ) -> None:
-    """--n-search/--n-report/--ood: which images the command uses."""
+    """--n-search/--n-report/--ood/--search-ood/--protocol and folders: which images the command
+    uses, and in which role."""
+    from hydra_core.data.benchmark import PROTOCOLS
+    from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
+
     p.add_argument(
         "--n-search",
         type=int,
         default=n_search,
-        help="images per set in the search split (default: %(default)s)",
+        help="images per set in the search data: ID and each search set (default: %(default)s)",
     )
     p.add_argument(
         "--n-report",
         type=int,
         default=n_report,
-        help="images per set in the report split (default: all)",
+        help="images per set in the report data: ID and each report set (default: all)",
     )
     p.add_argument(
         "--ood",
         nargs="+",
         default=None,
         metavar="NAME",
-        help="OOD sets to use (default: all of mnist, animal_silhouettes, digits8x8, "
-        "textures, noise; none when --ood-folder is given)",
+        help="OOD sets to report on, never used to select heads (default: "
+        f"{', '.join(REPORT_OOD)}; none when a near:/far: --ood-folder is given)",
+    )
+    p.add_argument(
+        "--search-ood",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="OOD sets that select heads only, never reported on (default: "
+        f"{', '.join(SEARCH_OOD)}; none when a search: --ood-folder is given). A set may not be "
+        "both a search and a report set",
+    )
+    p.add_argument(
+        "--protocol",
+        default="dedicated",
+        choices=PROTOCOLS,
+        help="dedicated: heads are selected on the search sets only (the paper's protocol); "
+        "halves: on one half of each report set, reporting on the other half, so the search sees "
+        "the reported distributions (earlier protocol, optimistic OOD numbers; a warning says so) "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--id-folder",
@@ -85,8 +107,9 @@ def add_data_arguments(
         "--ood-folder",
         nargs="+",
         default=[],
-        metavar="[near:|far:]PATH",
-        help="extra OOD image folders, e.g. near:/data/a far:/data/b (a bare path is far)",
+        metavar="[near:|far:|search:]PATH",
+        help="extra OOD image folders, e.g. near:/data/a far:/data/b to report on (a bare path is "
+        "far), search:/data/c to select heads on",
     )
     p.add_argument(
         "--classes",
@@ -115,20 +138,25 @@ def progress_bar(description: str):
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
     Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
-    from hydra_core.data.benchmark import folder_benchmark
-    from hydra_core.data.ood import OOD_SETS
+    from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder
+    from hydra_core.data.ood import REPORT_OOD
     from hydra_core.models.preprocess import input_format
     from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
     loaded = load_model(args.model, arch=args.arch, arch_kwargs=parse_arch_kwargs(args.arch_kwargs))
     if not fused_ok:
         loaded.check_analysable()
-    default_ood = [] if args.ood_folder else list(OOD_SETS)  # folders alone replace the defaults
+    # report folders alone replace the default report sets (search folders the search sets,
+    # which folder_benchmark does when --search-ood is not given)
+    report_folders = [e for e in args.ood_folder if parse_ood_folder(e)[0] == "report"]
+    default_ood = [] if report_folders else list(REPORT_OOD)
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(
         id_folder=args.id_folder,
         ood=default_ood if args.ood is None else args.ood,
+        search_ood=args.search_ood,
         ood_folders=args.ood_folder,
+        protocol=args.protocol,
         size=size,
         channels=channels,
         n_search=args.n_search,
@@ -136,6 +164,8 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
         classes=args.classes.split(",") if args.classes else None,
     )
     for note in check_fit(loaded, benchmark.id_search, own_folder=args.id_folder is not None):
+        warn(note)
+    if note := benchmark.protocol_note():
         warn(note)
     return loaded, benchmark
 
@@ -176,16 +206,24 @@ def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
     return frame.rename_axis("layer")
 
 
-def prepare(args: argparse.Namespace):
-    """Model (on the requested device), benchmark, search tensors and the cache, for a command."""
-    from hydra_core.analysis.inputs import search_inputs
+def prepare(args: argparse.Namespace, *, report_sample_size: int | None = None):
+    """Model (on the requested device), benchmark, input tensors and the cache, for a command.
+
+    The tensors are the search data (:func:`~hydra_core.analysis.inputs.search_inputs`) for
+    commands that select heads; with ``report_sample_size``, a sample of that many report images
+    per set (:func:`~hydra_core.analysis.inputs.report_sample`) for commands that describe the
+    reported distributions."""
+    from hydra_core.analysis.inputs import report_sample, search_inputs
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
 
     loaded, benchmark = load_for_cli(args)
     device = resolve_device(args.device)
     loaded.model.to(device)
-    inputs = search_inputs(loaded.preprocess, benchmark)
+    if report_sample_size is None:
+        inputs = search_inputs(loaded.preprocess, benchmark)
+    else:
+        inputs = report_sample(loaded.preprocess, benchmark, n=report_sample_size)
     out = Path(args.out or f"results/{args.command}")
     out.mkdir(parents=True, exist_ok=True)
     print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)

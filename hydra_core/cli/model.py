@@ -84,11 +84,11 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("eval", _eval_arguments)
 def _eval(args: argparse.Namespace) -> int:
-    """Evaluate a model on the ID report split and every OOD set (accuracy, calibration, OOD)."""
+    """Evaluate a model on the report data (ID and report OOD sets): accuracy, calibration, OOD."""
     import json
 
     from hydra_core.cache import DiskCache
-    from hydra_core.evaluate import evaluate_model
+    from hydra_core.evaluate import evaluate_model, format_intervals
 
     loaded, benchmark = load_for_cli(args, fused_ok=True)
     bars: dict = {}
@@ -112,7 +112,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(evaluation.to_json(loaded.card()), indent=2))
     else:
-        print(format_table(evaluation.table()))
+        print(format_table(format_intervals(evaluation.table())))
     return 0
 
 
@@ -124,7 +124,7 @@ def _info_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("info", _info_arguments)
 def _info(args: argparse.Namespace) -> int:
-    """Show the model card: layers, heads, parameters, ID accuracy and OOD AUROC per OOD set."""
+    """Show the model card: layers, heads, parameters, ID accuracy, AUROC per report OOD set."""
     import json
 
     from hydra_core.cache import DiskCache
@@ -138,15 +138,19 @@ def _info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(card, indent=2))
         return 0
-    width = max(len(k) for k in card if k != "ood_auroc")
+    width = max(len(k) for k in card if k != "ood_auroc") + 12
     for key, value in card.items():
         if key == "ood_auroc":
             for name, auroc in value.items():
-                print(f"{'AUROC ' + name:>{width + 12}}  {auroc:.4f}")
-        else:
+                lo, hi = card["ood_auroc_ci95"][name]
+                print(f"{'AUROC ' + name:>{width}}  {auroc:.4f} [{lo:.4f}, {hi:.4f}]")
+        elif key == "id_accuracy":
+            lo, hi = card["id_accuracy_ci95"]
+            print(f"{key:>{width}}  {value:.4f} [{lo:.4f}, {hi:.4f}]")
+        elif not key.endswith("_ci95"):
             print(
-                f"{key:>{width + 12}}  {value:.4f}"
+                f"{key:>{width}}  {value:.4f}"
                 if isinstance(value, float)
-                else f"{key:>{width + 12}}  {value}"
+                else f"{key:>{width}}  {value}"
             )
     return 0

@@ -1,13 +1,23 @@
-"""The disjoint search and report subsets that every result is computed on (SPEC section 4).
+"""The disjoint search and report data that every result is computed on (SPEC section 4).
 
-Heads are selected with scores computed on *search* subsets; results are reported on *report*
-subsets that share no image with them (paper Appendix D.1.2, "OOD sets and fairness"):
+Heads are selected with scores computed on *search* data; results are reported on *report* data
+that no head selection used (paper Appendix D.1.2, "OOD sets and fairness"):
 
 - in-distribution: two disjoint pools. By default the search pool is Fashion-MNIST's validation
   split (5,000 training images held out from training the default model) and the report pool is
   the official test set (10,000).
-- every OOD set is cut once, by a fixed shuffle of its own, into two halves
-  (:func:`~hydra_core.data.images.split_in_two`): the search half and the report half.
+- OOD, protocol ``"dedicated"`` (the default, the paper's): every OOD set has a role. The
+  search-role sets (by default ``photos`` and ``faces``, :data:`~hydra_core.data.ood.SEARCH_OOD`)
+  select heads and are never reported on; the report-role sets (by default the three near and two
+  far sets, :data:`~hydra_core.data.ood.REPORT_OOD`) are reported on and never select heads. No set
+  has both roles, so head selection never sees a reported distribution, as the paper extracts its
+  circuits against a dedicated OOD validation set that no final table uses.
+- OOD, protocol ``"halves"`` (this project's earlier protocol, kept only as an explicit option):
+  every report set is cut once, by a fixed shuffle of its own, into two halves
+  (:func:`~hydra_core.data.images.split_in_two`); heads are selected on one half and results are
+  reported on the other. The images are disjoint but the distributions are the same: the search
+  saw the reported distributions, so the OOD numbers come out optimistic.
+  :meth:`Benchmark.protocol_note` says so in words, and the command line and the app show it.
 
 ``n_search`` and ``n_report`` cap each part at the first n images of a fixed shuffle (the one
 :func:`~hydra_core.data.images.take` uses), so the same request always gives the same images and a
@@ -25,34 +35,48 @@ import torch.nn.functional as F
 
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import ImageSet, split_in_two, stable_permutation, take
-from hydra_core.data.ood import load_ood_set, load_ood_sets
+from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD, load_ood_set
 from hydra_core.errors import InputError
+
+#: how OOD data is divided between head selection and the report (see the module docstring)
+PROTOCOLS = ("dedicated", "halves")
 
 
 @dataclass(frozen=True, eq=False)
 class Benchmark:
-    """ID and OOD images, each cut into a search part (to select heads) and a report part."""
+    """ID images cut into a search part (to select heads) and a report part (to report on), and
+    OOD sets in two roles: search sets select heads, report sets are reported on."""
 
     id_search: ImageSet  # ID images used to select heads
     id_report: ImageSet  # ID images results are reported on
-    ood_search: tuple[ImageSet, ...]  # per OOD set, its search part
-    ood_report: tuple[ImageSet, ...]  # per OOD set, its report part (same order, same names)
+    ood_search: tuple[ImageSet, ...]  # the search-role OOD sets ("halves": report set halves)
+    ood_report: tuple[ImageSet, ...]  # the report-role OOD sets ("halves": the other halves)
+    protocol: str = "dedicated"  # one of PROTOCOLS
 
     def __post_init__(self) -> None:
+        _check_protocol(self.protocol)
         for part in (self.id_search, self.id_report):
             if part.group != "id" or part.labels is None:
                 raise ValueError(
                     f"the in-distribution set {part.name!r} needs labels and group 'id' "
                     f"(has group {part.group!r}, {'no ' if part.labels is None else ''}labels)"
                 )
-        search_names = [s.name for s in self.ood_search]
-        if search_names != [s.name for s in self.ood_report]:
+        search_names, report_names = self.search_names(), self.report_names()
+        for role, names in (("search", search_names), ("report", report_names)):
+            if not names:
+                raise InputError(
+                    f"no {role} OOD set: choose at least one (search sets select heads, report "
+                    "sets are reported on)"
+                )
+            if len(set(names)) != len(names):
+                raise ValueError(f"{role} OOD set names must be unique, got {names}")
+        if self.protocol == "dedicated":
+            _check_disjoint(search_names, report_names)
+        elif search_names != report_names:
             raise ValueError(
-                f"OOD search parts {search_names} and report parts "
-                f"{[s.name for s in self.ood_report]} must name the same sets in the same order"
+                f"protocol 'halves': the search parts {search_names} must be halves of the "
+                f"report sets {report_names}, in the same order"
             )
-        if len(set(search_names)) != len(search_names):
-            raise ValueError(f"OOD set names must be unique, got {search_names}")
         shape = tuple(self.id_search.images.shape[1:])
         for part in (*self.ood_search, *self.ood_report):
             if part.group == "id":
@@ -68,19 +92,34 @@ class Benchmark:
                     f"in-distribution set has {shape}; load it with the same size and channels"
                 )
 
-    def ood_names(self) -> list[str]:
+    def search_names(self) -> list[str]:
+        """The OOD sets heads are selected on."""
         return [s.name for s in self.ood_search]
 
+    def report_names(self) -> list[str]:
+        """The OOD sets results are reported on."""
+        return [s.name for s in self.ood_report]
+
+    def protocol_note(self) -> str | None:
+        """A warning in words when the search saw the reported distributions (protocol
+        ``"halves"``); None under ``"dedicated"``, where it did not."""
+        if self.protocol == "dedicated":
+            return None
+        return (
+            f"protocol 'halves': heads were selected on one half of each reported OOD set "
+            f"({', '.join(self.report_names())}) and results are reported on the other half, so "
+            "the search saw the reported distributions and the OOD numbers are optimistic; use "
+            "the 'dedicated' protocol (the default) for numbers to report"
+        )
+
     def pooled_ood_search(self, n: int | None = None) -> ImageSet:
-        """The OOD search parts pooled into one unlabelled set named ``"ood_search"``.
+        """The OOD search sets pooled into one unlabelled set named ``"ood_search"``.
 
         Balanced across sets: ``n`` is split as evenly as possible (the first ``n % k`` sets give
         one image more), each set's share is a :func:`take` cut of its search part, and the pool
         is shuffled by a fixed permutation. ``n=None`` takes as many from every set as the smallest
         search part holds. Its group is the sets' common group, ``"far"`` when they are mixed.
         """
-        if not self.ood_search:
-            raise ValueError("this benchmark has no OOD sets to pool")
         k, smallest = len(self.ood_search), min(len(s) for s in self.ood_search)
         n = k * smallest if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -97,45 +136,103 @@ class Benchmark:
             for part, share in zip(self.ood_search, shares, strict=True)
         ]
         images = torch.cat([p.images for p in parts])  # (n, C, H, W)
-        order = stable_permutation(n, "ood_search", *self.ood_names())
+        order = stable_permutation(n, "ood_search", *self.search_names())
         groups = {p.group for p in parts}
         counts = ", ".join(f"{len(p)} {p.name}" for p in parts)
         return ImageSet(
             name="ood_search",
             images=images[order],
             group=groups.pop() if len(groups) == 1 else "far",
-            description=f"OOD search parts pooled: {counts}",
+            description=f"OOD search sets pooled: {counts}",
             source="pooled",
         )
 
     def describe(self):
-        """One row per set (ID first): name, group, n_search, n_report, description."""
+        """One row per set (ID, then the report sets, then the search sets): name, group, role,
+        n_search, n_report, description. Under ``"halves"`` every OOD set has both roles."""
         import pandas as pd
 
-        rows = [(self.id_search, self.id_report)] + list(
-            zip(self.ood_search, self.ood_report, strict=True)
-        )
-        return pd.DataFrame(
-            [
-                {
-                    "name": search.name,
-                    "group": search.group,
-                    "n_search": len(search),
-                    "n_report": len(report),
-                    "description": search.description,
-                }
-                for search, report in rows
+        def row(image_set: ImageSet, role: str, n_search: int, n_report: int) -> dict:
+            return {
+                "name": image_set.name,
+                "group": image_set.group,
+                "role": role,
+                "n_search": n_search,
+                "n_report": n_report,
+                "description": image_set.description,
+            }
+
+        rows = [row(self.id_search, "search + report", len(self.id_search), len(self.id_report))]
+        if self.protocol == "halves":
+            rows += [
+                row(report, "search + report (halves)", len(search), len(report))
+                for search, report in zip(self.ood_search, self.ood_report, strict=True)
             ]
-        )
+        else:
+            rows += [row(report, "report", 0, len(report)) for report in self.ood_report]
+            rows += [row(search, "search", len(search), 0) for search in self.ood_search]
+        return pd.DataFrame(rows)
 
     def fingerprint(self) -> str:
-        """A hash of every image and label in every part: part of cache keys computed from it."""
-        h = hashlib.sha256()
+        """A hash of the protocol and of every image and label in every part, by role: part of
+        cache keys computed from it."""
+        h = hashlib.sha256(f"protocol:{self.protocol};".encode())
         for role, part in [("id_search", self.id_search), ("id_report", self.id_report)]:
             h.update(f"{role}:{part.fingerprint()};".encode())
-        for search, report in zip(self.ood_search, self.ood_report, strict=True):
-            h.update(f"ood:{search.fingerprint()}:{report.fingerprint()};".encode())
+        for role, parts in (("ood_search", self.ood_search), ("ood_report", self.ood_report)):
+            for part in parts:
+                h.update(f"{role}:{part.fingerprint()};".encode())
         return h.hexdigest()[:16]
+
+
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise InputError(
+            f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)} ('dedicated': "
+            "search sets of their own, the default; 'halves': halves of the report sets)"
+        )
+
+
+def _check_disjoint(search_names: Sequence[str], report_names: Sequence[str]) -> None:
+    if both := [name for name in search_names if name in report_names]:
+        raise InputError(
+            f"OOD set(s) {', '.join(map(repr, both))} named both as search and as report set: a "
+            "set that selects heads may not be reported on; drop it from one of the two lists"
+        )
+
+
+def check_ood_choice(
+    ood: Sequence[str],
+    search_ood: Sequence[str] | None,
+    ood_folders: Sequence[str] = (),
+    protocol: str = "dedicated",
+) -> None:
+    """Refuse, before anything is loaded, OOD choices that make no benchmark (InputError).
+
+    ``ood`` and ``search_ood`` name the report and search sets (``search_ood=None``: the default
+    search sets, or only the ``search:`` folders when there are some); ``ood_folders`` are entries
+    as :func:`parse_ood_folder` reads them. Refused: nothing to report on; under ``"dedicated"``
+    nothing to search on, or a set named in both roles; under ``"halves"`` any search set or
+    ``search:`` folder, since its search uses halves of the report sets.
+    """
+    _check_protocol(protocol)
+    roles = [parse_ood_folder(entry)[0] for entry in ood_folders]
+    if not ood and "report" not in roles:
+        raise InputError(
+            "choose at least one OOD set or OOD folder to report on (a near: or far: folder)"
+        )
+    if protocol == "halves":
+        if search_ood is not None or "search" in roles:
+            raise InputError(
+                "search OOD sets and search: folders apply to the 'dedicated' protocol; under "
+                "'halves' heads are selected on halves of the report sets: leave them out"
+            )
+        return
+    if search_ood is None:
+        search_ood = () if "search" in roles else SEARCH_OOD
+    elif not search_ood and "search" not in roles:
+        raise InputError("choose at least one search OOD set or search: folder: they select heads")
+    _check_disjoint(search_ood, ood)
 
 
 def _check_size(value: int | None, what: str) -> None:
@@ -145,11 +242,21 @@ def _check_size(value: int | None, what: str) -> None:
         )
 
 
+def _as_list(sets: Sequence[str | ImageSet] | str | ImageSet) -> list[str | ImageSet]:
+    return [sets] if isinstance(sets, (str, ImageSet)) else list(sets)
+
+
+def _name(image_set: str | ImageSet) -> str:
+    return image_set if isinstance(image_set, str) else image_set.name
+
+
 def build_benchmark(
     id_search_pool: ImageSet,
     id_report_pool: ImageSet | None,
-    ood_sets: Sequence[ImageSet],
+    ood_sets: Sequence[str | ImageSet],
     *,
+    search_ood: Sequence[str | ImageSet] | None = None,
+    protocol: str = "dedicated",
     n_search: int | None = None,
     n_report: int | None = None,
     image_format: tuple[int, int] | None = None,
@@ -160,17 +267,30 @@ def build_benchmark(
         id_search_pool: labelled ID images to select heads on.
         id_report_pool: labelled ID images to report on, disjoint from ``id_search_pool``; None
             splits ``id_search_pool`` in two instead (for a single folder of ID images).
-        ood_sets: the OOD sets, each split once into a search and a report half.
-        n_search: at most this many images in each search part (ID and every OOD set); all
+        ood_sets: the report-role OOD sets, as ImageSets or names of the default sets
+            (:data:`~hydra_core.data.ood.OOD_SETS`): reported on whole under ``"dedicated"``,
+            each split into a search and a report half under ``"halves"``.
+        search_ood: the search-role OOD sets, as ImageSets or names; None for the default ones
+            (:data:`~hydra_core.data.ood.SEARCH_OOD`). Must stay None under ``"halves"``, whose
+            search uses halves of ``ood_sets``. No set may be in both lists.
+        protocol: ``"dedicated"`` or ``"halves"`` (see the module docstring).
+        n_search: at most this many images in each search part (ID and every search set); all
             when None.
-        n_report: the same for each report part.
+        n_report: the same for each report part (ID and every report set).
         image_format: (channels, size): bring every part to uint8 (N, channels, size, size)
-            (:func:`resampled`) once it is cut, for pools of different formats; None keeps them.
+            (:func:`resampled`) once it is cut, for pools of different formats. None keeps the
+            parts as they are, except that sets given by name (28 x 28 grey) are brought to the
+            ID pool's format.
     """
     _check_size(n_search, "n_search")
     _check_size(n_report, "n_report")
-    if isinstance(ood_sets, ImageSet):
-        ood_sets = [ood_sets]
+    report_sets = _as_list(ood_sets)
+    search_sets = None if search_ood is None else _as_list(search_ood)
+    check_ood_choice(  # refused before anything is loaded
+        [_name(s) for s in report_sets],
+        None if search_sets is None else [_name(s) for s in search_sets],
+        protocol=protocol,
+    )
     if id_report_pool is None:
         id_search_pool, id_report_pool = split_in_two(id_search_pool)
     elif id_report_pool.fingerprint() == id_search_pool.fingerprint():
@@ -178,20 +298,36 @@ def build_benchmark(
             f"the ID search and report pools are the same images ({id_search_pool.name!r}); pass "
             "disjoint pools (e.g. validation and test), or id_report_pool=None to split one in two"
         )
-    names = [s.name for s in ood_sets]
-    if len(set(names)) != len(names):
-        raise ValueError(f"OOD set names must be unique, got {names}")
-    halves = [split_in_two(s) for s in ood_sets]  # [(search, report), ...]
+    id_format = (id_search_pool.images.shape[1], id_search_pool.images.shape[-1])
 
-    def part(pool: ImageSet, n: int | None, purpose: str) -> ImageSet:
+    def resolve(sets: list[str | ImageSet]) -> list[tuple[ImageSet, tuple[int, int] | None]]:
+        """Each set with the format its parts are brought to (None: kept as they are)."""
+        return [
+            (load_ood_set(s), image_format or id_format)
+            if isinstance(s, str)
+            else (s, image_format)
+            for s in sets
+        ]
+
+    def part(pool: ImageSet, fmt: tuple[int, int] | None, n: int | None, purpose: str) -> ImageSet:
         cut = take(pool, n, purpose=purpose)
-        return cut if image_format is None else resampled(cut, image_format[1], image_format[0])
+        return cut if fmt is None else resampled(cut, fmt[1], fmt[0])
 
+    reports = resolve(report_sets)
+    if protocol == "halves":
+        halves = [(split_in_two(pool), fmt) for pool, fmt in reports]
+        ood_search = [part(search, fmt, n_search, "search") for (search, _), fmt in halves]
+        ood_report = [part(report, fmt, n_report, "report") for (_, report), fmt in halves]
+    else:
+        searched = SEARCH_OOD if search_sets is None else search_sets
+        ood_search = [part(pool, fmt, n_search, "search") for pool, fmt in resolve(searched)]
+        ood_report = [part(pool, fmt, n_report, "report") for pool, fmt in reports]
     return Benchmark(
-        id_search=part(id_search_pool, n_search, "search"),
-        id_report=part(id_report_pool, n_report, "report"),
-        ood_search=tuple(part(search, n_search, "search") for search, _ in halves),
-        ood_report=tuple(part(report, n_report, "report") for _, report in halves),
+        id_search=part(id_search_pool, image_format, n_search, "search"),
+        id_report=part(id_report_pool, image_format, n_report, "report"),
+        ood_search=tuple(ood_search),
+        ood_report=tuple(ood_report),
+        protocol=protocol,
     )
 
 
@@ -200,42 +336,52 @@ def default_benchmark(
     n_search: int | None = 512,
     n_report: int | None = None,
     ood: Sequence[str | ImageSet] | None = None,
+    search_ood: Sequence[str | ImageSet] | None = None,
+    protocol: str = "dedicated",
 ) -> Benchmark:
     """The embedded default: Fashion-MNIST (validation to search, test to report) and OOD sets.
 
     Args:
-        n_search: images per search part (ID and each OOD set); all when None.
-        n_report: images per report part; all when None.
-        ood: OOD sets by name (see :data:`hydra_core.data.ood.OOD_SETS`) or as ImageSets; all
-            five default sets when None.
+        n_search: images per search part (ID and each search set); all when None.
+        n_report: images per report part (ID and each report set); all when None.
+        ood: the report-role OOD sets, by name (see :data:`hydra_core.data.ood.OOD_SETS`) or as
+            ImageSets; the five default report sets (:data:`~hydra_core.data.ood.REPORT_OOD`)
+            when None.
+        search_ood: the search-role OOD sets, the same way; the default search sets
+            (:data:`~hydra_core.data.ood.SEARCH_OOD`) when None. None under ``"halves"``.
+        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
     """
-    if ood is None:
-        ood_sets = load_ood_sets()
-    else:
-        ood = [ood] if isinstance(ood, (str, ImageSet)) else ood
-        ood_sets = [load_ood_set(s) if isinstance(s, str) else s for s in ood]
     return build_benchmark(
         load_fashion_mnist("validation"),
         load_fashion_mnist("test"),
-        ood_sets,
+        REPORT_OOD if ood is None else ood,
+        search_ood=search_ood,
+        protocol=protocol,
         n_search=n_search,
         n_report=n_report,
     )
 
 
-def parse_ood_folder(entry: str) -> tuple[str, str]:
-    """``"far: /data/textures"`` -> ``("far", "/data/textures")``; a bare path is a far set."""
-    group, sep, path = entry.partition(":")
-    if sep and group.strip() in ("near", "far"):
-        return group.strip(), path.strip()
-    return "far", entry.strip()
+def parse_ood_folder(entry: str) -> tuple[str, str, str]:
+    """An OOD folder entry as (role, group, path): ``"far: /data/textures"`` -> ``("report",
+    "far", "/data/textures")``, ``"search: /data/x"`` -> ``("search", "far", "/data/x")``; a bare
+    path is a far report set. A search folder is never reported, so its group only labels it."""
+    prefix, sep, path = entry.partition(":")
+    prefix = prefix.strip()
+    if sep and prefix in ("near", "far"):
+        return "report", prefix, path.strip()
+    if sep and prefix == "search":
+        return "search", "far", path.strip()
+    return "report", "far", entry.strip()
 
 
 def folder_benchmark(
     *,
     id_folder: str | None = None,
     ood: Sequence[str] = (),
+    search_ood: Sequence[str] | None = None,
     ood_folders: Sequence[str] = (),
+    protocol: str = "dedicated",
     size: int = 28,
     channels: int = 1,
     n_search: int | None = 512,
@@ -248,9 +394,14 @@ def folder_benchmark(
         id_folder: an ImageFolder layout (one sub-folder per class) for the in-distribution set,
             split once into disjoint search and report halves; None for Fashion-MNIST. Its classes
             are numbered in sorted order: they must be the model's output classes in that order.
-        ood: default OOD sets by name (:data:`hydra_core.data.ood.OOD_SETS`).
-        ood_folders: extra OOD folders, ``"near: path"``, ``"far: path"`` or a bare path (far).
-            Flat folders of images or class folders (labels are ignored).
+        ood: default OOD sets to report on, by name (:data:`hydra_core.data.ood.OOD_SETS`).
+        search_ood: default OOD sets to select heads on, by name; None for
+            :data:`~hydra_core.data.ood.SEARCH_OOD` (with ``search:`` folders: the folders only).
+            Must stay None under ``"halves"``.
+        ood_folders: extra OOD folders: ``"near: path"`` or ``"far: path"`` (or a bare path, far)
+            to report on, ``"search: path"`` to select heads on. Flat folders of images or class
+            folders (labels are ignored).
+        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
         size, channels: the image format every part is brought to when folders are involved
             (folder images are resized on their shorter side and centre-cropped, parts of the
             embedded sets resampled once cut); use the model's input size and channels, its
@@ -262,27 +413,38 @@ def folder_benchmark(
     """
     from hydra_core.data.generic import load_image_folder
 
+    check_ood_choice(ood, search_ood, ood_folders, protocol)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
-    if not ood and not ood_folders:
-        raise ValueError("choose at least one OOD set or OOD folder")
+    entries = [parse_ood_folder(entry) for entry in ood_folders]
     if classes is not None and id_folder is None:
         raise InputError("a class order applies to an ID folder of your own, not to Fashion-MNIST")
     if id_folder is None and not ood_folders:
-        return default_benchmark(n_search=n_search, n_report=n_report, ood=list(ood))
-    grayscale = channels == 1
-    sets = [load_ood_set(name) for name in ood]
-    for entry in ood_folders:
-        group, path = parse_ood_folder(entry)
-        sets.append(load_image_folder(path, size=size, group=group, grayscale=grayscale))
-    if id_folder is None:
-        return build_benchmark(
-            load_fashion_mnist("validation"),
-            load_fashion_mnist("test"),
-            sets,
+        return default_benchmark(
             n_search=n_search,
             n_report=n_report,
-            image_format=(channels, size),
+            ood=list(ood),
+            search_ood=search_ood,
+            protocol=protocol,
+        )
+    grayscale = channels == 1
+    if search_ood is None and protocol == "dedicated":
+        search_ood = [] if any(role == "search" for role, _, _ in entries) else SEARCH_OOD
+    search_sets: list[str | ImageSet] | None = None if search_ood is None else list(search_ood)
+    report_sets: list[str | ImageSet] = list(ood)
+    for role, group, path in entries:
+        folder = load_image_folder(path, size=size, group=group, grayscale=grayscale)
+        (search_sets if role == "search" else report_sets).append(folder)
+    options = {
+        "search_ood": search_sets,
+        "protocol": protocol,
+        "n_search": n_search,
+        "n_report": n_report,
+        "image_format": (channels, size),
+    }
+    if id_folder is None:
+        return build_benchmark(
+            load_fashion_mnist("validation"), load_fashion_mnist("test"), report_sets, **options
         )
     id_pool = load_image_folder(
         id_folder, size=size, group="id", grayscale=grayscale, classes=classes
@@ -292,9 +454,7 @@ def folder_benchmark(
             f"the ID folder {id_folder} holds {len(id_pool)} images; a search and a report half "
             "need at least 2 each"
         )
-    return build_benchmark(
-        id_pool, None, sets, n_search=n_search, n_report=n_report, image_format=(channels, size)
-    )
+    return build_benchmark(id_pool, None, report_sets, **options)
 
 
 def resampled(image_set: ImageSet, size: int, channels: int) -> ImageSet:

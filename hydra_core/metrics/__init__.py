@@ -18,6 +18,13 @@ Conventions shared by every metric:
 
 The exact definitions are in each module's docstring. :data:`METRICS` lists every scalar metric
 with its kind and direction, for code (and tests) that treat metrics generically.
+
+Intervals (:mod:`hydra_core.metrics.bootstrap`): 95% percentile bootstrap, stratified (ID within
+each class, each OOD set within itself) and paired between systems on the same images.
+``bootstrap_interval(statistic, *data, strata=...)`` and ``paired_difference(statistic, data_a,
+data_b, strata=...)`` work for any statistic; ``classification_replicates``, ``ood_replicates``
+and ``mean_replicates`` compute the metrics above on all resamples at once (equal to the plain
+metrics on the resampled data).
 """
 
 from __future__ import annotations
@@ -27,6 +34,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hydra_core.metrics._validation import UndefinedMetricWarning
+from hydra_core.metrics.bootstrap import (
+    BootstrapConfig,
+    Resamples,
+    bootstrap_interval,
+    bootstrap_replicates,
+    classification_replicates,
+    mean_replicates,
+    ood_replicates,
+    ood_replicates_per_set,
+    paired_difference,
+    percentile_interval,
+    stratified_counts,
+    stratified_indices,
+)
 from hydra_core.metrics.classification import (
     accuracy,
     adaptive_ece,
@@ -93,15 +114,20 @@ METRICS: dict[str, MetricInfo] = {
 __all__ = [
     "METRICS",
     "SCORE_METHODS",
+    "BootstrapConfig",
     "MetricInfo",
+    "Resamples",
     "UndefinedMetricWarning",
     "accuracy",
     "adaptive_ece",
     "aupr_in",
     "aupr_out",
     "auroc",
+    "bootstrap_interval",
+    "bootstrap_replicates",
     "brier",
     "classification_metrics",
+    "classification_replicates",
     "disagreement",
     "diversity_metrics",
     "ece",
@@ -109,12 +135,19 @@ __all__ = [
     "fpr_at_95",
     "fpr_at_95_tpr_id",
     "max_logit",
+    "mean_replicates",
     "msp",
     "mutual_information",
     "neg_entropy",
     "nll",
     "ood_metrics",
+    "ood_replicates",
+    "ood_replicates_per_set",
     "ood_score",
+    "paired_difference",
+    "percentile_interval",
     "reliability_curve",
     "roc_curve_ood",
+    "stratified_counts",
+    "stratified_indices",
 ]
