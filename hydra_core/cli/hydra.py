@@ -38,6 +38,9 @@ def _finetune_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--ft-epochs", type=float, default=d.epochs, help="default: %(default)s")
     g.add_argument(
+        "--ft-label-smoothing", type=float, default=d.label_smoothing, help="default: %(default)s"
+    )
+    g.add_argument(
         "--ft-steps", type=int, default=None, help="optimiser steps (overrides --ft-epochs)"
     )
     g.add_argument("--ft-batch-size", type=int, default=d.batch_size, help="default: %(default)s")
@@ -62,14 +65,24 @@ def _finetune_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a different batch order per member (default: the same for all)",
     )
+    g.add_argument(
+        "--ft-select",
+        action="store_true",
+        help="choose --ft-lr, --ft-epochs and --ft-label-smoothing on Fashion-MNIST validation "
+        "images by fine-tuning the first member with each of a small grid (replaces them)",
+    )
 
 
-def _finetune_config(args: argparse.Namespace):
+def _finetune_config(args: argparse.Namespace, loaded, members):
+    """The --ft-* settings as a FinetuneConfig (None without --finetune); with --ft-select, the
+    one :func:`~hydra_core.hydra.finetune.select_finetune_config` picks for the first member."""
     from hydra_core.hydra.finetune import FinetuneConfig
 
     if not args.finetune:
+        if args.ft_select:
+            raise ValueError("--ft-select chooses fine-tuning settings; add --finetune")
         return None
-    return FinetuneConfig(
+    config = FinetuneConfig(
         optimizer=args.ft_optimizer,
         lr=args.ft_lr,
         epochs=args.ft_epochs,
@@ -77,8 +90,32 @@ def _finetune_config(args: argparse.Namespace):
         batch_size=args.ft_batch_size,
         n_train=args.ft_n_train,
         warmup_steps=args.ft_warmup_steps,
+        label_smoothing=args.ft_label_smoothing,
         trainable=tuple(args.ft_trainable),
     )
+    if not args.ft_select:
+        return config
+    from hydra_core.cache import DiskCache
+    from hydra_core.hydra.finetune import select_finetune_config
+    from hydra_core.inference import resolve_device
+
+    selection = select_finetune_config(
+        loaded.model,
+        members[0].keep,
+        config,
+        preprocess=loaded.preprocess,
+        device=resolve_device(args.device),
+        cache=DiskCache(),
+        progress=stage_bars(),
+    )
+    print(format_table(selection.table))
+    best = selection.best
+    print(
+        f"selected on {members[0].name} by validation {selection.criterion} "
+        f"({selection.n_validation} Fashion-MNIST validation images): lr {best.lr}, "
+        f"epochs {best.epochs}, label smoothing {best.label_smoothing}"
+    )
+    return best
 
 
 # --- hydra --------------------------------------------------------------------------------------
@@ -129,7 +166,7 @@ def _hydra(args: argparse.Namespace) -> int:
     layout = head_layout(loaded.model)
     identity = loaded.identity()
     members = load_masks(args.masks, layout, identity, allow_identical=args.allow_identical)
-    finetune = _finetune_config(args)
+    finetune = _finetune_config(args, loaded, members)
     seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
     deep = (
         deep_ensemble_for(args.model, log=lambda reason: print(reason, file=sys.stderr))
