@@ -64,7 +64,9 @@ def interval_columns(names: Iterable[str]) -> list[str]:
     return [c for m in names for c in (m, f"{m}_lo", f"{m}_hi")]
 
 
-def _json_number(value: float) -> float | None:
+def _json_number(value: float | None) -> float | None:
+    if value is None:  # already JSON's null
+        return None
     value = float(value)
     return None if math.isnan(value) else value
 

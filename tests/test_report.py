@@ -21,6 +21,9 @@ SECTIONS = [
     "## Table 9",
     "## Table 11",
     "## Table 7",
+    "## Transfer",
+    "## Table 12",
+    "## What this report covers",
 ]
 CSVS = [
     "table4_zero_shot",
@@ -33,6 +36,8 @@ CSVS = [
     "circuits",
     "summary_all_systems",
     "all_sets",
+    "table12_seeds",
+    "transfer",
 ]
 
 
@@ -83,6 +88,14 @@ def test_every_section_and_file(report_dir):
     assert data["setup"]["budgets"] == {"removed_per_layer": 1, "budget": 2, "pool": 5, "total": 8}
     assert data["setup"]["total_seconds"] > 0
     assert "evaluate zero-shot systems" in data["setup"]["seconds"]
+    protocol = data["setup"]["protocol"]
+    assert protocol["search_ood"] == ["photos", "faces"]
+    assert protocol["report_ood"] == ["mnist", "noise"]
+    assert not set(protocol["search_ood"]) & set(protocol["report_ood"])
+    assert protocol["id_report_n"] == 200 and protocol["seeds"]["pruning"][1] == [3, 4, 5]
+    accuracy = data["table1_systems"][0]["accuracy"]  # every reported metric with its interval
+    assert set(accuracy) == {"value", "ci95"}
+    assert accuracy["ci95"][0] <= accuracy["value"] <= accuracy["ci95"][1]
 
 
 def test_key_numbers(report_dir):
@@ -97,7 +110,16 @@ def test_key_numbers(report_dir):
     assert identical["id_mi"] == pytest.approx(0, abs=1e-6) and identical["ood_di"] == 0
     assert diversity.loc["Hydra (Circ) (fused)", "id_mi"] > 0
     table5 = pd.read_csv(report_dir / "table5_distances.csv")
-    assert list(table5["dataset"]) == ["mnist", "noise", "Average"]
+    assert list(table5["dataset"]) == ["mnist", "noise", "Average"] * 2
+    assert list(table5["heads_averaged"]) == ["all"] * 3 + ["kept"] * 3
+    transfer = pd.read_csv(report_dir / "transfer.csv")
+    assert list(transfer["circuit"]) == ["CircOOD"] * 2 + ["CircAvg"] * 2 + [
+        "CircOOD, mnist left out"
+    ]
+    assert (transfer["delta_auroc_lo"] <= transfer["delta_auroc"]).all()
+    assert transfer.iloc[-1]["searched_on"] == "halves of noise"
+    seeds = pd.read_csv(report_dir / "table12_seeds.csv")
+    assert sorted(seeds["repeat"].unique()) == [0, 1] and seeds["accuracy"].between(0, 1).all()
     cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
     assert cost.loc["single", "latency_ratio"] == 1.0 and cost["latency_ms"].gt(0).all()
     members = json.loads((report_dir / "members.json").read_text())["members"]

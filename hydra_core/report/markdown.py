@@ -157,10 +157,9 @@ def _setup_section(setup: dict) -> list[str]:
         f"- **Model**: `{model['name']}`: {setup['model_description']}; {model['layers']} layers x "
         f"{model['heads']} heads (head dim {model['head_dim']}, width {model['embed_dim']}), "
         f"{model['params']:,} parameters.",
-        "- **Data**: heads are selected on the *search* parts only; every table is computed on the "
-        '*report* parts, which share no image with them (paper D.1.2, "OOD sets and fairness").',
+        _protocol_sentence(setup["protocol"]),
         "",
-        markdown_table(data[["name", "group", "n_search", "n_report", "description"]]),
+        markdown_table(data[["name", "role", "group", "n_search", "n_report", "description"]]),
         "",
         f"- **Budgets**: every pruned model removes {b['budget']} of {b['total']} heads "
         f"({per_layer} per layer for Taylor, i.e. {kept} of {model['heads']} kept, as the paper's "
@@ -197,6 +196,23 @@ def _setup_section(setup: dict) -> list[str]:
     ]
 
 
+def _protocol_sentence(protocol: dict) -> str:
+    """Which images selected heads and which are reported, in words (a warning under halves)."""
+    search, report = ", ".join(protocol["search_ood"]), ", ".join(protocol["report_ood"])
+    if protocol["note"]:
+        return f"- **Data**: **warning: {protocol['note']}** Search sets: {search}."
+    return (
+        f"- **Data**: heads are selected on {protocol['id_search_n']:,} Fashion-MNIST validation "
+        f"images (held out of training) and the *search* OOD sets ({search}), which no table "
+        f"uses; every table is computed on the {protocol['id_report_n']:,} test images and the "
+        f"*report* OOD sets ({report}), as the paper extracts circuits against a dedicated OOD "
+        'validation set excluded from its tables (C.1.5, D.1.2 "OOD sets and fairness"). Every '
+        "metric carries a 95% bootstrap interval over the report images, shown as value [lo, hi] "
+        "(stratified: ID resampled within each class, each OOD set within itself); differences "
+        "between systems use paired resamples."
+    )
+
+
 def _search_sections(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     """The greedy circuits, Table 4 (pruning), Table 5 (distances) and Table 6 (circuits)."""
     return [
@@ -215,14 +231,29 @@ def _search_sections(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         "",
         "## Table 5 - ID/OOD centroid distances of the last layer's heads, CircOOD vs dense",
         "",
-        "Mean over the heads CircOOD keeps in the last layer (heads it removed read zero and are "
-        "left out of both columns); Mahalanobis with a Ledoit-Wolf regularised ID covariance.",
+        "Mahalanobis with a Ledoit-Wolf regularised ID covariance, on the report images. In the "
+        "paper's convention (first table) the distance is averaged over all H heads of the layer, "
+        "so a head CircOOD removed counts with distance 0 (its output is zero for ID and OOD "
+        "alike); in ours (second table) both columns average over the heads CircOOD keeps, so "
+        "they differ only through the heads it removed in earlier layers.",
         "",
-        markdown_table(tables["table5_distances"]),
+        markdown_table(_convention(tables["table5_distances"], "all")),
+        "",
+        markdown_table(_convention(tables["table5_distances"], "kept")),
         "",
         "## Table 6 - CircAcc vs CircOOD",
         "",
         markdown_table(tables["table6_circuits"]),
+        "",
+        "## Transfer - does the circuits' OOD gain reach sets the search never saw?",
+        "",
+        "AUROC of each circuit minus the dense model's on every report set, with the paired 95% "
+        "interval of the difference; `significant` = the interval excludes 0. CircOOD and CircAvg "
+        "were searched on the search sets only, so every report set is unseen. The last row is a "
+        "leave-one-set-out run: CircOOD searched on halves of the other report sets, measured on "
+        "the set it left out.",
+        "",
+        markdown_table(tables["transfer"]),
         "",
     ]
 
@@ -266,6 +297,7 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         "",
         markdown_table(tables["table9_diversity"]),
         "",
+        *_seed_section(tables["table12_seeds"]),
         "## Table 11 - fused vs non-fused members",
         "",
         "Fused: one Hydra model, MLPs averaged over members. Non-fused: members run separately, "
@@ -274,6 +306,38 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         "the effect of MLP averaging for fine-tuned ones.",
         "",
         markdown_table(tables["table11_fusion"]),
+        "",
+    ]
+
+
+def _convention(table5: pd.DataFrame, how: str) -> pd.DataFrame:
+    """Table 5's rows of one convention of averaging over heads."""
+    return table5[table5["heads_averaged"] == how].drop(columns="heads_averaged")
+
+
+def _seed_section(seeds: pd.DataFrame) -> list[str]:
+    """Table 12: the seeded systems, mean ± std over the repeats."""
+    metrics = [c for c in seeds.columns if c not in ("repeat", "system")]
+    grouped = seeds.groupby("system", sort=False)[metrics]
+    mean, std = grouped.mean(), grouped.std(ddof=1)
+    shown = pd.DataFrame(index=mean.index)
+    for metric in metrics:
+        scale = 100 if metric.split("_")[-1] in ("accuracy", "auroc") else 1
+        digits = 2 if scale == 100 else 4
+        shown[_header(metric)] = [
+            f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
+            for m, s in zip(mean[metric], std[metric], strict=True)
+        ]
+    repeats = seeds["repeat"].nunique()
+    return [
+        f"## Table 12 - the seeded systems over {repeats} repeats",
+        "",
+        "Mean ± standard deviation over repeats that change the search subsample, the pruning "
+        "seeds and the fine-tuning batch order together (the report images stay the same, so "
+        "this is the seeds' spread; the bootstrap intervals above are the images'). Repeat 0 is "
+        "the run of the tables above; per-repeat rows in `table12_seeds.csv`.",
+        "",
+        markdown_table(shown.reset_index()),
         "",
     ]
 
@@ -310,6 +374,27 @@ def _cost_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
         "with ViT-B/16; a small model on a CPU need not behave the same.",
         "",
         markdown_table(cost[cost_columns]),
+        "",
+        *_parameter_note(setup["parameters"]),
+    ]
+
+
+def _parameter_note(parameters: dict) -> list[str]:
+    """Why the fused model's stored parameters differ from the paper's formula, by kind."""
+    fused = next((v for k, v in parameters.items() if k != "single" and v), None)
+    if fused is None:
+        return []
+    frame = pd.DataFrame({"single": parameters["single"], "Hydra (Circ) (fused)": fused})
+    frame.loc["total"] = frame.sum()
+    return [
+        "Parameters by kind. The paper's formula counts only the attention and MLP weights. The "
+        "fused model also stores biases, LayerNorms, the patch and position embedding and the "
+        "classifier (once where the members share them, else per member), and its attention "
+        "weights are padded: in a layer where members keep different numbers of heads, every "
+        "member gets the layer's largest count, the padding rows zero (one grouped matrix "
+        "multiply per layer needs equal groups).",
+        "",
+        markdown_table(frame.rename_axis("kind").reset_index()),
         "",
     ]
 

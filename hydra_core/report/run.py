@@ -24,7 +24,9 @@ from torch import nn
 
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
-from hydra_core.evaluate import evaluate_model, resolve_device
+from hydra_core.errors import InputError
+from hydra_core.evaluate import evaluate_model, nest_intervals, resolve_device
+from hydra_core.hydra.cost import parameter_breakdown
 from hydra_core.hydra.deep_ensembles import deep_ensemble_for
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
 from hydra_core.hydra.members import (
@@ -81,9 +83,18 @@ class ReportConfig:
         model: model source (see :func:`~hydra_core.models.registry.load_model`).
         n_search: images per search part (ID and each OOD set): head selection only; the greedy
             search scores candidates on n_search ID + n_search pooled OOD images.
-        n_report: images per report part: every table (1,000 ID images: accuracy has a standard
-            error of about 1 point).
-        ood: OOD sets by name (None: all five default sets).
+        n_report: images per report part: every table (None: the whole Fashion-MNIST test set
+            and every image of each report OOD set).
+        ood: report OOD sets by name (None: the five default report sets).
+        search_ood: search OOD sets by name, used only to select heads and never reported
+            (None: the default search sets, see :data:`hydra_core.data.ood.SEARCH_OOD`).
+        protocol: ``"dedicated"`` (search sets apart from report sets, the paper's) or
+            ``"halves"`` (halves of the report sets, which leaks them into head selection; the
+            report says so at the top).
+        repeats: how often the seeded systems are repeated (search subsample, pruning seeds and
+            fine-tuning batch order change together); their mean ± std is Table 12.
+        loso_set: the report set left out of a CircOOD search over halves of the other report
+            sets (the transfer table's leave-one-set-out run); None skips it.
         removed_per_layer: heads Taylor removes per layer; every circuit and every member removes
             as many heads in all (None: a third of the heads of a layer, rounded: 4 of 12, i.e. 8
             kept as in the paper's ViT-B experiments).
@@ -100,13 +111,17 @@ class ReportConfig:
 
     model: str = "default"
     n_search: int | None = 256
-    n_report: int | None = 1000
+    n_report: int | None = None
     ood: tuple[str, ...] | None = None
+    search_ood: tuple[str, ...] | None = None
+    protocol: str = "dedicated"
+    repeats: int = 3
+    loso_set: str | None = "mnist"
     removed_per_layer: int | None = None
     pool_fraction: float = 2 / 3
     seeds: tuple[int, ...] = (0, 1, 2)
     taylor_samples: int | None = 256
-    finetune: FinetuneConfig | None = FinetuneConfig(n_train=5000)
+    finetune: FinetuneConfig | None = FinetuneConfig()
     deep_ensemble: bool = True
     distance_samples: int | None = 1000
     device: str = "auto"
@@ -120,6 +135,7 @@ class ReportConfig:
         settings = dict(
             n_search=64,
             n_report=200,
+            repeats=2,
             taylor_samples=64,
             distance_samples=200,
             latency_repeats=3,
@@ -203,7 +219,11 @@ def run_report(
             n_search=config.n_search,
             n_report=config.n_report,
             ood=list(config.ood) if config.ood else None,
+            search_ood=list(config.search_ood) if config.search_ood else None,
+            protocol=config.protocol,
         )
+        if benchmark.protocol_note():
+            log(f"[report] warning: {benchmark.protocol_note()}")
         inputs = search_inputs(loaded.preprocess, benchmark).to(device)
     layout = head_layout(loaded.model)
     budgets = Budgets.of(layout, config)
@@ -295,14 +315,32 @@ def run_report(
     with stages("centroid distances (Table 5)"):
         table5 = _table5(loaded, benchmark, masks["CircOOD"], config)
 
+    with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
+        repeated = _repeats(systems, loaded, benchmark, budgets, config, device, cache, progress)
+    with stages("transfer of the circuits' AUROC gain"):
+        transfer = _transfer_table(systems, loaded, benchmark, budgets, config, device, cache)
+
     total = time.perf_counter() - started
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
+    tables["table12_seeds"] = repeated
+    tables["transfer"] = transfer
     overlap = {
         "Hydra (Circ)": member_overlap(circ_members),
         "Hydra (Taylor)": member_overlap(taylor_members),
     }
+    models = {name: info.models[0] for name, info in systems.info.items() if info.models}
     setup = _setup(
-        config, loaded, benchmark, budgets, device, stages.seconds, total, created, deep, overlap
+        config,
+        loaded,
+        benchmark,
+        budgets,
+        device,
+        stages.seconds,
+        total,
+        created,
+        deep,
+        overlap,
+        models,
     )
     _write(out, tables, systems, overlap, setup, finetuned_labels)
     log(f"[report] wrote {out / 'report.md'} ({total:.0f} s)")
@@ -455,20 +493,207 @@ def _cost_systems(
 def _table5(
     loaded: LoadedModel, benchmark: Benchmark, keep: torch.Tensor, config: ReportConfig
 ) -> pd.DataFrame:
-    """Table 5: centroid distances of the last layer's heads, dense against ``keep``."""
+    """Table 5: centroid distances of the last layer's heads, dense against ``keep``, in both
+    conventions (``average_over``: ours, the kept heads; the paper's, all heads)."""
     from hydra_core.analysis.representations import distance_table_dense_vs_circuit
 
     n = config.distance_samples
     id_x = loaded.preprocess(benchmark.id_report.images[:n])
     ood = {s.name: loaded.preprocess(s.images[:n]) for s in benchmark.ood_report}
-    return distance_table_dense_vs_circuit(
-        loaded.model, keep, id_x, ood, layer=-1, batch_size=config.batch_size
-    )
+    frames = [
+        distance_table_dense_vs_circuit(
+            loaded.model, keep, id_x, ood, layer=-1, batch_size=config.batch_size, average_over=how
+        ).assign(heads_averaged=how)
+        for how in ("all", "kept")
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+#: the seeded systems Table 12 repeats, and the summary columns it reports
+SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "ood_mi")
+
+
+def _repeats(
+    systems: SystemsReport,
+    loaded: LoadedModel,
+    benchmark: Benchmark,
+    budgets: Budgets,
+    config: ReportConfig,
+    device: torch.device,
+    cache: DiskCache,
+    progress: StageProgress | None,
+) -> pd.DataFrame:
+    """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat.
+
+    Repeat 0 is the main run (its rows come from ``systems``). Repeat r > 0 changes every source
+    of randomness together: another subsample of the search images (ID and search OOD; the same
+    images in another order when ``n_search`` takes them all, which leaves the search unchanged),
+    a CircAvg search and Taylor ranking on it, pruning seeds r*M .. r*M + M - 1, and fine-tuning
+    batch order r. The report images stay the same, so the spread is the seeds' alone."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.data.images import take
+    from hydra_core.data.ood import OOD_SETS, load_ood_set
+
+    layout = head_layout(loaded.model)
+    m = len(config.seeds)
+    families = [fused(HYDRA_CIRC), fused(HYDRA_TAYLOR), "CircAvg", "Taylor"]
+    if config.finetune is not None:
+        families += [fused(HYDRA_CIRC_FT), fused(HYDRA_TAYLOR_FT)]
+    main = systems.summary().set_index("system")
+    rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
+    common = _evaluation_options(device, cache, progress, config.batch_size)
+    train_set = load_fashion_mnist("train") if config.finetune is not None else None
+    for r in range(1, config.repeats):
+        purpose = f"search-repeat-{r}"
+        pools = [
+            load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
+            for s in benchmark.ood_search
+        ]
+        sub = replace(
+            benchmark,
+            id_search=take(load_fashion_mnist("validation"), config.n_search, purpose=purpose),
+            ood_search=tuple(take(s, config.n_search, purpose=purpose) for s in pools),
+        )
+        inputs = search_inputs(loaded.preprocess, sub).to(device)
+        circ = greedy_circuit(
+            loaded.model,
+            inputs.id_x,
+            inputs.id_y,
+            inputs.ood_x,
+            objective="avg",
+            budget=budgets.budget,
+            batch_size=config.batch_size,
+            cache=cache,
+        )
+        options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
+        taylor = taylor_member(loaded.model, inputs, per_layer=budgets.removed_per_layer, **options)
+        rankings = {
+            HYDRA_CIRC: circ.ranking(),
+            HYDRA_TAYLOR: taylor_ranking(loaded.model, inputs, **options),
+        }
+        seeds = [r * m + i for i in range(m)]
+        members = {
+            label: seed_sampled_members(
+                ranking,
+                layout,
+                budget=budgets.budget,
+                pool=budgets.pool,
+                seeds=seeds,
+                ranking_name="CircAvg" if label == HYDRA_CIRC else "Taylor",
+            )
+            for label, ranking in rankings.items()
+        }
+        pruned = {"CircAvg": circ.keep_mask(), "Taylor": taylor.keep}
+        run = evaluate_systems(
+            loaded, benchmark, members[HYDRA_CIRC], label=HYDRA_CIRC, pruned=pruned, **common
+        )
+        run = run.merge(
+            evaluate_systems(loaded, benchmark, members[HYDRA_TAYLOR], label=HYDRA_TAYLOR, **common)
+        )
+        if config.finetune is not None:
+            for label, tuned in ((HYDRA_CIRC, HYDRA_CIRC_FT), (HYDRA_TAYLOR, HYDRA_TAYLOR_FT)):
+                run = run.merge(
+                    evaluate_systems(
+                        loaded,
+                        benchmark,
+                        members[label],
+                        label=tuned,
+                        finetune=config.finetune,
+                        finetune_seeds=[r] * m,
+                        train_set=train_set,
+                        **common,
+                    )
+                )
+        summary = run.summary().set_index("system")
+        rows += [
+            {"repeat": r, "system": f, **summary.loc[f, list(SEEDED_METRICS)]} for f in families
+        ]
+    return pd.DataFrame(rows)
+
+
+def _transfer_table(
+    systems: SystemsReport,
+    loaded: LoadedModel,
+    benchmark: Benchmark,
+    budgets: Budgets,
+    config: ReportConfig,
+    device: torch.device,
+    cache: DiskCache,
+) -> pd.DataFrame:
+    """How much of the circuits' AUROC gain over the dense model reaches sets the search never
+    saw: per report set, AUROC(circuit) - AUROC(single) with its paired 95% interval, for CircOOD
+    and CircAvg (searched on the search sets only), and for one leave-one-set-out CircOOD searched
+    on halves of the other report sets and measured on the one left out (added to ``systems``)."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.data.images import split_in_two
+
+    searched = {
+        "CircOOD": ", ".join(benchmark.search_names()),
+        "CircAvg": ", ".join(benchmark.search_names()),
+    }
+    wanted = [(c, s.name) for c in searched for s in benchmark.ood_report]
+    if config.loso_set is not None:
+        names = [s.name for s in benchmark.ood_report]
+        if config.loso_set not in names:
+            raise InputError(
+                f"loso_set {config.loso_set!r} is not a report set ({', '.join(names)})"
+            )
+        others = [s for s in benchmark.ood_report if s.name != config.loso_set]
+        halves = [split_in_two(s)[0] for s in others]
+        per_set = max(1, (config.n_search or len(benchmark.id_search)) // len(halves))
+        ood_images = torch.cat([h.images[:per_set] for h in halves])
+        id_x = loaded.preprocess(benchmark.id_search.images).to(device)
+        circuit = greedy_circuit(
+            loaded.model,
+            id_x,
+            benchmark.id_search.labels.to(device),
+            loaded.preprocess(ood_images).to(device),
+            objective="ood",
+            budget=budgets.budget,
+            batch_size=config.batch_size,
+            cache=cache,
+        )
+        name = f"CircOOD, {config.loso_set} left out"
+        keep = circuit.keep_mask()
+        evaluation = evaluate_model(
+            loaded.model,
+            loaded.preprocess,
+            benchmark.id_report,
+            benchmark.ood_report,
+            keep=keep,
+            name=name,
+            device=device,
+            cache=cache,
+            batch_size=config.batch_size,
+        )
+        systems.add_system(name, evaluation, SystemInfo("pruned", str(int(keep.sum()))))
+        searched[name] = "halves of " + ", ".join(s.name for s in others)
+        wanted.append((name, config.loso_set))
+    table = systems.table().set_index(["system", "set"])
+    rows = []
+    for circuit_name, set_name in wanted:
+        d = systems.difference(circuit_name, "single", "auroc", set_name)
+        rows.append(
+            {
+                "circuit": circuit_name,
+                "searched_on": searched[circuit_name],
+                "ood_set": set_name,
+                "single_auroc": table.loc[("single", set_name), "auroc"],
+                "circuit_auroc": table.loc[(circuit_name, set_name), "auroc"],
+                "delta_auroc": d.value,
+                "delta_auroc_lo": d.lo,
+                "delta_auroc_hi": d.hi,
+                "significant": bool(d.significant),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
-    """A table as JSON records (NaN as null), as ``report.json`` stores it."""
-    return json.loads(frame.to_json(orient="records"))
+    """A table as JSON records, as ``report.json`` stores it: every metric with an interval as
+    ``{"value": v, "ci95": [lo, hi]}``, NaN as null."""
+    return [nest_intervals(row) for row in json.loads(frame.to_json(orient="records"))]
 
 
 # --- setup and writing --------------------------------------------------------------------------
@@ -485,12 +710,36 @@ def _setup(
     created: str,
     deep: Sequence[nn.Module] | None,
     overlap: Mapping[str, dict],
+    systems_models: Mapping[str, nn.Module],
 ) -> dict:
-    """The run's description (report.json's ``setup``): what ran, on what, where, how long."""
+    """The run's description (report.json's ``setup``): what ran, on what, where, how long;
+    ``protocol`` says which images selected heads and which were reported, and the seeds."""
     data = benchmark.describe()
+    fused_hydra = systems_models.get(fused(HYDRA_CIRC))
     return {
         "created": created,
         "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
+        "protocol": {
+            "name": benchmark.protocol,
+            "note": benchmark.protocol_note(),
+            "search_ood": benchmark.search_names(),
+            "report_ood": benchmark.report_names(),
+            "id_search_n": len(benchmark.id_search),
+            "id_report_n": len(benchmark.id_report),
+            "seeds": {
+                "pruning": [
+                    [r * len(config.seeds) + s for s in range(len(config.seeds))]
+                    for r in range(config.repeats)
+                ],
+                "finetune_batch_order": list(range(config.repeats)),
+                "search_subsample": [f"search-repeat-{r}" for r in range(1, config.repeats)],
+                "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
+            },
+        },
+        "parameters": {
+            "single": parameter_breakdown(loaded.model),
+            fused(HYDRA_CIRC): None if fused_hydra is None else parameter_breakdown(fused_hydra),
+        },
         "model": loaded.card(),
         "model_description": loaded.description,
         "data": data.drop(columns="description").to_dict(orient="records"),

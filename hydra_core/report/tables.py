@@ -60,13 +60,15 @@ def report_tables(
     """
     summary = systems.summary().set_index("system")
     return {
-        "table4_zero_shot": _rows(summary, ["single", "Taylor", "CircAvg"])[
-            ["system", "heads", "accuracy", "ece", *NEAR_FAR]
-        ],
+        "table4_zero_shot": _pick(
+            _rows(summary, ["single", "Taylor", "CircAvg"]),
+            ["system", "heads", "accuracy", "ece", *NEAR_FAR],
+        ),
         "table5_distances": table5,
-        "table6_circuits": _rows(summary, ["CircOOD", "CircAcc"])[
-            ["system", "heads", "accuracy", *NEAR_FAR, *(f"all_{m}" for m in OOD_METRICS)]
-        ],
+        "table6_circuits": _pick(
+            _rows(summary, ["CircOOD", "CircAcc"]),
+            ["system", "heads", "accuracy", *NEAR_FAR, *(f"all_{m}" for m in OOD_METRICS)],
+        ),
         "table1_systems": _table1(summary, deep, finetuned),
         "table9_diversity": _table9(summary, deep, finetuned),
         "table11_fusion": _table11(systems, finetuned),
@@ -75,6 +77,15 @@ def report_tables(
         "summary_all_systems": summary.reset_index(),
         "all_sets": systems.table(),
     }
+
+
+def _pick(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``columns`` of ``frame`` that it has, each metric followed by its interval (``_lo``,
+    ``_hi``) where the frame carries one."""
+    chosen = [
+        c for column in columns for c in (column, f"{column}_lo", f"{column}_hi") if c in frame
+    ]
+    return frame[chosen]
 
 
 def _rows(summary: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
@@ -110,7 +121,7 @@ def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.D
         "ood_mi",
         "ood_di",
     ]
-    return _rows(summary, main)[[c for c in columns if c in summary.reset_index().columns]]
+    return _pick(_rows(summary, main), columns)
 
 
 def _table9(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.DataFrame:
@@ -132,20 +143,8 @@ def _table9(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.D
     sources = {name: (seed, order) for name, seed, order in diversity}
     table.insert(1, "pruning_seed", [sources[n][0] for n in table["system"]])
     table.insert(2, "batch_order", [sources[n][1] for n in table["system"]])
-    return table[
-        [
-            "system",
-            "pruning_seed",
-            "batch_order",
-            "heads",
-            "id_mi",
-            "id_di",
-            "ood_mi",
-            "ood_di",
-            "accuracy",
-            "all_auroc",
-        ]
-    ]
+    columns = ["system", "pruning_seed", "batch_order", "heads", "id_mi", "id_di", "ood_mi"]
+    return _pick(table, [*columns, "ood_di", "accuracy", "all_auroc"])
 
 
 def _table11(systems: SystemsReport, finetuned: Sequence[str]) -> pd.DataFrame:
