@@ -397,6 +397,50 @@ def compare(a: Evaluation, b: Evaluation, metric: str, set: str | None = None) -
     return Difference(value_a - value_b, *percentile_interval(reps_a - reps_b))
 
 
+def auroc_changes(
+    loaded,
+    benchmark,
+    keep: torch.Tensor,
+    *,
+    name: str = "circuit",
+    device: str | torch.device | None = "auto",
+    cache: DiskCache | None = None,
+    batch_size: int = 256,
+) -> pd.DataFrame:
+    """How a circuit's OOD detection compares with the dense model's on each report set (and the
+    near / far / all averages): AUROC (MSP) of both, and circuit minus dense with its paired 95%
+    bootstrap interval; ``significant`` = the interval excludes 0. The report sets are never
+    used to select heads, so this is how much of a search's gain transfers to them.
+
+    ``loaded`` is a :class:`~hydra_core.models.registry.LoadedModel`, ``benchmark`` a
+    :class:`~hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present.
+    """
+    options = dict(device=device, cache=cache, batch_size=batch_size)
+    sets = (benchmark.id_report, benchmark.ood_report)
+    dense = evaluate_model(loaded.model, loaded.preprocess, *sets, name=loaded.name, **options)
+    circuit = evaluate_model(
+        loaded.model, loaded.preprocess, *sets, keep=keep, name=name, **options
+    )
+    rows = []
+    for which in [s.name for s in benchmark.ood_report] + ["near", "far", "all"]:
+        label = dense.set_label(which)
+        if label not in {r["set"] for r in dense.rows()}:
+            continue  # an average over a group without sets
+        change = compare(circuit, dense, "auroc", which)
+        rows.append(
+            {
+                "set": label,
+                "dense_auroc": dense.metric_values("auroc", label)[0],
+                "circuit_auroc": circuit.metric_values("auroc", label)[0],
+                "delta_auroc": change.value,
+                "delta_auroc_lo": change.lo,
+                "delta_auroc_hi": change.hi,
+                "significant": change.significant,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def group_averages(ood_rows: Sequence[dict]) -> list[dict]:
     """Near-OOD, far-OOD and all-OOD means (unweighted over sets) of every metric that each
     averaged set has; rows are labelled as in :data:`AVERAGES`."""

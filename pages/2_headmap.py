@@ -7,6 +7,7 @@ import streamlit as st
 
 from hydra_core.analysis.greedy import OBJECTIVES as SEARCH_ORDER
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
+from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
@@ -75,6 +76,44 @@ def start_search(
 
 
 @st.fragment(run_every=1.5)
+@st.cache_data(show_spinner="Measuring the circuit on the report sets...", max_entries=16)
+def transfer_table(setup_key: str, run_key: str, _context, _keep) -> pd.DataFrame:
+    """AUROC change of the circuit ``_keep`` over the dense model on every report set."""
+    return auroc_changes(
+        _context.loaded,
+        _context.benchmark,
+        _keep,
+        name=run_key,
+        device=_context.device,
+        cache=disk_cache(),
+    )
+
+
+def transfer_view(context, runs: dict) -> None:
+    """Does the search's OOD gain reach the report sets, which it never saw?"""
+    st.subheader("Transfer to the report sets")
+    st.caption(
+        "AUROC (MSP) of each circuit shown above minus the dense model's, on the report split "
+        "of every report OOD set, with the paired 95% bootstrap interval. The search never saw "
+        "these sets (it selected heads on "
+        + ", ".join(context.benchmark.search_names())
+        + "), so this is how much of its gain transfers; n.s. = the interval contains 0."
+    )
+    if not st.button("Measure on the report sets", icon=":material/query_stats:"):
+        if "transfer" not in results():
+            return
+    results()["transfer"] = True
+    for objective, run in runs.items():
+        table = transfer_table(
+            context.config.key, f"{objective}-{run.steps}", context, run.keep_mask()
+        )
+        st.markdown(f"**{OBJECTIVES[objective]}**, {run.steps} heads removed")
+        table_with_download(
+            format_intervals(table, signed=True),
+            f"transfer_{objective}_{run.steps}.csv",
+        )
+
+
 def live_view(job) -> None:
     """Redrawn every 1.5 s from the job's latest step while the search runs."""
     if not job.running:
@@ -234,3 +273,4 @@ with show_error("Could not run the head search"):
                     )
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
+            transfer_view(context, runs)

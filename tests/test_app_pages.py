@@ -119,6 +119,27 @@ def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
     np.testing.assert_array_equal(array(same.data[0].z), z)
 
 
+def test_headmap_measures_the_circuit_on_the_report_sets(app, setup, reference):
+    from hydra_core.evaluate import auroc_changes
+
+    open_page(app, "pages/2_headmap.py")
+    app.number_input[0].set_value(2)
+    button(app, "Run").click()
+    app.run()
+    finish_job(app, "search")
+    button(app, "Measure on the report sets").click()
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    shown = app.dataframe[-1].value
+    assert list(shown["set"][: len(OOD)]) == list(OOD)
+    result = app.session_state["results"]["jobs"]["search"].result
+    loaded, _ = reference
+    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
+    expected = auroc_changes(loaded, benchmark, result.keep_mask(), device="cpu")
+    first = shown["delta_auroc"].iloc[0]
+    assert first.startswith(f"{expected['delta_auroc'].iloc[0]:+.4f}")
+
+
 def test_a_stopped_search_can_be_resumed(app, monkeypatch):
     real = greedy.greedy_circuit
 

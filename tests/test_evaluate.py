@@ -250,3 +250,29 @@ def test_cuda_request_without_gpu_is_explained():
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         resolve_device("cuda")
     assert resolve_device("auto").type == "cpu"
+
+
+def test_auroc_changes_of_a_circuit_against_the_dense_model():
+    from hydra_core.evaluate import auroc_changes
+
+    loaded = LoadedModel("tiny", make_tiny_vit(), to_input)
+    benchmark = build_benchmark(
+        image_set("pool", 80, 5),
+        None,
+        [image_set("o", 40, 6, "far"), image_set("p", 30, 7, "near")],
+    )
+    everything = torch.ones(3, 4, dtype=torch.bool)
+    same = auroc_changes(loaded, benchmark, everything, device="cpu")
+    assert list(same["set"][:2]) == ["o", "p"]
+    assert (same["delta_auroc"] == 0).all() and (same["delta_auroc_hi"] == 0).all()
+    assert not same["significant"].any()  # a model against itself: exactly 0, never significant
+    keep = random_mask((3, 4), seed=3)
+    changed = auroc_changes(loaded, benchmark, keep, device="cpu").set_index("set")
+    direct = evaluate_model(
+        loaded.model, to_input, benchmark.id_report, benchmark.ood_report, keep=keep, device="cpu"
+    )
+    auroc = {r["name"]: r["auroc"] for r in direct.ood_rows()}
+    assert changed.loc["o", "circuit_auroc"] == pytest.approx(auroc["o"])
+    delta = changed.loc["o", "circuit_auroc"] - changed.loc["o", "dense_auroc"]
+    assert changed.loc["o", "delta_auroc"] == pytest.approx(delta)
+    assert changed.loc["o", "delta_auroc_lo"] <= delta <= changed.loc["o", "delta_auroc_hi"]
