@@ -244,22 +244,8 @@ def run_report(
 
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
-    circ_members = seed_sampled_members(
-        circuits["avg"].ranking(),
-        layout,
-        budget=budgets.budget,
-        pool=budgets.pool,
-        seeds=seeds,
-        ranking_name="CircAvg",
-    )
-    taylor_members = seed_sampled_members(
-        taylor_rank,
-        layout,
-        budget=budgets.budget,
-        pool=budgets.pool,
-        seeds=seeds,
-        ranking_name="Taylor",
-    )
+    members = _members(circuits["avg"].ranking(), taylor_rank, layout, budgets, seeds)
+    circ_members, taylor_members = members[HYDRA_CIRC], members[HYDRA_TAYLOR]
     circavg = circuit_member(
         circuits["avg"].ranking(), layout, budget=budgets.budget, ranking_name="CircAvg"
     )
@@ -490,6 +476,29 @@ def _cost_systems(
     return [n for n in names if n in systems.info]
 
 
+def _members(
+    circ_ranking: Sequence[tuple[int, int]],
+    taylor_rank: Sequence[tuple[int, int]],
+    layout: HeadLayout,
+    budgets: Budgets,
+    seeds: Sequence[int],
+) -> dict[str, list[MemberMask]]:
+    """The Hydra (Circ) and Hydra (Taylor) members: one per seed, each pruning the budget's
+    heads drawn from the pool of least useful heads of the CircAvg or Taylor ranking."""
+    rankings = {HYDRA_CIRC: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
+    return {
+        label: seed_sampled_members(
+            ranking,
+            layout,
+            budget=budgets.budget,
+            pool=budgets.pool,
+            seeds=seeds,
+            ranking_name=name,
+        )
+        for label, (name, ranking) in rankings.items()
+    }
+
+
 def _table5(
     loaded: LoadedModel, benchmark: Benchmark, keep: torch.Tensor, config: ReportConfig
 ) -> pd.DataFrame:
@@ -568,22 +577,9 @@ def _repeats(
         )
         options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
         taylor = taylor_member(loaded.model, inputs, per_layer=budgets.removed_per_layer, **options)
-        rankings = {
-            HYDRA_CIRC: circ.ranking(),
-            HYDRA_TAYLOR: taylor_ranking(loaded.model, inputs, **options),
-        }
+        taylor_rank = taylor_ranking(loaded.model, inputs, **options)
         seeds = [r * m + i for i in range(m)]
-        members = {
-            label: seed_sampled_members(
-                ranking,
-                layout,
-                budget=budgets.budget,
-                pool=budgets.pool,
-                seeds=seeds,
-                ranking_name="CircAvg" if label == HYDRA_CIRC else "Taylor",
-            )
-            for label, ranking in rankings.items()
-        }
+        members = _members(circ.ranking(), taylor_rank, layout, budgets, seeds)
         pruned = {"CircAvg": circ.keep_mask(), "Taylor": taylor.keep}
         run = evaluate_systems(
             loaded, benchmark, members[HYDRA_CIRC], label=HYDRA_CIRC, pruned=pruned, **common
