@@ -75,7 +75,6 @@ def start_search(
     results()["jobs"][JOB] = start_job(JOB, work, info)
 
 
-@st.fragment(run_every=1.5)
 @st.cache_data(show_spinner="Measuring the circuit on the report sets...", max_entries=16)
 def transfer_table(setup_key: str, run_key: str, _context, _keep) -> pd.DataFrame:
     """AUROC change of the circuit ``_keep`` over the dense model on every report set."""
@@ -114,6 +113,7 @@ def transfer_view(context, runs: dict) -> None:
         )
 
 
+@st.fragment(run_every=1.5)
 def live_view(job) -> None:
     """Redrawn every 1.5 s from the job's latest step while the search runs."""
     if not job.running:
