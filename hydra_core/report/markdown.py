@@ -70,6 +70,8 @@ def _cell(column: str, value: object) -> str:
     """One value as shown in the report; missing values (None, NaN) as a dash."""
     if value is None or (isinstance(value, float) and value != value):
         return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
     if isinstance(value, (float, np.floating)):
         base = column.split("_", 1)[1] if column.startswith(("near_", "far_", "all_")) else column
         if base in PERCENT:
@@ -325,7 +327,7 @@ def _seed_section(seeds: pd.DataFrame) -> list[str]:
         scale = 100 if metric.split("_")[-1] in ("accuracy", "auroc") else 1
         digits = 2 if scale == 100 else 4
         shown[_header(metric)] = [
-            f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
+            "–" if m != m else f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
             for m, s in zip(mean[metric], std[metric], strict=True)
         ]
     repeats = seeds["repeat"].nunique()
