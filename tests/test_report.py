@@ -38,6 +38,7 @@ CSVS = [
     "all_sets",
     "table12_seeds",
     "transfer",
+    "differences_to_single",
 ]
 
 

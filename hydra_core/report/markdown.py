@@ -285,6 +285,12 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         "Every system on every set is in `all_sets.csv`; one row per system (members alone "
         "included) in `summary_all_systems.csv`.",
         "",
+        "Each system minus the single model, on the same report images, with the paired 95% "
+        "bootstrap interval of the difference; a difference is significant only where its "
+        "interval excludes 0 (`differences_to_single.csv`).",
+        "",
+        markdown_table(_main_differences(tables)),
+        "",
         "## Table 9 - sources of diversity",
         "",
         "Members that differ by their pruning seed against members that keep the same heads "
@@ -310,6 +316,13 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         markdown_table(tables["table11_fusion"]),
         "",
     ]
+
+
+def _main_differences(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """The differences to the single model of the systems Tables 1-2 show."""
+    shown = set(tables["table1_systems"]["system"])
+    frame = tables["differences_to_single"]
+    return frame[frame["system"].isin(shown)].drop(columns="kind")
 
 
 def _convention(table5: pd.DataFrame, how: str) -> pd.DataFrame:

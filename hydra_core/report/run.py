@@ -310,6 +310,7 @@ def run_report(
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
     tables["transfer"] = transfer
+    tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
     overlap = {
         "Hydra (Circ)": member_overlap(circ_members),
         "Hydra (Taylor)": member_overlap(taylor_members),
@@ -517,6 +518,9 @@ def _table5(
     ]
     return pd.concat(frames, ignore_index=True)
 
+
+#: the summary columns the paired differences to the single model are reported on
+DIFFERENCE_COLUMNS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc")
 
 #: the seeded systems Table 12 repeats, and the summary columns it reports
 SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "ood_mi")
