@@ -113,3 +113,19 @@ def test_probe_is_fitted_once_cached_and_accurate(tmp_path, monkeypatch):
         pruned = prune_heads(model, keep)(x[:8])
     torch.testing.assert_close(pruned, ablated, rtol=1e-4, atol=1e-4)
     assert (ablated - logits[:8]).abs().max() > 0.1
+
+
+def test_preprocessing_is_described_so_a_fused_export_loads_back():
+    from hydra_core.models.preprocess import describe
+
+    spec = describe(dinov2.dinov2_preprocess(56))
+    assert spec == {
+        "size": 56,
+        "channels": 3,
+        "mean": list(dinov2.DINOV2_MEAN),
+        "std": list(dinov2.DINOV2_STD),
+    }
+    images = torch.randint(0, 256, (2, 1, 28, 28), dtype=torch.uint8)
+    assert torch.equal(
+        dinov2.preprocess_for_dinov2(images, 56), dinov2.dinov2_preprocess(56)(images)
+    )

@@ -223,12 +223,19 @@ def convert_onnx_to_timm(
     return model.eval()
 
 
-def preprocess_for_dinov2(images: torch.Tensor, img_size: int) -> torch.Tensor:
+def dinov2_preprocess(img_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """uint8 images (N, C, H, W), C = 1 or 3 -> DINOv2 input (N, 3, img_size, img_size), float32.
 
     Grayscale is repeated to three channels; the image is resized (bilinear, antialiased; a
-    non-square image is stretched) and normalised with the ImageNet mean and std."""
-    return normalize_images(images, size=img_size, channels=3, mean=DINOV2_MEAN, std=DINOV2_STD)
+    non-square image is stretched) and normalised with the ImageNet mean and std. Built on
+    :func:`normalize_images`, so its settings can be stored beside a fused model
+    (:func:`~hydra_core.models.preprocess.describe`)."""
+    return partial(normalize_images, size=img_size, channels=3, mean=DINOV2_MEAN, std=DINOV2_STD)
+
+
+def preprocess_for_dinov2(images: torch.Tensor, img_size: int) -> torch.Tensor:
+    """:func:`dinov2_preprocess` applied to ``images``."""
+    return dinov2_preprocess(img_size)(images)
 
 
 def cls_features(
@@ -245,7 +252,7 @@ def cls_features(
     def pre_logits(x: torch.Tensor) -> torch.Tensor:
         return model.forward_head(model.forward_features(x), pre_logits=True)  # (B, d)
 
-    preprocess = partial(preprocess_for_dinov2, img_size=model.patch_embed.img_size[0])
+    preprocess = dinov2_preprocess(model.patch_embed.img_size[0])
     return predict(pre_logits, images, preprocess, batch_size=batch_size, progress=progress)
 
 

@@ -164,8 +164,8 @@ def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None
     from hydra_core.data.fashion_mnist import CLASSES
     from hydra_core.models.dinov2 import (
         DEFAULT_IMG_SIZE,
+        dinov2_preprocess,
         load_dinov2_classifier,
-        preprocess_for_dinov2,
     )
 
     img_size = img_size or DEFAULT_IMG_SIZE
@@ -173,7 +173,7 @@ def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None
     return LoadedModel(
         f"dinov2-s14-{img_size}px-probe{n_train}",
         model,
-        partial(preprocess_for_dinov2, img_size=img_size),
+        dinov2_preprocess(img_size),
         BUILTIN_MODELS["dinov2-s"],
         CLASSES,
     )
@@ -316,7 +316,8 @@ def _load_fused(path: Path, meta: dict[str, str]) -> LoadedModel:
     if "preprocess" not in meta:
         raise InputError(
             f"{path} is a fused Hydra model saved without its input preprocessing (an older "
-            "export); export it again with `hydra` or the Hydra page"
+            "export, or a source model whose preprocessing is not built on normalize_images); "
+            "export it again with `hydra` or the Hydra page"
         )
     hydra = load_hydra(path)
     spec = json.loads(meta["preprocess"])
