@@ -154,7 +154,7 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
 def _hydra(args: argparse.Namespace) -> int:
     """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
     from hydra_core.cache import DiskCache
-    from hydra_core.evaluate import format_intervals
+    from hydra_core.evaluate import format_intervals, interval_columns
     from hydra_core.hydra.deep_ensembles import deep_ensemble_for
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.hydra.systems import evaluate_systems
@@ -218,7 +218,7 @@ def _hydra(args: argparse.Namespace) -> int:
         "params",
         "latency_ms",
     ]
-    shown = [c for c in summary if c in columns or c[:-3] in columns and c.endswith(("_lo", "_hi"))]
+    shown = [c for c in interval_columns(columns) if c in summary]
     print(format_table(format_intervals(summary[shown])))
     print("\ndifference to the single model (95% paired bootstrap; n.s. = interval holds 0):")
     differences = report.differences("single", ["accuracy", "ece", "all_auroc"])

@@ -557,15 +557,16 @@ def _repeats(
     rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
     common = _evaluation_options(device, cache, progress, config.batch_size)
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
+    id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
+    pools = [
+        load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
+        for s in benchmark.ood_search
+    ]
     for r in range(1, config.repeats):
         purpose = f"search-repeat-{r}"
-        pools = [
-            load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
-            for s in benchmark.ood_search
-        ]
         sub = replace(
             benchmark,
-            id_search=take(load_fashion_mnist("validation"), config.n_search, purpose=purpose),
+            id_search=take(id_pool, config.n_search, purpose=purpose),
             ood_search=tuple(take(s, config.n_search, purpose=purpose) for s in pools),
         )
         inputs = search_inputs(loaded.preprocess, sub).to(device)

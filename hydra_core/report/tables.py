@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from hydra_core.evaluate import interval_columns
 from hydra_core.hydra.members import CIRCUIT_NAMES
 from hydra_core.hydra.systems import system_name
 
@@ -82,10 +83,7 @@ def report_tables(
 def _pick(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """``columns`` of ``frame`` that it has, each metric followed by its interval (``_lo``,
     ``_hi``) where the frame carries one."""
-    chosen = [
-        c for column in columns for c in (column, f"{column}_lo", f"{column}_hi") if c in frame
-    ]
-    return frame[chosen]
+    return frame[[c for c in interval_columns(columns) if c in frame]]
 
 
 def _rows(summary: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
