@@ -96,3 +96,59 @@ def write_tiny_checkpoint(path, config: VitConfig = TINY, seed: int = 0) -> str:
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> str:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.safetensors")
+
+
+#: Hugging Face text classifiers every text transform is checked on (BERT-family encoders).
+TEXT_KINDS = ("bert", "roberta", "mpnet", "distilbert")
+
+
+def make_tiny_text(
+    kind: str = "bert", seed: int = 0, depth: int = 2, num_heads: int = 4, scale: float = 3.0
+):
+    """A tiny random Hugging Face sequence classifier (vocabulary 60, d=24, 3 classes), in eval
+    mode, with its weights scaled up so that removing a head changes the logits noticeably."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=60, max_position_embeddings=40, num_labels=3, pad_token_id=1)
+    if kind == "distilbert":
+        config = transformers.DistilBertConfig(
+            dim=24, n_layers=depth, n_heads=num_heads, hidden_dim=48, **common
+        )
+        model = transformers.DistilBertForSequenceClassification(config)
+    else:
+        config_cls, model_cls = {
+            "bert": (transformers.BertConfig, transformers.BertForSequenceClassification),
+            "roberta": (transformers.RobertaConfig, transformers.RobertaForSequenceClassification),
+            "mpnet": (transformers.MPNetConfig, transformers.MPNetForSequenceClassification),
+        }[kind]
+        config = config_cls(
+            hidden_size=24,
+            num_hidden_layers=depth,
+            num_attention_heads=num_heads,
+            intermediate_size=48,
+            **common,
+        )
+        model = model_cls(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                continue
+            if p.ndim >= 2 or "bias" in name:
+                p.mul_(scale)
+    return model.eval()
+
+
+def text_batch(
+    seed: int = 0, batch: int = 6, tokens: int = 12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, T) and a ragged attention mask: sample i has a different number of real
+    tokens (the rest is padding with id 1), the first token is 0 (a class token)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 60, (batch, tokens), generator=g)
+    lengths = torch.randint(3, tokens + 1, (batch,), generator=g)
+    lengths[0] = tokens
+    mask = (torch.arange(tokens)[None] < lengths[:, None]).long()
+    ids[:, 0] = 0
+    ids[mask == 0] = 1
+    return ids, mask

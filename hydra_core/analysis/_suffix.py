@@ -33,15 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hydra_core.models.adapter import (
-    attention_projection,
-    block_heads,
-    block_rest,
-    classify,
-    embed,
-    head_layout,
-    prune_attention,
-)
+from hydra_core.models.adapter import family_of
+from hydra_core.models.vit import VIT
 
 #: Token rows (candidates x samples x tokens) per batched pass on the CPU. Single-threaded, small
 #: passes whose activations stay in cache are fastest (1024 rows beat 16384 by ~20% with the
@@ -63,9 +56,7 @@ class Stopped(Exception):
 
 def class_token_pooling(model: nn.Module) -> bool:
     """True when the classifier reads only token 0 of the last block's output."""
-    return (
-        getattr(model, "attn_pool", None) is None and getattr(model, "global_pool", None) == "token"
-    )
+    return family_of(model).class_token_pooling(model)
 
 
 def _layer_scale(module: nn.Module) -> torch.Tensor | None:
@@ -134,18 +125,6 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
 
 
 @dataclass
-class _BlockView:
-    """A block with some heads cut out of its attention; the other parts are the block's own."""
-
-    norm1: nn.Module
-    attn: nn.Module  # :func:`prune_attention` of the block's attention
-    ls1: nn.Module
-    norm2: nn.Module
-    mlp: nn.Module
-    ls2: nn.Module
-
-
-@dataclass
 class _ClsWeights:
     """The last block's q, k and v weights per head, for the CLS-query-only attention."""
 
@@ -169,6 +148,7 @@ class _LoneHead(_Shared):
     """The layer keeps one head: ablating it leaves W_O's bias as the whole attention output."""
 
     x: torch.Tensor  # (s, Nq, d): the stream entering the block, its query rows
+    context: object  # the family's context of the s samples
     bias_only: torch.Tensor  # (s, Nq, d): W_O's bias (zeros without one)
 
 
@@ -177,6 +157,7 @@ class _SharedAttention(_Shared):
     """Any block: a candidate's attention output is ``attn`` minus its head's share."""
 
     x: torch.Tensor  # (s, Nq, d): the stream entering the block, its query rows
+    context: object  # the family's context of the s samples
     attn: torch.Tensor  # (s, Nq, d): the projected attention output of all kept heads
 
 
@@ -184,6 +165,7 @@ class _SharedAttention(_Shared):
 class _SharedMlpInput(_Shared):
     """A foldable block (:class:`_MlpFold`): a candidate costs a rank-d_k update of ``f``."""
 
+    context: object  # the family's context of the s samples
     mid: torch.Tensor  # (s, N, d): the residual after the attention of all kept heads
     f: torch.Tensor  # (s, N, hidden): W1 gamma centre(mid)
     fold: _MlpFold
@@ -199,9 +181,13 @@ def _even_chunks(total: int, most: int) -> list[slice]:
 class SuffixEvaluator:
     """Logits of the model under the current head mask and under each one-head-more ablation.
 
+    Works on every model family through its :class:`~hydra_core.models.family.ModelFamily`; the
+    timm ViT family has two shortcuts more (the MLP fold and the folded class-token attention).
+
     Args:
-        model: a timm VisionTransformer in eval mode (never modified).
-        inputs: (S, C, H, W) preprocessed images, ID and OOD together, on the model's device.
+        model: a supported model in eval mode (never modified).
+        inputs: (S, ...) model inputs (preprocessed images, packed token ids), ID and OOD
+            together, on the model's device.
         pairs_per_pass: (candidate, sample) pairs per batched pass; None sizes the passes for
             the CPU (:func:`cpu_rows_per_pass` token rows).
     """
@@ -210,25 +196,31 @@ class SuffixEvaluator:
         self, model: nn.Module, inputs: torch.Tensor, *, pairs_per_pass: int | None = None
     ) -> None:
         self.model = model
-        self.layout = head_layout(model)
-        self.blocks = list(model.blocks)
+        self.family = family = family_of(model)
+        self.layout = family.layout(model)
+        self.blocks = list(family.blocks(model))
         self.last_layer = len(self.blocks) - 1
-        self.cls_only = class_token_pooling(model)
+        self.cls_only = family.class_token_pooling(model)
+        inputs = family.prepare(model, inputs)
         self.device = inputs.device
         self.num_samples = len(inputs)
         self.kept = [list(range(n)) for n in self.layout.num_heads]  # original head indices kept
         # Each block with its removed heads cut out (the block itself while it keeps them all).
-        self.views: list[nn.Module | _BlockView] = list(self.blocks)
+        self.views: list[nn.Module] = list(self.blocks)
         self._cls_weights: dict[int, _ClsWeights] = {}
         dk, d = self.layout.head_dim, self.layout.embed_dim
         # Each head's W_O column block, transposed: (H, d_k, d), so that Z_h @ head_out[h] is the
         # head's share of the projected attention output.
         self.head_out = [
-            b.attn.proj.weight.detach().reshape(d, n, dk).permute(1, 2, 0).contiguous()
+            family.output_projection(b).weight.detach().reshape(d, n, dk).permute(1, 2, 0)
             for b, n in zip(self.blocks, self.layout.num_heads, strict=True)
         ]
-        self.folds = [_mlp_fold(b, w) for b, w in zip(self.blocks, self.head_out, strict=True)]
-        self.tokens = embed(model, inputs[:1]).shape[1]
+        self.head_out = [w.contiguous() for w in self.head_out]
+        self.folds = [
+            _mlp_fold(b, w) if family is VIT else None
+            for b, w in zip(self.blocks, self.head_out, strict=True)
+        ]
+        self.tokens = family.embed(model, inputs[:1])[0].shape[1]
         # Pairs per pass through full blocks, and through the last block's CLS row alone.
         if pairs_per_pass is None:
             rows = cpu_rows_per_pass()
@@ -236,8 +228,11 @@ class SuffixEvaluator:
         else:
             self.pairs_full, self.pairs_cls = pairs_per_pass, pairs_per_pass * self.tokens
         self.chunks = _even_chunks(self.num_samples, self.pairs_full)
-        # The stream entering each layer (S, N, d) under the current mask, and the logits (S, K).
-        self.xs: list[torch.Tensor] = [torch.cat([embed(model, inputs[c]) for c in self.chunks])]
+        # The stream entering each layer (S, N, d) under the current mask, and the logits (S, K);
+        # the family's context of all S samples (None for images).
+        embedded = [family.embed(model, inputs[c]) for c in self.chunks]
+        self.xs: list[torch.Tensor] = [torch.cat([x for x, _ in embedded])]
+        self.context = family.concat_contexts([context for _, context in embedded])
         self.xs += [torch.empty(0)] * self.last_layer
         self.logits = torch.empty(0)
         self._refresh(0)
@@ -268,38 +263,41 @@ class SuffixEvaluator:
         if len(kept) == self.layout.num_heads[layer]:
             self.views[layer] = block
             return
-        attn = prune_attention(block.attn, torch.tensor(kept, dtype=torch.long))
-        self.views[layer] = _BlockView(
-            norm1=block.norm1,
-            attn=attn,
-            ls1=block.ls1,
-            norm2=block.norm2,
-            mlp=block.mlp,
-            ls2=block.ls2,
-        )
+        self.views[layer] = self.family.prune_block(block, torch.tensor(kept, dtype=torch.long))
 
     def _refresh(self, start: int) -> None:
         """Recompute the streams after layer ``start`` and the logits."""
         for layer in range(start, self.last_layer + 1):
-            out = torch.cat([self._layer(layer, self.xs[layer][c]) for c in self.chunks])
+            out = torch.cat(
+                [self._layer(layer, self.xs[layer][c], self._context(c)) for c in self.chunks]
+            )
             if layer < self.last_layer:
                 self.xs[layer + 1] = out
             else:
-                self.logits = torch.cat([classify(self.model, out[c]) for c in self.chunks])
+                self.logits = torch.cat(
+                    [
+                        self.family.classify(self.model, out[c], self._context(c))
+                        for c in self.chunks
+                    ]
+                )
+
+    def _context(self, samples: slice) -> object:
+        return self.family.select_context(self.context, samples)
 
     # --- one block --------------------------------------------------------------------------
 
     def _query_rows(self, layer: int) -> slice | None:
         return slice(0, 1) if self.cls_only and layer == self.last_layer else None
 
-    def _heads(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, layer: int, x: torch.Tensor, context: object) -> torch.Tensor:
         """(B, N, d) stream -> (B, Nq, Hk, d_k): the kept heads' outputs."""
-        if self._query_rows(layer) is None:
-            return block_heads(self.views[layer], x)
+        rows = self._query_rows(layer)
+        if rows is None or self.family is not VIT:
+            return self.family.block_heads(self.views[layer], x, context, rows)
         return self._cls_heads(layer, x)
 
     def _cls_heads(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """:func:`block_heads` for the CLS query alone, (B, 1, Hk, d_k).
+        """``block_heads`` of a timm block for the CLS query alone, (B, 1, Hk, d_k).
 
         With no key norm, the keys and values of the N tokens are never formed: the scores are
         (q_h W_K,h) . n_k (W_K's bias adds the same to every score, which softmax ignores) and
@@ -342,20 +340,20 @@ class SuffixEvaluator:
         """(B, Nq, Hk, d_k) -> (B, Nq, d); a layer without heads adds only W_O's bias."""
         view = self.views[layer]
         if z.shape[2] == 0:
-            return view.attn.proj(z.new_zeros(*z.shape[:2], 0))
-        return attention_projection(view, z)
+            return self.family.output_projection(view)(z.new_zeros(*z.shape[:2], 0))
+        return self.family.attention_projection(view, z)
 
-    def _layer(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def _layer(self, layer: int, x: torch.Tensor, context: object) -> torch.Tensor:
         """One block on (B, N, d) -> (B, Nq, d)."""
         rows = self._query_rows(layer)
-        attn = self._project(layer, self._heads(layer, x))
-        return block_rest(self.views[layer], x if rows is None else x[:, rows], attn)
+        attn = self._project(layer, self._heads(layer, x, context))
+        return self.family.block_rest(self.views[layer], x if rows is None else x[:, rows], attn)
 
-    def _suffix(self, start: int, x: torch.Tensor) -> torch.Tensor:
+    def _suffix(self, start: int, x: torch.Tensor, context: object) -> torch.Tensor:
         """Run blocks ``start``.. on (B, N, d) and classify: (B, K)."""
         for layer in range(start, self.last_layer + 1):
-            x = self._layer(layer, x)
-        return classify(self.model, x)
+            x = self._layer(layer, x, context)
+        return self.family.classify(self.model, x, context)
 
     # --- candidates -------------------------------------------------------------------------
 
@@ -379,7 +377,7 @@ class SuffixEvaluator:
             heads = torch.tensor(kept, device=self.device)
             logits = self.logits.new_empty(len(kept), self.num_samples, classes)
             for chunk in chunks:
-                shared = self._shared(layer, self.xs[layer][chunk])
+                shared = self._shared(layer, self.xs[layer][chunk], self._context(chunk))
                 for g in range(0, len(kept), group):
                     if should_stop is not None and should_stop():
                         raise Stopped
@@ -389,27 +387,27 @@ class SuffixEvaluator:
                     )
             yield [(layer, h) for h in kept], logits
 
-    def _shared(self, layer: int, x: torch.Tensor) -> _Shared:
+    def _shared(self, layer: int, x: torch.Tensor, context: object) -> _Shared:
         """What every candidate of ``layer`` shares for the samples ``x`` (s, N, d)."""
         rows = self._query_rows(layer)
-        z = self._heads(layer, x)  # (s, Nq, Hk, d_k)
+        z = self._heads(layer, x, context)  # (s, Nq, Hk, d_k)
         attn = self._project(layer, z)  # (s, Nq, d)
         x = x if rows is None else x[:, rows]
         fold = self.folds[layer] if rows is None else None
         if len(self.kept[layer]) == 1:
             # Removing the layer's only kept head leaves exactly W_O's bias, as in the plain forward
             # (where e.g. a model without heads gives every sample bit-identical logits).
-            bias = self.views[layer].attn.proj.bias
+            bias = self.family.output_projection(self.views[layer]).bias
             bias_only = (
                 attn.new_zeros(attn.shape) if bias is None else bias.detach().expand(attn.shape)
             )
-            return _LoneHead(z=z, x=x, bias_only=bias_only)
+            return _LoneHead(z=z, x=x, context=context, bias_only=bias_only)
         if fold is None:
-            return _SharedAttention(z=z, x=x, attn=attn)
+            return _SharedAttention(z=z, x=x, context=context, attn=attn)
         mid = x + self.views[layer].ls1(attn)  # (s, N, d), the residual after the attention
         centred = mid - mid.mean(-1, keepdim=True)
         f = F.linear(centred, fold.w1g)  # (s, N, hidden)
-        return _SharedMlpInput(z=z, mid=mid, f=f, fold=fold)
+        return _SharedMlpInput(z=z, context=context, mid=mid, f=f, fold=fold)
 
     def _candidates_pass(
         self, layer: int, shared: _Shared, position: torch.Tensor, heads: torch.Tensor
@@ -421,11 +419,11 @@ class SuffixEvaluator:
         z = z.permute(2, 0, 1, 3).reshape(c, s * nq, dk)  # (c, s*Nq, d_k)
         view = self.views[layer]
         if isinstance(shared, _LoneHead):
-            x = block_rest(view, shared.x, shared.bias_only)  # (s, Nq, d), c = 1
+            x = self.family.block_rest(view, shared.x, shared.bias_only)  # (s, Nq, d), c = 1
         elif isinstance(shared, _SharedAttention):
             delta = torch.bmm(z, self.head_out[layer][heads])  # (c, s*Nq, d): each head's share
             attn = shared.attn.reshape(1, s * nq, -1) - delta
-            x = block_rest(view, shared.x.reshape(1, s * nq, -1), attn)  # (c, s*Nq, d)
+            x = self.family.block_rest(view, shared.x.reshape(1, s * nq, -1), attn)  # (c, s*Nq, d)
         else:
             fold = shared.fold
             delta = torch.bmm(z, fold.head_out[heads])  # (c, s*N, d), layer scale included
@@ -440,5 +438,6 @@ class SuffixEvaluator:
             hidden = torch.addcmul(fold.bias, hidden, torch.rsqrt(var + fold.eps))
             mlp = self.blocks[layer].mlp
             x = u + self.blocks[layer].ls2(mlp.drop2(mlp.fc2(mlp.drop1(mlp.act(hidden)))))
-        logits = self._suffix(layer + 1, x.reshape(c * s, nq, -1))  # (c*s, K)
+        context = self.family.repeat_context(shared.context, c)
+        logits = self._suffix(layer + 1, x.reshape(c * s, nq, -1), context)  # (c*s, K)
         return logits.reshape(c, s, -1)

@@ -34,7 +34,13 @@ from torch import nn
 from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
-from hydra_core.models.adapter import HeadLayout, ablate, head_label, head_layout
+from hydra_core.models.adapter import (
+    HeadLayout,
+    ablate,
+    head_label,
+    head_layout,
+    model_and_inputs,
+)
 from hydra_core.types import Head
 
 #: Changes whenever the numbers a search produces change; part of every cache key.
@@ -388,11 +394,6 @@ def _check_inputs(model: nn.Module, id_x, id_y, ood_x, batch_size: int) -> HeadL
             "call model.eval() first"
         )
     for name, x in (("id_x", id_x), ("ood_x", ood_x)):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(
-                f"{name} must be a float tensor of preprocessed model inputs, got "
-                f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}"
-            )
         if x.ndim < 2 or len(x) < 2:
             raise ValueError(
                 f"{name} must hold at least 2 samples (shape (N, ...)), got shape {tuple(x.shape)}"
@@ -552,6 +553,7 @@ def greedy_circuit(
     _check_objective(objective)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    model, id_x, ood_x = model_and_inputs(model, id_x, ood_x, names=("id_x", "ood_x"))
     layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
     total = layout.total_heads
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= total:
@@ -608,7 +610,8 @@ def _search(
     id_x, id_y, ood_x = data
     start = time.perf_counter()
     device, dtype = _device_and_dtype(model)
-    inputs = torch.cat([id_x, ood_x]).to(device=device, dtype=dtype)
+    inputs = torch.cat([id_x, ood_x])
+    inputs = inputs.to(device, dtype if inputs.is_floating_point() else None)
     scorer = _Scorer(id_y, len(id_x))
     evaluator = _evaluator(method, model, inputs, layout, batch_size)
     if stored is None:
@@ -703,6 +706,7 @@ def single_head_importance(
         that head alone ablated minus the dense model's (NaN for heads a pruned model lacks);
         ``base_accuracy``, ``base_auroc``: the dense model's scores.
     """
+    model, id_x, ood_x = model_and_inputs(model, id_x, ood_x, names=("id_x", "ood_x"))
     layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
     key = None
     if cache is not None:
@@ -717,7 +721,8 @@ def single_head_importance(
             return stored
     with torch.inference_mode():
         device, dtype = _device_and_dtype(model)
-        inputs = torch.cat([id_x, ood_x]).to(device=device, dtype=dtype)
+        inputs = torch.cat([id_x, ood_x])
+        inputs = inputs.to(device, dtype if inputs.is_floating_point() else None)
         scorer = _Scorer(id_y, len(id_x))
         evaluator = _fast_evaluator(model, inputs, batch_size)
         base_acc, base_roc = (float(v[0]) for v in scorer(evaluator.logits[None]))

@@ -1,10 +1,9 @@
-"""Model adapter for timm Vision Transformers: where the heads are, how to switch them off, how to
-cut them out.
+"""The public face of the model families: find a model's heads, switch them off, cut them out.
 
-Head layout (as in TransformerLens): head outputs are ``[batch, pos, head, d_head]``; they are
-concatenated at the input of ``blocks[l].attn.proj`` (shape (B, N, H * d_k)), so head ``h`` of layer
-``l`` owns channels ``h*d_k : (h+1)*d_k`` there. A head mask is a bool tensor of shape
-(layers, heads), True = kept. Heads are labelled ``L{layer}H{head}``, zero-based.
+Every function here works on any supported family (:mod:`hydra_core.models.vit` for timm ViTs,
+:mod:`hydra_core.models.text` for Hugging Face BERT-family encoders); :func:`family_of` picks the
+family, and the code above :mod:`hydra_core.models` never needs to know which one it was.
+See :mod:`hydra_core.models.family` for the head layout and the piece-by-piece forward.
 
 Every intervention is a forward hook that lives inside a context manager and is removed in
 ``finally``: a model leaves every context bit-identical to how it entered.
@@ -15,146 +14,94 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from hydra_core.models.family import (
+    Context,
+    HeadLayout,
+    ModelFamily,
+    UnsupportedModelError,
+    head_label,
+    parse_head_label,
+)
+from hydra_core.models.text import TEXT
+from hydra_core.models.vit import (
+    SHORT_SEQUENCE,
+    VIT,
+    EmptyAttention,
+    attention,
+    attention_projection,
+    block_heads,
+    block_rest,
+    prune_attention,
+)
 
-class UnsupportedModelError(ValueError):
-    """The model is not a transformer whose heads Hydra Lab knows how to find."""
+__all__ = [
+    "SHORT_SEQUENCE",
+    "Context",
+    "EmptyAttention",
+    "FAMILIES",
+    "HeadLayout",
+    "ModelFamily",
+    "UnsupportedModelError",
+    "ablate",
+    "as_keep_mask",
+    "attention",
+    "attention_projection",
+    "block_heads",
+    "block_rest",
+    "channel_mask",
+    "classify",
+    "embed",
+    "family_of",
+    "head_label",
+    "head_layout",
+    "model_and_inputs",
+    "parse_head_label",
+    "prune_attention",
+    "prune_heads",
+    "record_head_outputs",
+]
 
-
-@dataclass(frozen=True)
-class HeadLayout:
-    """Where the heads of a model are.
-
-    Args:
-        num_heads: heads per layer, as the model has them now (a pruned model may differ per layer).
-        head_dim: d_k, the width of one head's output.
-        embed_dim: d, the width of the residual stream.
-    """
-
-    num_heads: tuple[int, ...]
-    head_dim: int
-    embed_dim: int
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.num_heads)
-
-    @property
-    def max_heads(self) -> int:
-        return max(self.num_heads, default=0)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """The shape of a head mask for this model: (layers, max heads)."""
-        return (self.num_layers, self.max_heads)
-
-    @property
-    def total_heads(self) -> int:
-        return sum(self.num_heads)
-
-    def all_kept(self) -> torch.Tensor:
-        """The mask that keeps every head the model has."""
-        keep = torch.zeros(self.shape, dtype=torch.bool)
-        for layer, n in enumerate(self.num_heads):
-            keep[layer, :n] = True
-        return keep
-
-
-def head_label(layer: int, head: int) -> str:
-    """``L3H7``: the name of head 7 of layer 3 (zero-based)."""
-    return f"L{layer}H{head}"
-
-
-def parse_head_label(label: str) -> tuple[int, int]:
-    """``"L3H7"`` -> (3, 7)."""
-    text = label.strip().upper()
-    if not text.startswith("L") or "H" not in text:
-        raise ValueError(
-            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
-        )
-    layer, head = text[1:].split("H", 1)
-    try:
-        return int(layer), int(head)
-    except ValueError:
-        raise ValueError(
-            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
-        ) from None
+#: every family Hydra Lab knows, tried in this order
+FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT)
 
 
-def _blocks(model: nn.Module) -> Sequence[nn.Module]:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
-        raise UnsupportedModelError(
-            f"{type(model).__name__} has no `blocks` list of transformer blocks; Hydra Lab "
-            "supports "
-            "timm VisionTransformer models (ViT, DeiT, DINOv2 variants)"
-        )
-    return blocks
-
-
-def _check_block(index: int, block: nn.Module) -> None:
-    missing = [n for n in ("norm1", "attn", "ls1", "norm2", "mlp", "ls2") if not hasattr(block, n)]
-    if missing:
-        raise UnsupportedModelError(
-            f"block {index} ({type(block).__name__}) lacks {', '.join(missing)}; expected timm's "
-            "pre-norm Block (norm1, attn, ls1, norm2, mlp, ls2)"
-        )
-    attn = block.attn
-    for name in ("qkv", "proj", "num_heads", "head_dim"):
-        if not hasattr(attn, name):
-            raise UnsupportedModelError(
-                f"block {index}: attention {type(attn).__name__} has no `{name}`; expected timm's "
-                "Attention with a fused qkv projection and an output projection `proj`"
-            )
-    norm = getattr(attn, "norm", None)
-    if norm is not None and not isinstance(norm, nn.Identity):
-        raise UnsupportedModelError(
-            f"block {index}: attention applies {type(norm).__name__} between the heads and `proj` "
-            "(scale_norm); zeroing a head there would not remove it, so this model is refused"
-        )
-    if getattr(attn, "gate", None) is not None:
-        raise UnsupportedModelError(
-            f"block {index}: attention gates the heads before `proj`; this model is refused "
-            "because "
-            "ablating at the projection input would not match removing the head"
-        )
-    if type(block).forward is not _TIMM_BLOCK_FORWARD:
-        raise UnsupportedModelError(
-            f"block {index} is a {type(block).__name__} with its own forward; expected "
-            "timm's Block "
-            "(x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))))"
-        )
-
-
-def _timm_block_forward():
-    from timm.models.vision_transformer import Block
-
-    return Block.forward
-
-
-_TIMM_BLOCK_FORWARD = _timm_block_forward()
+def family_of(model: nn.Module) -> ModelFamily:
+    """The family ``model`` belongs to; :class:`UnsupportedModelError` when none knows it."""
+    for family in FAMILIES:
+        if family.matches(model):
+            return family
+    raise UnsupportedModelError(
+        f"{type(model).__name__} has no `blocks` list of transformer blocks and is not a Hugging "
+        "Face text classifier; Hydra Lab supports timm VisionTransformer models (ViT, DeiT, DINOv2 "
+        "variants) and BERT, RoBERTa, MPNet and DistilBERT sequence classifiers"
+    )
 
 
 def head_layout(model: nn.Module) -> HeadLayout:
     """The head layout of a supported model; raises :class:`UnsupportedModelError` otherwise."""
-    blocks = _blocks(model)
-    for i, block in enumerate(blocks):
-        _check_block(i, block)
-    if len(blocks) == 0:
-        raise UnsupportedModelError("the model has no transformer blocks")
-    head_dims = {int(b.attn.head_dim) for b in blocks}
-    if len(head_dims) != 1:
-        raise UnsupportedModelError(f"layers disagree on the head dimension: {sorted(head_dims)}")
-    return HeadLayout(
-        num_heads=tuple(int(b.attn.num_heads) for b in blocks),
-        head_dim=head_dims.pop(),
-        embed_dim=int(blocks[0].attn.proj.out_features),
-    )
+    return family_of(model).layout(model)
+
+
+def model_and_inputs(
+    model: nn.Module, *inputs: object, names: Sequence[str] | None = None
+) -> tuple[nn.Module, ...]:
+    """``model`` as a module mapping one input tensor to logits, and ``inputs`` as tensors it
+    takes, checked and made concatenable: for a Hugging Face text classifier, the model wrapped in
+    a :class:`~hydra_core.models.text.TextClassifier` and token ids packed with their masks."""
+    family = family_of(model)
+    names = names or [f"inputs {i}" for i in range(len(inputs))]
+    checked = [family.check_inputs(x, name) for x, name in zip(inputs, names, strict=True)]
+    return (family.callable_model(model), *family.match_inputs(checked))
+
+
+def _projections(model: nn.Module) -> list[nn.Linear]:
+    family = family_of(model)
+    return [family.output_projection(block) for block in family.blocks(model)]
 
 
 def as_keep_mask(layout: HeadLayout | nn.Module, keep: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -208,14 +155,14 @@ def ablate(model: nn.Module, keep: torch.Tensor) -> Iterator[nn.Module]:
     """
     layout = head_layout(model)
     keep = as_keep_mask(layout, keep)
-    blocks = _blocks(model)
+    projections = _projections(model)
     handles = []
     try:
         for layer, n in enumerate(layout.num_heads):
             if bool(keep[layer, :n].all()):
                 continue
             handles.append(
-                blocks[layer].attn.proj.register_forward_pre_hook(
+                projections[layer].register_forward_pre_hook(
                     _ZeroChannels(channel_mask(keep[layer, :n], layout.head_dim))
                 )
             )
@@ -251,7 +198,7 @@ def record_head_outputs(
     this one apply first, so a recorded ablated head reads zero.
     """
     layout = head_layout(model)
-    blocks = _blocks(model)
+    projections = _projections(model)
     for layer in layers:
         if not 0 <= layer < layout.num_layers:
             raise ValueError(
@@ -271,74 +218,11 @@ def record_head_outputs(
 
     try:
         for layer in layers:
-            handles.append(blocks[layer].attn.proj.register_forward_pre_hook(recorder(layer)))
+            handles.append(projections[layer].register_forward_pre_hook(recorder(layer)))
         yield store
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _head_rows(head_dim: int, total_heads: int, heads: torch.Tensor) -> torch.Tensor:
-    """Rows of ``heads`` in a fused qkv weight of ``total_heads`` heads: q, then k, then v rows."""
-    within = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()  # (kept * d_k,)
-    width = total_heads * head_dim
-    return torch.cat([within + part * width for part in range(3)])
-
-
-def _slice_linear(
-    linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None
-) -> nn.Linear:
-    weight = linear.weight.detach()
-    if rows is not None:
-        weight = weight[rows]
-    if cols is not None:
-        weight = weight[:, cols]
-    bias = linear.bias
-    if bias is not None and rows is not None:
-        bias = bias.detach()[rows]
-    return _linear_from(weight, None if bias is None else bias.detach())
-
-
-def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """An ``nn.Linear`` holding copies of ``weight`` (out, in) and ``bias`` (no random init)."""
-    out = nn.Linear(1, 1, bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    out.in_features, out.out_features = weight.shape[1], weight.shape[0]
-    out.weight = nn.Parameter(weight.clone())
-    out.bias = None if bias is None else nn.Parameter(bias.clone())
-    return out
-
-
-class EmptyAttention(nn.Module):
-    """The attention of a layer that keeps no head: it adds only the output projection's bias."""
-
-    def __init__(self, proj: nn.Linear, head_dim: int) -> None:
-        super().__init__()
-        self.num_heads = 0
-        self.head_dim = head_dim
-        self.attn_dim = 0
-        self.qkv = _linear_from(proj.weight.new_empty(0, proj.out_features), None)
-        self.proj = proj
-        self.norm = nn.Identity()
-
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
-    ) -> torch.Tensor:
-        return self.proj(x.new_zeros(*x.shape[:-1], 0))  # = bias (or zeros), shape (B, N, d)
-
-
-def prune_attention(attn: nn.Module, heads: torch.Tensor) -> nn.Module:
-    """A copy of a timm ``Attention`` keeping only ``heads`` (1-D int64, sorted), structurally."""
-    head_dim = int(attn.head_dim)
-    channels = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()
-    proj = _slice_linear(attn.proj, cols=channels)
-    if len(heads) == 0:
-        return EmptyAttention(proj, head_dim)
-    new = copy.deepcopy(attn)  # keeps q_norm/k_norm (they act per head) and the attention options
-    new.qkv = _slice_linear(attn.qkv, rows=_head_rows(head_dim, int(attn.num_heads), heads))
-    new.proj = proj
-    new.num_heads = len(heads)
-    new.attn_dim = len(heads) * head_dim
-    return new
 
 
 def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
@@ -348,81 +232,38 @@ def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
     layer that keeps no head adds only W_O's bias). Its logits equal those of ``model`` under
     ``ablate(model, keep)``. The source model is not modified.
     """
-    layout = head_layout(model)
+    family = family_of(model)
+    layout = family.layout(model)
     keep = as_keep_mask(layout, keep)
     pruned = copy.deepcopy(model)
-    for layer, block in enumerate(_blocks(pruned)):
+    for layer, block in enumerate(list(family.blocks(pruned))):
         n = layout.num_heads[layer]
         heads = keep[layer, :n].nonzero().flatten()
         if len(heads) == n:
             continue
-        block.attn = prune_attention(block.attn, heads)
+        family.set_block(pruned, layer, family.prune_block(block, heads))
     return pruned
 
 
-def embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Images -> the token stream entering block 0, shape (B, N, d)."""
-    x = model.patch_embed(x)
-    x = model._pos_embed(x)
-    x = model.patch_drop(x)
-    return model.norm_pre(x)
+def embed(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """Model inputs -> the token stream entering block 0, shape (B, N, d) (the family's context,
+    which text models need further on, is dropped: use ``family_of(model).embed`` for it)."""
+    return family_of(model).embed(model, inputs)[0]
 
 
-def classify(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def classify(model: nn.Module, tokens: torch.Tensor, context: Context = None) -> torch.Tensor:
     """The token stream leaving the last block (B, N, d) -> logits (B, C)."""
-    return model.forward_head(model.norm(tokens))
+    return family_of(model).classify(model, tokens, context)
 
 
-#: Up to this many keys, attention on the CPU is an explicit matmul-softmax-matmul: for the short
-#: sequences of small ViTs (17 tokens in the default model) that is about twice as fast as torch's
-#: fused CPU kernel (16 vs 32 ms for 1024 x 12 heads x 17 tokens x d_k 16 on 2 cores), which wins
-#: from a few hundred tokens on (101 vs 215 ms at 197 tokens).
-SHORT_SEQUENCE = 64
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d_k)) v for (..., N, d_k) operands, the same numbers as
-    ``scaled_dot_product_attention`` (to float rounding), with the faster kernel for the shape."""
-    if q.device.type != "cpu" or k.shape[-2] > SHORT_SEQUENCE:
-        return nn.functional.scaled_dot_product_attention(q, k, v)
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (..., Nq, Nk)
-    return scores.softmax(-1) @ v
-
-
-def block_heads(block: nn.Module, x: torch.Tensor, queries: slice | None = None) -> torch.Tensor:
-    """Per-head attention outputs Z of one block for the residual stream ``x``, before W_O.
-
-    Args:
-        x: (B, N, d), the stream entering the block (``norm1`` is applied here).
-        queries: compute only these query positions (e.g. ``slice(0, 1)`` for the CLS token).
-
-    Returns:
-        (B, Nq, H, d_k), the same numbers the block's attention concatenates before ``proj``.
-    """
-    attn = block.attn
-    b, n, _ = x.shape
-    h, dk = int(attn.num_heads), int(attn.head_dim)
-    if h == 0:
-        nq = n if queries is None else len(range(n)[queries])
-        return x.new_zeros(b, nq, 0, dk)
-    qkv = (
-        attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)
-    )  # (3, B, H, N, d_k)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if queries is not None:
-        q = q[:, :, queries]  # (B, H, Nq, d_k)
-    z = attention(q, k, v)  # (B, H, Nq, d_k)
-    return z.transpose(1, 2)  # (B, Nq, H, d_k)
-
-
-def block_rest(block: nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    """Finish a block given its attention output after ``proj``: residual, layer scale, MLP."""
-    x = x + block.ls1(attn_out)
-    return x + block.ls2(block.mlp(block.norm2(x)))
-
-
-def attention_projection(block: nn.Module, z: torch.Tensor) -> torch.Tensor:
-    """(B, N, H, d_k) head outputs -> the attention's output (B, N, d) through W_O."""
-    b, n = z.shape[:2]
-    return block.attn.proj(z.reshape(b, n, -1))
+def run_blocks(
+    model: nn.Module, inputs: torch.Tensor, last_layer: int | None = None
+) -> torch.Tensor:
+    """Embed ``inputs`` and run the blocks up to ``last_layer`` (all when None), each as the model
+    runs it (hooks on its modules fire): the stream leaving that block, (B, N, d)."""
+    family = family_of(model)
+    x, context = family.embed(model, inputs)
+    blocks = family.blocks(model)
+    for block in blocks[: len(blocks) if last_layer is None else last_layer + 1]:
+        x = family.block_forward(block, x, context)
+    return x

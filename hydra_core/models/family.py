@@ -1,0 +1,223 @@
+"""The seam between Hydra Lab and a family of transformers: what every family tells the rest.
+
+A *family* (timm ViTs, Hugging Face BERT-family encoders, ...) is one :class:`ModelFamily` object
+that knows, for the models it recognises, where the heads are, how a batch goes in and how a block
+runs. Everything above :mod:`hydra_core.models` (search, analyses, fusion, app, report) reaches a
+model only through these methods, so it never asks which family it works on.
+
+Head layout (as in TransformerLens): head outputs are ``[batch, pos, head, d_head]``; they are
+concatenated at the input of each layer's attention *output projection* W_O (shape (B, N, H * d_k)),
+so head ``h`` of layer ``l`` owns channels ``h*d_k : (h+1)*d_k`` there. A head mask is a bool tensor
+of shape (layers, heads), True = kept. Heads are labelled ``L{layer}H{head}``, zero-based.
+
+Running a model piece by piece: ``embed`` turns model inputs into the token stream entering block 0
+and a *context* (what every block needs besides the stream: for text, which tokens are padding;
+None for images); ``block_heads`` gives a block's per-head outputs Z before W_O;
+``attention_projection`` applies W_O; ``block_rest`` finishes the block from its attention output
+(residual, norms, MLP: pre-LN for ViTs, post-LN for BERT); ``classify`` reads the logits off the
+last stream. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``block_rest``) per block
+-> ``classify`` equals the model's own forward, tested per family.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not a transformer whose heads Hydra Lab knows how to find."""
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where the heads of a model are.
+
+    Args:
+        num_heads: heads per layer, as the model has them now (a pruned model may differ per layer).
+        head_dim: d_k, the width of one head's output.
+        embed_dim: d, the width of the residual stream.
+    """
+
+    num_heads: tuple[int, ...]
+    head_dim: int
+    embed_dim: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.num_heads)
+
+    @property
+    def max_heads(self) -> int:
+        return max(self.num_heads, default=0)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The shape of a head mask for this model: (layers, max heads)."""
+        return (self.num_layers, self.max_heads)
+
+    @property
+    def total_heads(self) -> int:
+        return sum(self.num_heads)
+
+    def all_kept(self) -> torch.Tensor:
+        """The mask that keeps every head the model has."""
+        keep = torch.zeros(self.shape, dtype=torch.bool)
+        for layer, n in enumerate(self.num_heads):
+            keep[layer, :n] = True
+        return keep
+
+
+def head_label(layer: int, head: int) -> str:
+    """``L3H7``: the name of head 7 of layer 3 (zero-based)."""
+    return f"L{layer}H{head}"
+
+
+def parse_head_label(label: str) -> tuple[int, int]:
+    """``"L3H7"`` -> (3, 7)."""
+    text = label.strip().upper()
+    if not text.startswith("L") or "H" not in text:
+        raise ValueError(
+            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
+        )
+    layer, head = text[1:].split("H", 1)
+    try:
+        return int(layer), int(head)
+    except ValueError:
+        raise ValueError(
+            f"{label!r} is not a head label; expected the form L<layer>H<head>, e.g. L3H7"
+        ) from None
+
+
+#: what ``embed`` returns besides the stream and every block needs (None for images)
+Context = Any
+
+
+def shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing ``module``'s submodules, parameters and buffers, whose own
+    registries can be changed (e.g. one submodule replaced) without touching ``module``."""
+    new = copy.copy(module)
+    new._modules = dict(module._modules)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    new._forward_hooks = type(module._forward_hooks)()
+    new._forward_pre_hooks = type(module._forward_pre_hooks)()
+    return new
+
+
+class ModelFamily:
+    """One family of transformers. Subclasses implement every method that raises here."""
+
+    #: short name, shown to users and stored with saved files ("vit", "text", ...)
+    name: str = ""
+    #: the modality of the inputs: "image" (uint8 images + preprocess) or "text" (token ids)
+    modality: str = "image"
+
+    def matches(self, model: nn.Module) -> bool:
+        """Whether ``model`` looks like a member of this family (checked further by ``layout``)."""
+        raise NotImplementedError
+
+    def blocks(self, model: nn.Module) -> Sequence[nn.Module]:
+        """The transformer blocks, in order."""
+        raise NotImplementedError
+
+    def layout(self, model: nn.Module) -> HeadLayout:
+        """The head layout; raises :class:`UnsupportedModelError` naming what does not fit."""
+        raise NotImplementedError
+
+    def output_projection(self, block: nn.Module) -> nn.Linear:
+        """W_O of a block: its input holds the heads' outputs, concatenated."""
+        raise NotImplementedError
+
+    def prune_block(self, block: nn.Module, heads: torch.Tensor) -> nn.Module:
+        """A copy of ``block`` whose attention keeps only ``heads`` (1-D int64, sorted),
+        structurally; the block's other parts are shared with ``block``, not copied."""
+        raise NotImplementedError
+
+    def callable_model(self, model: nn.Module) -> nn.Module:
+        """``model`` as a module that maps this family's inputs (one tensor) to logits (B, C)."""
+        return model
+
+    def check_inputs(self, x: object, name: str) -> torch.Tensor:
+        """``x`` as this family's model inputs, a tensor whose first axis is the samples; a
+        TypeError naming ``name`` when it cannot be."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(
+                f"{name} must be a float tensor of preprocessed model inputs, got "
+                f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}"
+            )
+        return x
+
+    def match_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Several input tensors made concatenable (for text: padded to one length)."""
+        return list(inputs)
+
+    def set_block(self, model: nn.Module, layer: int, block: nn.Module) -> None:
+        """Replace block ``layer`` of ``model`` (used on copies only)."""
+        self.blocks(model)[layer] = block
+
+    def qkv_weights(self, block: nn.Module) -> list[nn.Parameter]:
+        """The Q/K/V weight parameters of a block. Their rows, concatenated in order, are
+        q, k, v, each head-major: reshaping to (3, H, d_k, d) gives per head rows (Taylor)."""
+        raise NotImplementedError
+
+    # --- running a model piece by piece ----------------------------------------------------------
+
+    def prepare(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """Inputs made ready to be cut into chunks that embed to streams of one length (for text:
+        padding columns that no sample uses are dropped). The identity by default."""
+        return inputs
+
+    def embed(self, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, Context]:
+        """Model inputs -> (the stream entering block 0 (B, N, d), the context)."""
+        raise NotImplementedError
+
+    def block_forward(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        """A whole block, as the model runs it (hooks on its modules fire)."""
+        raise NotImplementedError
+
+    def block_heads(
+        self,
+        block: nn.Module,
+        x: torch.Tensor,
+        context: Context,
+        queries: slice | None = None,
+    ) -> torch.Tensor:
+        """Per-head outputs Z (B, Nq, H, d_k) of a block for the stream ``x`` entering it, before
+        W_O; ``queries`` limits the query positions (``slice(0, 1)``: the class token only)."""
+        raise NotImplementedError
+
+    def attention_projection(self, block: nn.Module, z: torch.Tensor) -> torch.Tensor:
+        """(B, N, H, d_k) head outputs -> the attention output (B, N, d) through W_O."""
+        b, n = z.shape[:2]
+        return self.output_projection(block)(z.reshape(b, n, -1))
+
+    def block_rest(self, block: nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Finish a block from the stream entering it and its attention output after W_O."""
+        raise NotImplementedError
+
+    def classify(self, model: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        """The stream leaving the last block (B, N, d) -> logits (B, C)."""
+        raise NotImplementedError
+
+    def class_token_pooling(self, model: nn.Module) -> bool:
+        """True when the classifier reads only token 0 of the last block's output."""
+        raise NotImplementedError
+
+    def select_context(self, context: Context, index: slice | torch.Tensor) -> Context:
+        """The context of the samples ``index`` of a batch."""
+        return context
+
+    def repeat_context(self, context: Context, times: int) -> Context:
+        """The context of a batch repeated ``times`` times along the batch axis (a whole batch,
+        then the whole batch again: candidates outside, samples inside)."""
+        return context
+
+    def concat_contexts(self, contexts: Sequence[Context]) -> Context:
+        """The contexts of consecutive batches as one."""
+        return contexts[0] if contexts else None

@@ -1,0 +1,524 @@
+"""The Hugging Face text-encoder family: BERT, RoBERTa, MPNet and DistilBERT sequence classifiers.
+
+Blocks are post-LN: ``h = LN1(x + W_O(attention(x)))``, then ``LN2(h + fc2(act(fc1(h))))``. The
+heads are concatenated at the input of W_O (BERT/RoBERTa ``attention.output.dense``, MPNet
+``attention.attn.o``, DistilBERT ``attention.out_lin``). The classifier reads the class token
+(position 0) of the last block's output.
+
+Inputs are token ids and an attention mask. Inside Hydra Lab a batch of sentences travels as one
+int64 tensor (B, 2, T): row 0 the token ids, row 1 the attention mask (1 = a real token), so that
+it can be cut, concatenated and moved like a batch of images; :class:`TextPreprocess` makes it from
+strings and :class:`TextClassifier` takes it (or ``input_ids=``/``attention_mask=``) and returns
+logits. Every path applies the attention mask, so padding never changes a result (up to float
+rounding), and padding columns that no sample of a batch uses are dropped before any compute.
+
+Heads are switched off by a pre-hook on W_O and cut out by slicing Q/K/V rows and W_O columns, never
+through ``head_mask`` or ``prune_heads``, which transformers 5 ignores and lacks. MPNet adds a
+relative position bias (one per head, shared by all layers) to its attention scores: a pruned MPNet
+layer keeps its heads' rows of that bias.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hydra_core.models.family import (
+    Context,
+    HeadLayout,
+    ModelFamily,
+    UnsupportedModelError,
+    shallow_copy,
+)
+
+#: the tokens a sentence is cut to (the default for :class:`TextPreprocess`)
+MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """Where the parts of one architecture are, as dotted paths."""
+
+    backbone: str  # the classifier's attribute holding the encoder model
+    layers: str  # from the backbone to the list of blocks
+    attention: str  # from a block to the module that holds Q/K/V (replaced when pruning)
+    query: str  # from a block to the Q, K, V and output linear layers
+    key: str
+    value: str
+    out: str
+    norm1: str  # the LayerNorm after the attention's residual
+    fc1: str
+    act: str
+    fc2: str
+    norm2: str  # the LayerNorm after the MLP's residual
+    heads_attr: str  # the attention module's attribute holding its number of heads
+    width_attr: str | None  # ... and its attribute holding heads x d_k, when it has one
+    out_in_attention: bool  # W_O belongs to the `attention` module (its forward applies it)
+
+
+_BERT = _Arch(
+    backbone="bert",
+    layers="encoder.layer",
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    out="attention.output.dense",
+    norm1="attention.output.LayerNorm",
+    fc1="intermediate.dense",
+    act="intermediate.intermediate_act_fn",
+    fc2="output.dense",
+    norm2="output.LayerNorm",
+    heads_attr="num_attention_heads",
+    width_attr="all_head_size",
+    out_in_attention=False,
+)
+_ARCHS: dict[str, _Arch] = {
+    "BertForSequenceClassification": _BERT,
+    "RobertaForSequenceClassification": _Arch(**{**_BERT.__dict__, "backbone": "roberta"}),
+    "MPNetForSequenceClassification": _Arch(
+        backbone="mpnet",
+        layers="encoder.layer",
+        attention="attention.attn",
+        query="attention.attn.q",
+        key="attention.attn.k",
+        value="attention.attn.v",
+        out="attention.attn.o",
+        norm1="attention.LayerNorm",
+        fc1="intermediate.dense",
+        act="intermediate.intermediate_act_fn",
+        fc2="output.dense",
+        norm2="output.LayerNorm",
+        heads_attr="num_attention_heads",
+        width_attr="all_head_size",
+        out_in_attention=True,
+    ),
+    "DistilBertForSequenceClassification": _Arch(
+        backbone="distilbert",
+        layers="transformer.layer",
+        attention="attention",
+        query="attention.q_lin",
+        key="attention.k_lin",
+        value="attention.v_lin",
+        out="attention.out_lin",
+        norm1="sa_layer_norm",
+        fc1="ffn.lin1",
+        act="ffn.activation",
+        fc2="ffn.lin2",
+        norm2="output_layer_norm",
+        heads_attr="n_heads",
+        width_attr=None,
+        out_in_attention=True,
+    ),
+}
+SUPPORTED = tuple(_ARCHS)
+
+
+def _get(module: nn.Module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _replace(copy_: nn.Module, original: nn.Module, path: str, value: nn.Module) -> None:
+    """Set ``path`` of ``copy_`` (a shallow copy of ``original``) to ``value``, shallow-copying
+    the modules on the way that ``copy_`` still shares with ``original``: ``original`` is never
+    changed."""
+    *parents, name = path.split(".")
+    node, source = copy_, original
+    for part in parents:
+        child, shared = getattr(node, part), getattr(source, part)
+        if child is shared:
+            child = shallow_copy(shared)
+            setattr(node, part, child)
+        node, source = child, shared
+    setattr(node, name, value)
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Token ids (B, T) and an attention mask (B, T) -> one int64 tensor (B, 2, T)."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
+            f"{tuple(input_ids.shape)}"
+        )
+    return torch.stack([input_ids.long(), attention_mask.long()], dim=1)
+
+
+def unpack(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 2, T) -> (token ids (B, T), attention mask (B, T)), padding columns that no sample
+    uses dropped."""
+    if inputs.ndim != 3 or inputs.shape[1] != 2:
+        raise ValueError(
+            "text inputs must be token ids and attention masks packed as (batch, 2, tokens), got "
+            f"shape {tuple(inputs.shape)}"
+        )
+    ids, mask = inputs[:, 0], inputs[:, 1]
+    used = mask.bool().any(0).nonzero()
+    end = int(used.max()) + 1 if len(used) else 1
+    return ids[:, :end], mask[:, :end]
+
+
+class TextPreprocess:
+    """Sentences -> packed token ids and attention masks (N, 2, ``max_length``), via a Hugging Face
+    tokenizer (truncated to ``max_length`` tokens, padded to it)."""
+
+    def __init__(self, tokenizer, max_length: int = MAX_TOKENS) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
+        texts = list(texts)
+        if not texts:
+            return torch.zeros(0, 2, self.max_length, dtype=torch.long)
+        encoded = self.tokenizer(
+            texts,
+            padding="max_length",
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
+        return pack(encoded["input_ids"], encoded["attention_mask"])
+
+
+class TextClassifier(nn.Module):
+    """A Hugging Face sequence classifier that takes packed inputs and returns logits.
+
+    ``forward(inputs)`` with inputs (B, 2, T) (see :func:`pack`), or ``forward(input_ids=...,
+    attention_mask=...)``; either way logits (B, C). The wrapped model is ``self.hf``; ablation,
+    pruning and fusion work on either.
+    """
+
+    def __init__(self, hf: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf
+        self.training = hf.training  # a wrapper of a model in eval mode is in eval mode
+
+    def forward(
+        self,
+        inputs: torch.Tensor | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if inputs is None:
+            if input_ids is None:
+                raise ValueError("pass packed inputs (B, 2, T) or input_ids (and attention_mask)")
+            inputs = pack(input_ids, attention_mask)
+        ids, mask = unpack(inputs)
+        return self.hf(input_ids=ids, attention_mask=mask).logits
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a :class:`TextClassifier` (the model itself otherwise)."""
+    return model.hf if isinstance(model, TextClassifier) else model
+
+
+@dataclass(frozen=True)
+class TextContext:
+    """What every block needs besides the stream: which tokens are real, MPNet's position bias."""
+
+    mask: torch.Tensor  # (B, N) bool, True = a real token
+    position_bias: torch.Tensor | None = None  # (1, H, N, N): MPNet's, every head of the model
+
+    def scores_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, 1, N): 0 for real tokens, the dtype's most negative value for padding."""
+        bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+        return bias.masked_fill_(~self.mask, torch.finfo(dtype).min)[:, None, None]
+
+
+@functools.cache
+def _pruned_mpnet_attention() -> type:
+    """MPNet's self-attention keeping some heads: it takes their rows of the position bias."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+    class PrunedMPNetSelfAttention(MPNetSelfAttention):
+        def forward(self, hidden_states, attention_mask=None, position_bias=None, *args, **kwargs):
+            if position_bias is not None:
+                position_bias = position_bias.index_select(1, self.kept_heads)
+            return super().forward(hidden_states, attention_mask, position_bias, *args, **kwargs)
+
+    return PrunedMPNetSelfAttention
+
+
+class NoHeads(nn.Module):
+    """The attention of a layer that keeps no head. With W_O inside (``out``), it returns W_O's
+    bias, the whole attention output; without, the empty head outputs (B, N, 0)."""
+
+    def __init__(self, out: nn.Linear | None, head_dim: int, outputs: int) -> None:
+        super().__init__()
+        self.out = out
+        self.head_dim = head_dim
+        self.outputs = outputs  # the length of the tuple the replaced module returned
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        z = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
+        result = z if self.out is None else self.out(z)
+        return (result, None)[: self.outputs]
+
+
+def _slice_linear(linear: nn.Linear, rows=None, cols=None) -> nn.Linear:
+    weight = linear.weight.detach()
+    bias = None if linear.bias is None else linear.bias.detach()
+    if rows is not None:
+        weight, bias = weight[rows], None if bias is None else bias[rows]
+    if cols is not None:
+        weight = weight[:, cols]
+    new = nn.Linear(1, 1, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    new.in_features, new.out_features = weight.shape[1], weight.shape[0]
+    new.weight = nn.Parameter(weight.clone())
+    new.bias = None if bias is None else nn.Parameter(bias.clone())
+    return new
+
+
+class TextFamily(ModelFamily):
+    """Hugging Face BERT, RoBERTa, MPNet and DistilBERT sequence classifiers, bare or inside a
+    :class:`TextClassifier`."""
+
+    name = "text"
+    modality = "text"
+
+    def arch(self, model: nn.Module) -> _Arch:
+        name = type(hf_model(model)).__name__
+        if name not in _ARCHS:
+            raise UnsupportedModelError(
+                f"{name} is not a supported text classifier; Hydra Lab supports "
+                f"{', '.join(SUPPORTED)}"
+            )
+        return _ARCHS[name]
+
+    def matches(self, model: nn.Module) -> bool:
+        if isinstance(model, TextClassifier):
+            return True
+        return "transformers" in sys.modules and type(model).__name__ in _ARCHS
+
+    def _arch_of_block(self, block: nn.Module) -> _Arch:
+        name = type(block).__name__
+        for arch, prefix in ((_BERT, "Bert"), (_BERT, "Roberta")):
+            if name == f"{prefix}Layer":
+                return arch
+        if name == "MPNetLayer":
+            return _ARCHS["MPNetForSequenceClassification"]
+        if name == "TransformerBlock":
+            return _ARCHS["DistilBertForSequenceClassification"]
+        raise UnsupportedModelError(f"{name} is not a block of a supported text encoder")
+
+    def blocks(self, model: nn.Module) -> Sequence[nn.Module]:
+        arch = self.arch(model)
+        return _get(getattr(hf_model(model), arch.backbone), arch.layers)
+
+    def layout(self, model: nn.Module) -> HeadLayout:
+        arch = self.arch(model)
+        hf = hf_model(model)
+        if getattr(hf.config, "is_decoder", False):
+            raise UnsupportedModelError(
+                f"{type(hf).__name__} is configured as a decoder; Hydra Lab supports encoders"
+            )
+        blocks = self.blocks(model)
+        if len(blocks) == 0:
+            raise UnsupportedModelError("the model has no transformer blocks")
+        heads, dims = [], set()
+        for block in blocks:
+            attention = _get(block, arch.attention)
+            if isinstance(attention, NoHeads):
+                heads.append(0)
+                dims.add(attention.head_dim)
+                continue
+            n = int(getattr(attention, arch.heads_attr))
+            width = _get(block, arch.query).out_features
+            heads.append(n)
+            dims.add(width // n)
+        if len(dims) != 1:
+            raise UnsupportedModelError(f"layers disagree on the head dimension: {sorted(dims)}")
+        return HeadLayout(
+            num_heads=tuple(heads),
+            head_dim=dims.pop(),
+            embed_dim=int(self.output_projection(blocks[0]).out_features),
+        )
+
+    def output_projection(self, block: nn.Module) -> nn.Linear:
+        arch = self._arch_of_block(block)
+        attention = _get(block, arch.attention)
+        if isinstance(attention, NoHeads) and arch.out_in_attention:
+            return attention.out
+        return _get(block, arch.out)
+
+    def _kept_heads(self, block: nn.Module) -> torch.Tensor | None:
+        """The original indices of the heads a pruned MPNet block keeps (None: all)."""
+        attention = _get(block, self._arch_of_block(block).attention)
+        return getattr(attention, "kept_heads", None)
+
+    def prune_block(self, block: nn.Module, heads: torch.Tensor) -> nn.Module:
+        arch = self._arch_of_block(block)
+        attention = _get(block, arch.attention)
+        n = int(getattr(attention, arch.heads_attr))
+        dk = _get(block, arch.query).out_features // n
+        rows = (heads[:, None] * dk + torch.arange(dk)).flatten()
+        out = _slice_linear(self.output_projection(block), cols=rows)
+        if len(heads) == 0:
+            outputs = 1 if type(block).__name__ == "MPNetLayer" else 2
+            new_attention = NoHeads(out if arch.out_in_attention else None, dk, outputs)
+        else:
+            new_attention = shallow_copy(attention)
+            for path in (arch.query, arch.key, arch.value):
+                name = path.rpartition(".")[2]
+                setattr(new_attention, name, _slice_linear(_get(block, path), rows=rows))
+            setattr(new_attention, arch.heads_attr, len(heads))
+            if arch.width_attr:
+                setattr(new_attention, arch.width_attr, len(heads) * dk)
+            if type(block).__name__ == "MPNetLayer":
+                previous = self._kept_heads(block)
+                kept = heads if previous is None else previous[heads]
+                new_attention.__class__ = _pruned_mpnet_attention()
+                new_attention.register_buffer("kept_heads", kept.clone(), persistent=False)
+            if arch.out_in_attention:
+                setattr(new_attention, arch.out.rpartition(".")[2], out)
+        new_block = shallow_copy(block)
+        _replace(new_block, block, arch.attention, new_attention)
+        if not arch.out_in_attention:
+            _replace(new_block, block, arch.out, out)  # BERT: W_O is in attention.output
+        return new_block
+
+    def callable_model(self, model: nn.Module) -> nn.Module:
+        return model if isinstance(model, TextClassifier) else TextClassifier(model)
+
+    def check_inputs(self, x: object, name: str) -> torch.Tensor:
+        """Packed inputs (B, 2, T); also token ids (B, T) alone, an ``(ids, mask)`` pair or a
+        mapping with ``input_ids`` (and ``attention_mask``), as a tokenizer returns them."""
+        if isinstance(x, dict) or hasattr(x, "keys"):
+            if "input_ids" not in x:
+                raise TypeError(f"{name} is a mapping without input_ids")
+            x = pack(x["input_ids"], x.get("attention_mask"))
+        elif isinstance(x, (tuple, list)) and len(x) == 2:
+            x = pack(*x)
+        if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.dtype == torch.bool:
+            raise TypeError(
+                f"{name} must be token ids: packed (B, 2, T) ids and attention masks, (B, T) ids, "
+                f"an (ids, mask) pair or a tokenizer's output, got "
+                f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}"
+            )
+        if x.ndim == 2:
+            x = pack(x)
+        unpack(x)  # checks the shape
+        return x.long()
+
+    def match_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        length = max(x.shape[-1] for x in inputs)
+        out = []
+        for x in inputs:
+            pad = length - x.shape[-1]
+            if pad:
+                ids, mask = x[:, 0], x[:, 1]
+                fill = ids.new_full((len(x), pad), 0)
+                x = pack(torch.cat([ids, fill], 1), torch.cat([mask, fill], 1))
+            out.append(x)
+        return out
+
+    def set_block(self, model: nn.Module, layer: int, block: nn.Module) -> None:
+        self.blocks(model)[layer] = block
+
+    def qkv_weights(self, block: nn.Module) -> list[nn.Parameter]:
+        arch = self._arch_of_block(block)
+        return [_get(block, p).weight for p in (arch.query, arch.key, arch.value)]
+
+    # --- piece by piece ------------------------------------------------------------------------
+
+    def prepare(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return pack(*unpack(inputs))
+
+    def embed(self, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, Context]:
+        arch = self.arch(model)
+        backbone = getattr(hf_model(model), arch.backbone)
+        unpack(inputs)  # checks the shape; the length stays (``prepare`` trims a whole set)
+        ids, mask = inputs[:, 0], inputs[:, 1]
+        x = backbone.embeddings(input_ids=ids)
+        position_bias = None
+        if arch.backbone == "mpnet":
+            position_bias = backbone.encoder.compute_position_bias(x[:1])  # (1, H, N, N)
+        return x, TextContext(mask=mask.bool(), position_bias=position_bias)
+
+    def block_forward(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        bias = context.scores_bias(x.dtype)
+        if type(block).__name__ == "MPNetLayer":
+            position_bias = context.position_bias.expand(len(x), -1, -1, -1)
+            out = block(x, bias, position_bias=position_bias)
+        else:
+            out = block(x, attention_mask=bias)
+        return out[0] if isinstance(out, tuple) else out
+
+    def block_heads(
+        self, block: nn.Module, x: torch.Tensor, context: Context, queries: slice | None = None
+    ) -> torch.Tensor:
+        arch = self._arch_of_block(block)
+        b, n, _ = x.shape
+        dk = self.layout_head_dim(block)
+        if isinstance(_get(block, arch.attention), NoHeads):
+            nq = n if queries is None else len(range(n)[queries])
+            return x.new_zeros(b, nq, 0, dk)
+        query = _get(block, arch.query)
+        h = query.out_features // dk
+        xq = x if queries is None else x[:, queries]
+        q = query(xq).reshape(b, -1, h, dk).transpose(1, 2)  # (B, H, Nq, d_k)
+        k = _get(block, arch.key)(x).reshape(b, n, h, dk).transpose(1, 2)
+        v = _get(block, arch.value)(x).reshape(b, n, h, dk).transpose(1, 2)
+        scores = (q * dk**-0.5) @ k.transpose(-2, -1)  # (B, H, Nq, N)
+        if context.position_bias is not None:
+            bias = context.position_bias
+            kept = self._kept_heads(block)
+            if kept is not None:
+                bias = bias.index_select(1, kept.to(bias.device))
+            scores = scores + (bias if queries is None else bias[:, :, queries])
+        scores = scores + context.scores_bias(scores.dtype)
+        return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+
+    def layout_head_dim(self, block: nn.Module) -> int:
+        arch = self._arch_of_block(block)
+        attention = _get(block, arch.attention)
+        if isinstance(attention, NoHeads):
+            return attention.head_dim
+        return _get(block, arch.query).out_features // int(getattr(attention, arch.heads_attr))
+
+    def block_rest(self, block: nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        arch = self._arch_of_block(block)
+        h = _get(block, arch.norm1)(attn_out + x)
+        hidden = _get(block, arch.act)(_get(block, arch.fc1)(h))
+        return _get(block, arch.norm2)(_get(block, arch.fc2)(hidden) + h)
+
+    def classify(self, model: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        hf = hf_model(model)
+        arch = self.arch(model)
+        if arch.backbone == "bert":
+            return hf.classifier(hf.dropout(hf.bert.pooler(x)))
+        if arch.backbone == "distilbert":
+            cls = torch.relu(hf.pre_classifier(x[:, 0]))
+            return hf.classifier(hf.dropout(cls))
+        return hf.classifier(x)  # RoBERTa, MPNet: their heads read token 0
+
+    def class_token_pooling(self, model: nn.Module) -> bool:
+        return True
+
+    def select_context(self, context: Context, index) -> Context:
+        return TextContext(context.mask[index], context.position_bias)
+
+    def repeat_context(self, context: Context, times: int) -> Context:
+        return TextContext(context.mask.repeat(times, 1), context.position_bias)
+
+    def concat_contexts(self, contexts: Sequence[Context]) -> Context:
+        return TextContext(torch.cat([c.mask for c in contexts]), contexts[0].position_bias)
+
+
+TEXT = TextFamily()
