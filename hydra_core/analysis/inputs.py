@@ -43,7 +43,8 @@ class SearchInputs:
 
 
 def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None) -> SearchInputs:
-    """The search data of ``benchmark`` run through ``preprocess`` (a LoadedModel's): the ID
+    """The search data of ``benchmark`` run through ``preprocess`` (a LoadedModel's; it takes a
+    set's ``inputs``, images or, for a text model's tokenizer, a tuple of strings): the ID
     search part and the search-role OOD sets, never a report-role set (under the ``"halves"``
     protocol, the search halves of the report sets).
 
@@ -55,10 +56,10 @@ def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None)
     smallest = min(len(s) for s in benchmark.ood_search)
     n_ood = n_ood or min(n_id, smallest * len(benchmark.ood_search))
     return SearchInputs(
-        id_x=preprocess(benchmark.id_search.images),
+        id_x=preprocess(benchmark.id_search.inputs),
         id_y=benchmark.id_search.labels,
-        ood_x=preprocess(benchmark.pooled_ood_search(n_ood).images),
-        ood_per_set={s.name: preprocess(s.images) for s in benchmark.ood_search},
+        ood_x=preprocess(benchmark.pooled_ood_search(n_ood).inputs),
+        ood_per_set={s.name: preprocess(s.inputs) for s in benchmark.ood_search},
     )
 
 
@@ -86,8 +87,8 @@ def report_sample(
     :func:`~hydra_core.data.images.take` sample; all when None), run through ``preprocess``:
     what the analyses that describe the reported distributions take."""
     return ReportSample(
-        id_x=preprocess(take(benchmark.id_report, n, purpose="describe").images),
+        id_x=preprocess(take(benchmark.id_report, n, purpose="describe").inputs),
         ood_per_set={
-            s.name: preprocess(take(s, n, purpose="describe").images) for s in benchmark.ood_report
+            s.name: preprocess(take(s, n, purpose="describe").inputs) for s in benchmark.ood_report
         },
     )

@@ -19,9 +19,15 @@ that no head selection used (paper Appendix D.1.2, "OOD sets and fairness"):
   saw the reported distributions, so the OOD numbers come out optimistic.
   :meth:`Benchmark.protocol_note` says so in words, and the command line and the app show it.
 
-``n_search`` and ``n_report`` cap each part at the first n images of a fixed shuffle (the one
-:func:`~hydra_core.data.images.take` uses), so the same request always gives the same images and a
+``n_search`` and ``n_report`` cap each part at the first n items of a fixed shuffle (the one
+:func:`~hydra_core.data.images.take` uses), so the same request always gives the same items and a
 smaller n is a prefix of a larger one. Nothing depends on the random state of the process.
+
+Text classification uses the same benchmark with :class:`~hydra_core.data.text.TextSet` parts
+(:mod:`hydra_core.data.text`, :func:`default_text_benchmark`): Rotten Tomatoes validation sentences
+to search, test sentences to report, the ``guardian`` headlines as the search set
+(:data:`~hydra_core.data.text.TEXT_SEARCH_OOD`) and five report sets
+(:data:`~hydra_core.data.text.TEXT_REPORT_OOD`). A benchmark's parts are all images or all texts.
 """
 
 from __future__ import annotations
@@ -34,8 +40,17 @@ import torch
 import torch.nn.functional as F
 
 from hydra_core.data.fashion_mnist import load_fashion_mnist
-from hydra_core.data.images import ImageSet, split_in_two, stable_permutation, take
+from hydra_core.data.images import ImageSet, kind_of, split_in_two, stable_permutation, take
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD, load_ood_set
+from hydra_core.data.text import (
+    TEXT_REPORT_OOD,
+    TEXT_SEARCH_OOD,
+    DataSet,
+    TextSet,
+    load_rotten_tomatoes,
+    load_text_file,
+    load_text_ood_set,
+)
 from hydra_core.errors import InputError
 
 #: how OOD data is divided between head selection and the report (see the module docstring)
@@ -44,13 +59,14 @@ PROTOCOLS = ("dedicated", "halves")
 
 @dataclass(frozen=True, eq=False)
 class Benchmark:
-    """ID images cut into a search part (to select heads) and a report part (to report on), and
-    OOD sets in two roles: search sets select heads, report sets are reported on."""
+    """ID data cut into a search part (to select heads) and a report part (to report on), and
+    OOD sets in two roles: search sets select heads, report sets are reported on. Every part is
+    an :class:`ImageSet`, or every part a :class:`~hydra_core.data.text.TextSet`."""
 
-    id_search: ImageSet  # ID images used to select heads
-    id_report: ImageSet  # ID images results are reported on
-    ood_search: tuple[ImageSet, ...]  # the search-role OOD sets ("halves": report set halves)
-    ood_report: tuple[ImageSet, ...]  # the report-role OOD sets ("halves": the other halves)
+    id_search: DataSet  # ID images (or texts) used to select heads
+    id_report: DataSet  # ID images (or texts) results are reported on
+    ood_search: tuple[DataSet, ...]  # the search-role OOD sets ("halves": report set halves)
+    ood_report: tuple[DataSet, ...]  # the report-role OOD sets ("halves": the other halves)
     protocol: str = "dedicated"  # one of PROTOCOLS
 
     def __post_init__(self) -> None:
@@ -61,6 +77,8 @@ class Benchmark:
                     f"the in-distribution set {part.name!r} needs labels and group 'id' "
                     f"(has group {part.group!r}, {'no ' if part.labels is None else ''}labels)"
                 )
+        parts = (self.id_search, self.id_report, *self.ood_search, *self.ood_report)
+        _check_same_kind(self.id_search, parts)
         search_names, report_names = self.search_names(), self.report_names()
         for role, names in (("search", search_names), ("report", report_names)):
             if not names:
@@ -77,15 +95,18 @@ class Benchmark:
                 f"protocol 'halves': the search parts {search_names} must be halves of the "
                 f"report sets {report_names}, in the same order"
             )
-        shape = tuple(self.id_search.images.shape[1:])
         for part in (*self.ood_search, *self.ood_report):
             if part.group == "id":
                 raise ValueError(
                     f"OOD set {part.name!r} has group 'id'; load it with group='near' or 'far'"
                 )
-        for part in (self.id_search, self.id_report, *self.ood_search, *self.ood_report):
+        for part in parts:
             if len(part) == 0:
                 raise ValueError(f"{part.name!r}: a search or report part is empty")
+        if isinstance(self.id_search, TextSet):
+            return
+        shape = tuple(self.id_search.images.shape[1:])
+        for part in parts:
             if tuple(part.images.shape[1:]) != shape:
                 raise ValueError(
                     f"{part.name!r} has images of shape {tuple(part.images.shape[1:])} but the "
@@ -112,54 +133,55 @@ class Benchmark:
             "the 'dedicated' protocol (the default) for numbers to report"
         )
 
-    def pooled_ood_search(self, n: int | None = None) -> ImageSet:
-        """The OOD search sets pooled into one unlabelled set named ``"ood_search"``.
+    def pooled_ood_search(self, n: int | None = None) -> DataSet:
+        """The OOD search sets pooled into one unlabelled set named ``"ood_search"`` (an image or
+        a text set, as the parts are).
 
         Balanced across sets: ``n`` is split as evenly as possible (the first ``n % k`` sets give
-        one image more), each set's share is a :func:`take` cut of its search part, and the pool
+        one item more), each set's share is a :func:`take` cut of its search part, and the pool
         is shuffled by a fixed permutation. ``n=None`` takes as many from every set as the smallest
         search part holds. Its group is the sets' common group, ``"far"`` when they are mixed.
         """
         k, smallest = len(self.ood_search), min(len(s) for s in self.ood_search)
         n = k * smallest if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive number of images (or None), got {n!r}")
+            raise ValueError(f"n must be a positive number of items (or None), got {n!r}")
         shares = [n // k + (i < n % k) for i in range(k)]
         for part, share in zip(self.ood_search, shares, strict=True):
             if share > len(part):
                 raise ValueError(
-                    f"a balanced pool of {n} images needs {share} from {part.name!r}, whose search "
-                    f"part has {len(part)}; ask for at most {k * smallest}"
+                    f"a balanced pool of {n} {kind_of(part)} needs {share} from {part.name!r}, "
+                    f"whose search part has {len(part)}; ask for at most {k * smallest}"
                 )
         parts = [
             take(part, share, purpose="pooled")
             for part, share in zip(self.ood_search, shares, strict=True)
         ]
-        images = torch.cat([p.images for p in parts])  # (n, C, H, W)
         order = stable_permutation(n, "ood_search", *self.search_names())
         groups = {p.group for p in parts}
         counts = ", ".join(f"{len(p)} {p.name}" for p in parts)
-        return ImageSet(
+        pooled = concatenate(
+            parts,
             name="ood_search",
-            images=images[order],
             group=groups.pop() if len(groups) == 1 else "far",
             description=f"OOD search sets pooled: {counts}",
             source="pooled",
         )
+        return pooled.subset(order)
 
     def describe(self):
         """One row per set (ID, then the report sets, then the search sets): name, group, role,
         n_search, n_report, description. Under ``"halves"`` every OOD set has both roles."""
         import pandas as pd
 
-        def row(image_set: ImageSet, role: str, n_search: int, n_report: int) -> dict:
+        def row(data_set: DataSet, role: str, n_search: int, n_report: int) -> dict:
             return {
-                "name": image_set.name,
-                "group": image_set.group,
+                "name": data_set.name,
+                "group": data_set.group,
                 "role": role,
                 "n_search": n_search,
                 "n_report": n_report,
-                "description": image_set.description,
+                "description": data_set.description,
             }
 
         rows = [row(self.id_search, "search + report", len(self.id_search), len(self.id_report))]
@@ -174,8 +196,8 @@ class Benchmark:
         return pd.DataFrame(rows)
 
     def fingerprint(self) -> str:
-        """A hash of the protocol and of every image and label in every part, by role: part of
-        cache keys computed from it."""
+        """A hash of the protocol and of every image (or text) and label in every part, by role:
+        part of cache keys computed from it."""
         h = hashlib.sha256(f"protocol:{self.protocol};".encode())
         for role, part in [("id_search", self.id_search), ("id_report", self.id_report)]:
             h.update(f"{role}:{part.fingerprint()};".encode())
@@ -183,6 +205,30 @@ class Benchmark:
             for part in parts:
                 h.update(f"{role}:{part.fingerprint()};".encode())
         return h.hexdigest()[:16]
+
+
+def concatenate(
+    parts: Sequence[DataSet], *, name: str, group: str, description: str = "", source: str = ""
+) -> DataSet:
+    """The items of ``parts`` (all image sets or all text sets) in one unlabelled set, in order."""
+    if not parts:
+        raise ValueError("nothing to concatenate: give at least one set")
+    _check_same_kind(parts[0], parts)
+    if isinstance(parts[0], TextSet):
+        texts = tuple(text for part in parts for text in part.texts)
+        return TextSet(name, texts, group=group, description=description, source=source)
+    images = torch.cat([part.images for part in parts])  # (N, C, H, W)
+    return ImageSet(name, images, group=group, description=description, source=source)
+
+
+def _check_same_kind(reference: DataSet, parts: Sequence[DataSet]) -> None:
+    for part in parts:
+        if kind_of(part) != kind_of(reference):
+            raise InputError(
+                f"{part.name!r} holds {kind_of(part)} but {reference.name!r} holds "
+                f"{kind_of(reference)}; a benchmark's sets are all images or all texts: choose "
+                f"{kind_of(reference)} for every part"
+            )
 
 
 def _check_protocol(protocol: str) -> None:
@@ -206,12 +252,15 @@ def check_ood_choice(
     search_ood: Sequence[str] | None,
     ood_folders: Sequence[str] = (),
     protocol: str = "dedicated",
+    *,
+    default_search: Sequence[str] = SEARCH_OOD,
 ) -> None:
     """Refuse, before anything is loaded, OOD choices that make no benchmark (InputError).
 
     ``ood`` and ``search_ood`` name the report and search sets (``search_ood=None``: the default
-    search sets, or only the ``search:`` folders when there are some); ``ood_folders`` are entries
-    as :func:`parse_ood_folder` reads them. Refused: nothing to report on; under ``"dedicated"``
+    search sets ``default_search``, :data:`~hydra_core.data.text.TEXT_SEARCH_OOD` for texts, or
+    only the ``search:`` folders or files when there are some); ``ood_folders`` are entries as
+    :func:`parse_ood_folder` reads them. Refused: nothing to report on; under ``"dedicated"``
     nothing to search on, or a set named in both roles; under ``"halves"`` any search set or
     ``search:`` folder, since its search uses halves of the report sets.
     """
@@ -219,7 +268,8 @@ def check_ood_choice(
     roles = [parse_ood_folder(entry)[0] for entry in ood_folders]
     if not ood and "report" not in roles:
         raise InputError(
-            "choose at least one OOD set or OOD folder to report on (a near: or far: folder)"
+            "choose at least one OOD set or OOD folder to report on (a near: or far: folder or "
+            "file)"
         )
     if protocol == "halves":
         if search_ood is not None or "search" in roles:
@@ -229,7 +279,7 @@ def check_ood_choice(
             )
         return
     if search_ood is None:
-        search_ood = () if "search" in roles else SEARCH_OOD
+        search_ood = () if "search" in roles else default_search
     elif not search_ood and "search" not in roles:
         raise InputError("choose at least one search OOD set or search: folder: they select heads")
     _check_disjoint(search_ood, ood)
@@ -238,78 +288,89 @@ def check_ood_choice(
 def _check_size(value: int | None, what: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(
-            f"{what} must be a positive number of images per part (or None for all), got {value!r}"
+            f"{what} must be a positive number of items per part (or None for all), got {value!r}"
         )
 
 
-def _as_list(sets: Sequence[str | ImageSet] | str | ImageSet) -> list[str | ImageSet]:
-    return [sets] if isinstance(sets, (str, ImageSet)) else list(sets)
+def _as_list(sets: Sequence[str | DataSet] | str | DataSet) -> list[str | DataSet]:
+    return [sets] if isinstance(sets, (str, ImageSet, TextSet)) else list(sets)
 
 
-def _name(image_set: str | ImageSet) -> str:
-    return image_set if isinstance(image_set, str) else image_set.name
+def _name(data_set: str | DataSet) -> str:
+    return data_set if isinstance(data_set, str) else data_set.name
 
 
 def build_benchmark(
-    id_search_pool: ImageSet,
-    id_report_pool: ImageSet | None,
-    ood_sets: Sequence[str | ImageSet],
+    id_search_pool: DataSet,
+    id_report_pool: DataSet | None,
+    ood_sets: Sequence[str | DataSet],
     *,
-    search_ood: Sequence[str | ImageSet] | None = None,
+    search_ood: Sequence[str | DataSet] | None = None,
     protocol: str = "dedicated",
     n_search: int | None = None,
     n_report: int | None = None,
     image_format: tuple[int, int] | None = None,
 ) -> Benchmark:
-    """Cut the pools into a :class:`Benchmark`.
+    """Cut the pools into a :class:`Benchmark`, of images or of texts as the ID pool is.
 
     Args:
-        id_search_pool: labelled ID images to select heads on.
-        id_report_pool: labelled ID images to report on, disjoint from ``id_search_pool``; None
-            splits ``id_search_pool`` in two instead (for a single folder of ID images).
-        ood_sets: the report-role OOD sets, as ImageSets or names of the default sets
-            (:data:`~hydra_core.data.ood.OOD_SETS`): reported on whole under ``"dedicated"``,
+        id_search_pool: labelled ID images (or texts) to select heads on.
+        id_report_pool: labelled ID images (or texts) to report on, disjoint from
+            ``id_search_pool``; None splits ``id_search_pool`` in two instead (for a single folder
+            of ID images or a single file of ID texts).
+        ood_sets: the report-role OOD sets, as ImageSets (TextSets) or names of the default sets
+            (:data:`~hydra_core.data.ood.OOD_SETS`; for texts
+            :data:`~hydra_core.data.text.TEXT_OOD`): reported on whole under ``"dedicated"``,
             each split into a search and a report half under ``"halves"``.
-        search_ood: the search-role OOD sets, as ImageSets or names; None for the default ones
-            (:data:`~hydra_core.data.ood.SEARCH_OOD`). Must stay None under ``"halves"``, whose
-            search uses halves of ``ood_sets``. No set may be in both lists.
+        search_ood: the search-role OOD sets, as sets or names; None for the default ones
+            (:data:`~hydra_core.data.ood.SEARCH_OOD`; for texts
+            :data:`~hydra_core.data.text.TEXT_SEARCH_OOD`). Must stay None under ``"halves"``,
+            whose search uses halves of ``ood_sets``. No set may be in both lists.
         protocol: ``"dedicated"`` or ``"halves"`` (see the module docstring).
-        n_search: at most this many images in each search part (ID and every search set); all
-            when None.
+        n_search: at most this many images (texts) in each search part (ID and every search
+            set); all when None.
         n_report: the same for each report part (ID and every report set).
         image_format: (channels, size): bring every part to uint8 (N, channels, size, size)
             (:func:`resampled`) once it is cut, for pools of different formats. None keeps the
-            parts as they are, except that sets given by name (28 x 28 grey) are brought to the
-            ID pool's format.
+            parts as they are, except that image sets given by name (28 x 28 grey) are brought
+            to the ID pool's format. Must stay None for texts.
     """
     _check_size(n_search, "n_search")
     _check_size(n_report, "n_report")
+    texts = isinstance(id_search_pool, TextSet)
+    if texts and image_format is not None:
+        raise InputError("image_format applies to images; leave it out for a text benchmark")
+    load_named, default_search = (
+        (load_text_ood_set, TEXT_SEARCH_OOD) if texts else (load_ood_set, SEARCH_OOD)
+    )
     report_sets = _as_list(ood_sets)
     search_sets = None if search_ood is None else _as_list(search_ood)
     check_ood_choice(  # refused before anything is loaded
         [_name(s) for s in report_sets],
         None if search_sets is None else [_name(s) for s in search_sets],
         protocol=protocol,
+        default_search=default_search,
     )
     if id_report_pool is None:
         id_search_pool, id_report_pool = split_in_two(id_search_pool)
     elif id_report_pool.fingerprint() == id_search_pool.fingerprint():
         raise ValueError(
-            f"the ID search and report pools are the same images ({id_search_pool.name!r}); pass "
-            "disjoint pools (e.g. validation and test), or id_report_pool=None to split one in two"
+            f"the ID search and report pools are the same {kind_of(id_search_pool)} "
+            f"({id_search_pool.name!r}); pass disjoint pools (e.g. validation and test), or "
+            "id_report_pool=None to split one in two"
         )
-    id_format = (id_search_pool.images.shape[1], id_search_pool.images.shape[-1])
+    id_format = None if texts else (id_search_pool.images.shape[1], id_search_pool.images.shape[-1])
 
-    def resolve(sets: list[str | ImageSet]) -> list[tuple[ImageSet, tuple[int, int] | None]]:
+    def resolve(sets: list[str | DataSet]) -> list[tuple[DataSet, tuple[int, int] | None]]:
         """Each set with the format its parts are brought to (None: kept as they are)."""
-        return [
-            (load_ood_set(s), image_format or id_format)
-            if isinstance(s, str)
-            else (s, image_format)
+        resolved = [
+            (load_named(s), image_format or id_format) if isinstance(s, str) else (s, image_format)
             for s in sets
         ]
+        _check_same_kind(id_search_pool, [pool for pool, _ in resolved])
+        return resolved
 
-    def part(pool: ImageSet, fmt: tuple[int, int] | None, n: int | None, purpose: str) -> ImageSet:
+    def part(pool: DataSet, fmt: tuple[int, int] | None, n: int | None, purpose: str) -> DataSet:
         cut = take(pool, n, purpose=purpose)
         return cut if fmt is None else resampled(cut, fmt[1], fmt[0])
 
@@ -319,7 +380,7 @@ def build_benchmark(
         ood_search = [part(search, fmt, n_search, "search") for (search, _), fmt in halves]
         ood_report = [part(report, fmt, n_report, "report") for (_, report), fmt in halves]
     else:
-        searched = SEARCH_OOD if search_sets is None else search_sets
+        searched = default_search if search_sets is None else search_sets
         ood_search = [part(pool, fmt, n_search, "search") for pool, fmt in resolve(searched)]
         ood_report = [part(pool, fmt, n_report, "report") for pool, fmt in reports]
     return Benchmark(
@@ -355,6 +416,40 @@ def default_benchmark(
         load_fashion_mnist("validation"),
         load_fashion_mnist("test"),
         REPORT_OOD if ood is None else ood,
+        search_ood=search_ood,
+        protocol=protocol,
+        n_search=n_search,
+        n_report=n_report,
+    )
+
+
+def default_text_benchmark(
+    n_search: int | None = None,
+    n_report: int | None = None,
+    *,
+    ood: Sequence[str | TextSet] | None = None,
+    search_ood: Sequence[str | TextSet] | None = None,
+    protocol: str = "dedicated",
+) -> Benchmark:
+    """The embedded text default: Rotten Tomatoes sentences (validation to search, test to
+    report) and the text OOD sets (:mod:`hydra_core.data.text`).
+
+    Args:
+        n_search: texts per search part (ID and each search set); all when None (1,000 ID
+            sentences, 4,079 headlines).
+        n_report: texts per report part (ID and each report set); all when None.
+        ood: the report-role OOD sets, by name (see :data:`hydra_core.data.text.TEXT_OOD`) or as
+            TextSets; the five default report sets (:data:`~hydra_core.data.text.TEXT_REPORT_OOD`)
+            when None.
+        search_ood: the search-role OOD sets, the same way; the default search set
+            (:data:`~hydra_core.data.text.TEXT_SEARCH_OOD`, ``guardian``) when None. None under
+            ``"halves"``.
+        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
+    """
+    return build_benchmark(
+        load_rotten_tomatoes("validation"),
+        load_rotten_tomatoes("test"),
+        TEXT_REPORT_OOD if ood is None else ood,
         search_ood=search_ood,
         protocol=protocol,
         n_search=n_search,
@@ -453,6 +548,65 @@ def folder_benchmark(
         raise ValueError(
             f"the ID folder {id_folder} holds {len(id_pool)} images; a search and a report half "
             "need at least 2 each"
+        )
+    return build_benchmark(id_pool, None, report_sets, **options)
+
+
+def text_file_benchmark(
+    *,
+    id_file: str | None = None,
+    ood: Sequence[str] = (),
+    search_ood: Sequence[str] | None = None,
+    ood_files: Sequence[str] = (),
+    protocol: str = "dedicated",
+    n_search: int | None = None,
+    n_report: int | None = None,
+    classes: Sequence[str] | None = None,
+) -> Benchmark:
+    """A text benchmark mixing the embedded text sets with CSV or JSONL files of your own (see
+    :func:`~hydra_core.data.text.load_text_file`), as :func:`folder_benchmark` does for images.
+
+    Args:
+        id_file: texts with a ``label`` column for the in-distribution set, split once into
+            disjoint search and report halves; None for Rotten Tomatoes (validation and test).
+        ood: default text OOD sets to report on, by name (:data:`hydra_core.data.text.TEXT_OOD`).
+        search_ood: default text OOD sets to select heads on, by name; None for
+            :data:`~hydra_core.data.text.TEXT_SEARCH_OOD` (with ``search:`` files: the files
+            only). Must stay None under ``"halves"``.
+        ood_files: extra OOD files: ``"near: path"`` or ``"far: path"`` (or a bare path, far) to
+            report on, ``"search: path"`` to select heads on; a ``text`` column (labels ignored).
+        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
+        n_search: texts per search part (ID and each search set); all when None.
+        n_report: texts per report part (ID and each report set); all when None.
+        classes: the model's classes in output order, to map the ID file's labels (names, or
+            indices below their count) to the model's outputs.
+    """
+    check_ood_choice(ood, search_ood, ood_files, protocol, default_search=TEXT_SEARCH_OOD)
+    entries = [parse_ood_folder(entry) for entry in ood_files]
+    if classes is not None and id_file is None:
+        raise InputError("a class order applies to an ID file of your own, not to Rotten Tomatoes")
+    if search_ood is None and protocol == "dedicated":
+        search_ood = [] if any(role == "search" for role, _, _ in entries) else TEXT_SEARCH_OOD
+    search_sets: list[str | DataSet] | None = None if search_ood is None else list(search_ood)
+    report_sets: list[str | DataSet] = list(ood)
+    for role, group, path in entries:
+        texts = load_text_file(path, group=group)
+        (search_sets if role == "search" else report_sets).append(texts)
+    options = {
+        "search_ood": search_sets,
+        "protocol": protocol,
+        "n_search": n_search,
+        "n_report": n_report,
+    }
+    if id_file is None:
+        return build_benchmark(
+            load_rotten_tomatoes("validation"), load_rotten_tomatoes("test"), report_sets, **options
+        )
+    id_pool = load_text_file(id_file, group="id", classes=classes)
+    if len(id_pool) < 4:
+        raise InputError(
+            f"the ID file {id_file} holds {len(id_pool)} texts; a search and a report half need "
+            "at least 2 each"
         )
     return build_benchmark(id_pool, None, report_sets, **options)
 

@@ -1,11 +1,16 @@
-"""The in-memory image set every loader returns, and the helpers that cut it into subsets."""
+"""The in-memory image set every image loader returns, and the helpers that cut it, or a
+:class:`~hydra_core.data.text.TextSet`, into subsets."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # text.py builds on this module, so its names are for annotations only
+    from hydra_core.data.text import DataSet
 
 GROUPS = ("id", "near", "far")
 
@@ -55,6 +60,11 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.images)
 
+    @property
+    def inputs(self) -> torch.Tensor:
+        """What an image model's ``preprocess`` takes: the uint8 images."""
+        return self.images
+
     def subset(self, index: torch.Tensor, name: str | None = None) -> ImageSet:
         """The images at ``index`` (a 1-D int64 tensor), as a new set."""
         return ImageSet(
@@ -90,26 +100,32 @@ def stable_permutation(n: int, *parts: object) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
-def take(image_set: ImageSet, n: int | None, *, purpose: str) -> ImageSet:
-    """The first ``n`` images of a fixed shuffle of ``image_set`` (the whole shuffle when n is None
-    or covers the set).
+def kind_of(data_set: DataSet) -> str:
+    """What a set holds, for messages: ``"images"`` or ``"texts"``."""
+    return "images" if isinstance(data_set, ImageSet) else "texts"
+
+
+def take(data_set: DataSet, n: int | None, *, purpose: str) -> DataSet:
+    """The first ``n`` items of a fixed shuffle of ``data_set``, an image or a text set (the whole
+    shuffle when n is None or covers the set).
 
     The shuffle depends only on the set's name and ``purpose``, so the same request always returns
-    the same images, and a smaller request is a prefix of a larger one, whatever the two sizes.
+    the same items, and a smaller request is a prefix of a larger one, whatever the two sizes.
     """
     if n is not None and n < 1:
-        raise ValueError(f"asked for {n} images of {image_set.name!r}; need at least 1")
-    order = stable_permutation(len(image_set), image_set.name, purpose)
-    return image_set.subset(order if n is None else order[:n])
+        raise ValueError(f"asked for {n} {kind_of(data_set)} of {data_set.name!r}; need at least 1")
+    order = stable_permutation(len(data_set), data_set.name, purpose)
+    return data_set.subset(order if n is None else order[:n])
 
 
-def split_in_two(image_set: ImageSet, first_share: float = 0.5) -> tuple[ImageSet, ImageSet]:
-    """Two disjoint parts of a set (a fixed shuffle, cut at ``first_share``): (search, report)."""
-    if len(image_set) < 2:
+def split_in_two(data_set: DataSet, first_share: float = 0.5) -> tuple[DataSet, DataSet]:
+    """Two disjoint parts of an image or text set (a fixed shuffle, cut at ``first_share``):
+    (search, report)."""
+    if len(data_set) < 2:
         raise ValueError(
-            f"{image_set.name!r} has {len(image_set)} image(s); disjoint search and report subsets "
-            "need at least 2"
+            f"{data_set.name!r} has {len(data_set)} {kind_of(data_set)}; disjoint search and "
+            "report subsets need at least 2"
         )
-    order = stable_permutation(len(image_set), image_set.name, "search-report")
-    cut = min(max(1, round(len(image_set) * first_share)), len(image_set) - 1)
-    return image_set.subset(order[:cut]), image_set.subset(order[cut:])
+    order = stable_permutation(len(data_set), data_set.name, "search-report")
+    cut = min(max(1, round(len(data_set) * first_share)), len(data_set) - 1)
+    return data_set.subset(order[:cut]), data_set.subset(order[cut:])

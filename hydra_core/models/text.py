@@ -20,7 +20,6 @@ layer keeps its heads' rows of that bias.
 
 from __future__ import annotations
 
-import copy
 import functools
 import sys
 from collections.abc import Sequence
@@ -30,7 +29,9 @@ import torch
 from torch import nn
 
 from hydra_core.models.family import (
+    PARAMETER_KINDS,
     Context,
+    CostSizes,
     HeadLayout,
     ModelFamily,
     UnsupportedModelError,
@@ -434,6 +435,57 @@ class TextFamily(ModelFamily):
     def qkv_weights(self, block: nn.Module) -> list[nn.Parameter]:
         arch = self._arch_of_block(block)
         return [_get(block, p).weight for p in (arch.query, arch.key, arch.value)]
+
+    def parameter_kind(self, model: nn.Module, name: str) -> str:
+        """The backbone's ``embeddings`` (token, position, type embeddings, their LayerNorm) are
+        "embed"; in a block, the attention (Q, K, V, W_O; MPNet's shared position bias too) is
+        "attn", the MLP "mlp", its two LayerNorms "norm"; the rest (BERT's pooler, the
+        classifier and the dense layer before it) "head"."""
+        arch = self.arch(model)
+        local = name.removeprefix("hf.") if isinstance(model, TextClassifier) else name
+        layers = f"{arch.backbone}.{arch.layers}."
+        if local.startswith(f"{arch.backbone}.embeddings."):
+            return "embed"
+        if local.startswith(layers):
+            inside = local[len(layers) :].partition(".")[2]  # past the layer number
+            for kind, paths in (
+                ("norm", (arch.norm1, arch.norm2)),
+                ("attn", (arch.attention, arch.out)),
+                ("mlp", (arch.fc1, arch.fc2)),
+            ):
+                if any(inside.startswith(f"{path}.") for path in paths):
+                    return kind
+        elif local == f"{arch.backbone}.encoder.relative_attention_bias.weight":
+            return "attn"  # MPNet: one position bias per head, shared by every layer
+        elif not local.startswith(f"{arch.backbone}.") or local.startswith(
+            f"{arch.backbone}.pooler."
+        ):
+            return "head"
+        raise ValueError(
+            f"parameter {name!r} is in none of the groups {', '.join(PARAMETER_KINDS)}; "
+            f"Hydra Lab does not know this part of {type(hf_model(model)).__name__}"
+        )
+
+    def cost_sizes(self, model: nn.Module, inputs: torch.Tensor | None = None) -> CostSizes:
+        """Tokens: the length of ``inputs`` once padding columns no sample uses are dropped (as
+        every forward drops them), :data:`MAX_TOKENS` without inputs. The embedding is a table
+        lookup: no multiply-adds."""
+        arch = self.arch(model)
+        hf = hf_model(model)
+        block = self.blocks(model)[0]
+        if arch.backbone == "bert":
+            dense = hf.bert.pooler.dense
+        elif arch.backbone == "distilbert":
+            dense = hf.pre_classifier
+        else:
+            dense = hf.classifier.dense  # RoBERTa, MPNet: dense, then out_proj
+        return CostSizes(
+            num_tokens=MAX_TOKENS if inputs is None else unpack(inputs)[0].shape[1],
+            mlp_hidden=int(_get(block, arch.fc1).out_features),
+            num_classes=int(hf.config.num_labels),
+            token_pool=True,
+            pre_classifier=int(dense.out_features),
+        )
 
     # --- piece by piece ------------------------------------------------------------------------
 
