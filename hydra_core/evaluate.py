@@ -5,8 +5,12 @@ A *system* is anything that maps a batch of model inputs to logits: a single mod
 under a head mask, or an ensemble returning member logits (B, M, C). Ensemble probabilities are the
 mean of member softmax probabilities.
 
-Intervals: percentile bootstrap over the report images, ID images resampled within each true class
-and each OOD set within itself, the same resamples for every system evaluated on the same images
+Sets are image sets or text sets (their ``inputs`` go through the model's ``preprocess``); a
+model of a supported family runs in its callable form (a Hugging Face text classifier wrapped so
+that it takes packed token ids).
+
+Intervals: percentile bootstrap over the report samples, ID samples resampled within each true class
+and each OOD set within itself, the same resamples for every system evaluated on the same samples
 (so differences between systems are paired); see :mod:`hydra_core.metrics.bootstrap`. Tables carry
 each metric ``m`` as three columns ``m``, ``m_lo``, ``m_hi``; JSON carries it as
 ``{"value": v, "ci95": [lo, hi]}``.
@@ -23,9 +27,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from hydra_core import metrics
+from hydra_core import distributed, metrics
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
-from hydra_core.data.images import ImageSet
+from hydra_core.data.text import DataSet
 from hydra_core.inference import predict, resolve_device
 from hydra_core.metrics.bootstrap import (
     LEVEL,
@@ -36,7 +40,7 @@ from hydra_core.metrics.bootstrap import (
     ood_replicates_per_set,
     percentile_interval,
 )
-from hydra_core.models.adapter import ablate
+from hydra_core.models.adapter import UnsupportedModelError, ablate, family_of
 
 ID_COLUMNS = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
 OOD_COLUMNS = ("auroc", "fpr95", "aupr_in", "aupr_out")
@@ -53,7 +57,7 @@ AVERAGES = {
 SCORES = ("msp", "max_logit", "energy", "entropy")
 #: How the intervals are made, as ``to_json`` states it.
 INTERVAL_METHOD = (
-    "95% percentile bootstrap over the report images; ID images resampled within each true "
+    "95% percentile bootstrap over the report samples; ID samples resampled within each true "
     "class, each OOD set within itself; the same resamples for every system (paired)"
 )
 
@@ -121,14 +125,26 @@ def format_intervals(frame: pd.DataFrame, *, digits: int = 4, signed: bool = Fal
     return out
 
 
+def callable_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` as a module mapping one input tensor to logits: its family's callable form (a
+    Hugging Face text classifier wrapped to take packed token ids), or ``model`` itself when no
+    family knows it (a fused ensemble, a probe)."""
+    try:
+        family = family_of(model)
+    except UnsupportedModelError:
+        return model
+    return family.callable_model(model)
+
+
 def masked(
     model: torch.nn.Module, keep: torch.Tensor | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``model`` as a system run under ``ablate(model, keep)`` (plainly when keep is None)."""
+    system = callable_model(model)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         with ablate(model, keep) if keep is not None else nullcontext():
-            return model(x)
+            return system(x)
 
     return run
 
@@ -149,7 +165,7 @@ def ood_score(logits: torch.Tensor, score: str = "msp") -> np.ndarray:
 
 @dataclass
 class SetPredictions:
-    """Logits of one system on one image set."""
+    """Logits of one system on one set of images or texts."""
 
     name: str
     group: str  # "id", "near" or "far"
@@ -159,7 +175,7 @@ class SetPredictions:
 
 @dataclass(frozen=True)
 class Difference:
-    """metric(a) - metric(b) of two systems on the same images, and the paired percentile
+    """metric(a) - metric(b) of two systems on the same samples, and the paired percentile
     bootstrap interval of that difference. Not significant (at 95%) when it contains 0."""
 
     value: float
@@ -181,7 +197,7 @@ class _SetArrays:
 
     scores: np.ndarray  # (N,) OOD score, higher = more in-distribution
     probs: np.ndarray  # (N, C) the system's probabilities (an ensemble's: mean over members)
-    diversity: dict[str, np.ndarray]  # metric -> (N,) per image; ensembles of 2+ members only
+    diversity: dict[str, np.ndarray]  # metric -> (N,) per sample; ensembles of 2+ members only
 
     @classmethod
     def of(cls, logits: torch.Tensor, score: str) -> _SetArrays:
@@ -204,7 +220,7 @@ class Evaluation:
     """A system's predictions on the ID set and every OOD set, and the metrics from them.
 
     The metrics and their bootstrap resamples are computed on first use and kept (the predictions
-    are not expected to change afterwards). Systems evaluated on the same images share their
+    are not expected to change afterwards). Systems evaluated on the same samples share their
     resamples through :meth:`use_resamples`, which pairs them for :func:`compare`."""
 
     system: str
@@ -219,7 +235,7 @@ class Evaluation:
     _replicates: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def _sets(self) -> list[_SetArrays]:
-        """Scores, probabilities and per-image diversity of the ID set, then each OOD set."""
+        """Scores, probabilities and per-sample diversity of the ID set, then each OOD set."""
         if self._arrays is None:
             self._arrays = [_SetArrays.of(s.logits, self.score) for s in (self.id, *self.ood)]
         return self._arrays
@@ -268,18 +284,18 @@ class Evaluation:
         return Resamples.key_for(self.id.labels, [len(s.logits) for s in self.ood], self.bootstrap)
 
     def resamples(self) -> Resamples:
-        """The bootstrap resamples of this evaluation's images (drawn once, or shared)."""
+        """The bootstrap resamples of this evaluation's samples (drawn once, or shared)."""
         if self._resamples is None:
             sizes = [len(s.logits) for s in self.ood]
             self._resamples = Resamples.draw(self.id.labels, sizes, self.bootstrap)
         return self._resamples
 
     def use_resamples(self, resamples: Resamples) -> None:
-        """Use ``resamples`` drawn for another system on the same images (the same counts this
+        """Use ``resamples`` drawn for another system on the same samples (the same counts this
         evaluation would draw, without drawing them again)."""
         if resamples.key != self._resamples_key():
             raise ValueError(
-                f"{self.system!r} was not evaluated on the images these resamples were drawn "
+                f"{self.system!r} was not evaluated on the samples these resamples were drawn "
                 "for (ID labels, OOD set sizes or bootstrap settings differ)"
             )
         # equal keys mean equal counts: resample values already computed stay valid
@@ -459,28 +475,44 @@ def group_averages(ood_rows: Sequence[dict]) -> list[dict]:
 
 def _system_predictions(
     system: Callable[[torch.Tensor], torch.Tensor],
-    image_set: ImageSet,
+    data: DataSet,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
     *,
     cache: DiskCache | None,
     key_parts: tuple | None,
     **kwargs,
 ) -> torch.Tensor:
+    def run() -> torch.Tensor:
+        return _shared_predict(system, data.inputs, preprocess, **kwargs)
+
     if cache is None or key_parts is None:
-        return predict(system, image_set.images, preprocess, **kwargs)
-    key = cache_key(
-        "predictions-v1", *key_parts, image_set.fingerprint(), kwargs.get("bf16", False)
-    )
-    return cache.get_or_compute(
-        "predictions", key, lambda: predict(system, image_set.images, preprocess, **kwargs)
-    )
+        return run()
+    key = cache_key("predictions-v1", *key_parts, data.fingerprint(), kwargs.get("bf16", False))
+    # in a distributed job rank 0's cache decides, the processes predict together, rank 0 stores
+    stored = distributed.from_main(lambda: cache.load("predictions", key))
+    if stored is None:
+        stored = run()
+        if distributed.is_main():
+            cache.save("predictions", key, stored)
+    return stored
+
+
+def _shared_predict(system, inputs, preprocess, **kwargs) -> torch.Tensor:
+    """:func:`predict`, data-parallel in a distributed job: each process predicts a run of whole
+    batches (:func:`hydra_core.distributed.shard`) and every process gets all the logits, in
+    order; each batch is the batch of a single process, so the logits are the same."""
+    if not distributed.active() or len(inputs) == 0:
+        return predict(system, inputs, preprocess, **kwargs)
+    mine = distributed.shard(len(inputs), kwargs.get("batch_size", 256))
+    part = predict(system, inputs[mine], preprocess, **kwargs) if mine.stop > mine.start else None
+    return torch.cat([p for p in distributed.all_gather(part) if p is not None])
 
 
 def evaluate_system(
     system: Callable[[torch.Tensor], torch.Tensor],
     preprocess: Callable[[torch.Tensor], torch.Tensor],
-    id_set: ImageSet,
-    ood_sets: Sequence[ImageSet],
+    id_set: DataSet,
+    ood_sets: Sequence[DataSet],
     *,
     name: str = "model",
     score: str = "msp",
@@ -503,7 +535,7 @@ def evaluate_system(
             f"the ID set {id_set.name!r} has no labels; accuracy and calibration need them"
         )
 
-    def run(s: ImageSet) -> torch.Tensor:
+    def run(s: DataSet) -> torch.Tensor:
         report = (lambda done, total: progress(s.name, done, total)) if progress else None
         return _system_predictions(
             system,
@@ -525,8 +557,8 @@ def evaluate_system(
 def evaluate_model(
     model: torch.nn.Module,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
-    id_set: ImageSet,
-    ood_sets: Sequence[ImageSet],
+    id_set: DataSet,
+    ood_sets: Sequence[DataSet],
     *,
     keep: torch.Tensor | None = None,
     name: str | None = None,

@@ -1,11 +1,12 @@
-"""Running a model over stored images: device choice and batched, preprocessed prediction.
+"""Running a model over stored inputs (images or texts): device choice and batched, preprocessed
+prediction.
 
 Below the model families and the evaluation harness, so that both (and the DINOv2 probe fit) use
 the same loop without importing each other."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -26,30 +27,33 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 @torch.inference_mode()
 def predict(
     system: Callable[[torch.Tensor], torch.Tensor],
-    images: torch.Tensor,
-    preprocess: Callable[[torch.Tensor], torch.Tensor],
+    inputs: torch.Tensor | Sequence[str],
+    preprocess: Callable[[torch.Tensor | Sequence[str]], torch.Tensor],
     *,
     batch_size: int = 256,
     device: torch.device | str = "cpu",
     bf16: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
-    """Logits of ``system`` for uint8 ``images`` (N, C, H, W), preprocessed batch by batch.
+    """Logits of ``system`` for ``inputs``, preprocessed batch by batch: what a data set's
+    ``inputs`` are (uint8 images (N, C, H, W), or a tuple of texts for a text model, whose
+    ``preprocess`` tokenizes them), or model inputs already preprocessed (with an identity
+    ``preprocess``). Preprocessed batches move to ``device`` as they are (token ids stay ints).
 
     Returns float32 logits on the CPU: (N, classes), or (N, M, classes) for an ensemble.
     ``bf16`` runs under bfloat16 autocast (meant for CUDA; on CPU it is slow but works).
     """
-    if len(images) == 0:
-        raise ValueError("no images to predict: the set is empty")
+    if len(inputs) == 0:
+        raise ValueError("no inputs to predict: the set is empty")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     device = torch.device(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     outputs = []
-    for start in range(0, len(images), batch_size):
-        x = preprocess(images[start : start + batch_size]).to(device, non_blocking=True)
+    for start in range(0, len(inputs), batch_size):
+        x = preprocess(inputs[start : start + batch_size]).to(device, non_blocking=True)
         with autocast:
             outputs.append(system(x).float().cpu())
         if progress:
-            progress(min(start + batch_size, len(images)), len(images))
+            progress(min(start + batch_size, len(inputs)), len(inputs))
     return torch.cat(outputs)

@@ -43,7 +43,7 @@ from hydra_core.analysis.representations import (
     regularised_covariance,
 )
 from hydra_core.evaluate import masked, predict
-from hydra_core.models.adapter import head_layout
+from hydra_core.models.adapter import head_layout, model_and_inputs
 from hydra_core.types import Head
 
 
@@ -275,13 +275,16 @@ def cahp_select(
     """Choose complementary heads and how many to keep (see the module docstring for the method).
 
     Args:
-        x, y: ID search inputs and labels: they give both the profiles and the accuracy curve.
+        x, y: ID search inputs (images, or token ids in any form
+            :func:`~hydra_core.models.adapter.model_and_inputs` takes) and labels: they give
+            both the profiles and the accuracy curve.
         degree: degree of the polynomial fitted to the accuracy-vs-heads curve.
         k_grid: the numbers of heads to evaluate (default: every k from 1 to the number of heads;
             :func:`cahp_k_grid` makes coarser ones).
         seed: seed of the k-medoids clustering.
         progress: called as ``progress(done, total)`` after each k is evaluated.
     """
+    model, x = model_and_inputs(model, x, names=("x",))  # a text model: one that takes packed ids
     layout = head_layout(model)
     heads = [tuple(h) for h in layout.all_kept().nonzero().tolist()]
     grid = cahp_k_grid(len(heads)) if k_grid is None else sorted({int(k) for k in k_grid})
@@ -339,4 +342,4 @@ def _accuracy(
 
 
 def _as_is(x: torch.Tensor) -> torch.Tensor:
-    return x  # the inputs are already preprocessed
+    return x  # the inputs are already preprocessed (token ids stay ints)

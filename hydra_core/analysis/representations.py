@@ -25,10 +25,12 @@ from torch import nn
 from hydra_core.models.adapter import (
     ablate,
     as_keep_mask,
-    embed,
+    family_of,
     head_label,
     head_layout,
+    model_and_inputs,
     record_head_outputs,
+    run_blocks,
 )
 from hydra_core.types import Head
 
@@ -56,31 +58,33 @@ def head_cls_features(
     """Each head's output Z (before W_O) at one token position, for every sample.
 
     Args:
-        x: model inputs (N, C, H, W), already preprocessed; moved to the model's device in batches.
+        x: model inputs (N, ...), already preprocessed (images (N, C, H, W); token ids in any
+            form :func:`~hydra_core.models.adapter.model_and_inputs` takes); moved to the model's
+            device in batches. Padding never changes a text sample's features.
         layers: which layers to read (negative indices count from the end); None means all.
         keep: optional head mask (L, H), True = kept; the other heads are ablated while reading, so
             an ablated head reads zero and later layers see the ablated model's stream.
-        token: position to read; 0 is the CLS token for models that have one.
+        token: position to read; 0 is the CLS token for models that have one (every text model).
 
     Returns:
         Float tensor (N, len(layers), H, d_k) on the CPU, H being the most heads any layer has
         (a structurally pruned layer with fewer heads is padded with zeros).
     """
+    model, x = model_and_inputs(model, x, names=("x",))
     layout = head_layout(model)
     layers = _resolve_layers(layers, layout.num_layers)
     if len(x) == 0:
         raise ValueError("x holds no samples; per-head features need at least one input")
     device = model_device(model)
-    blocks = model.blocks[: max(layers) + 1]  # later blocks cannot change what is recorded
+    x = family_of(model).prepare(model, x)  # text: padding columns no sample uses dropped
     with ExitStack() as stack:
         if keep is not None:
             stack.enter_context(ablate(model, keep))  # registered first, so it applies first
         store = stack.enter_context(record_head_outputs(model, sorted(set(layers)), token=token))
         stack.enter_context(torch.no_grad())
         for start in range(0, len(x), batch_size):
-            tokens = embed(model, x[start : start + batch_size].to(device))  # (B, N, d)
-            for block in blocks:
-                tokens = block(tokens)
+            # blocks after the last recorded layer cannot change what is recorded
+            run_blocks(model, x[start : start + batch_size].to(device), max(layers))
     out = torch.zeros(len(x), len(layers), layout.max_heads, layout.head_dim)
     for i, layer in enumerate(layers):
         z = torch.cat(store[layer]).float().cpu()  # (N, H_l, d_k)

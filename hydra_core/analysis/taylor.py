@@ -2,8 +2,9 @@
 after Molchanov et al., 2019).
 
 For layer l with embedding width D and head width d_h, head h owns rows h*d_h .. (h+1)*d_h - 1
-of each of W_q, W_k, W_v (in timm's fused ``qkv`` weight: the q, k and v thirds). With G the
-gradient of the loss L (mean cross-entropy over all given samples) with respect to a weight,
+of each of W_q, W_k, W_v (the model's family says where they are: the q, k and v thirds of timm's
+fused ``qkv`` weight, Hugging Face's separate query, key and value weights). With G the gradient
+of the loss L (mean cross-entropy over all given samples) with respect to a weight,
 
     q_h = 1 / (d_h D) * sum over the head's rows r and all columns c of |W_q[r, c] * G_q[r, c]|,
 
@@ -26,7 +27,13 @@ from torch import nn
 
 from hydra_core.analysis.representations import model_device
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
-from hydra_core.models.adapter import ablate, as_keep_mask, head_layout
+from hydra_core.models.adapter import (
+    ablate,
+    as_keep_mask,
+    family_of,
+    head_layout,
+    model_and_inputs,
+)
 
 #: Changes whenever the numbers :func:`taylor_scores` produces change; part of its cache key.
 TAYLOR_VERSION = "taylor-1"
@@ -46,7 +53,9 @@ def taylor_scores(
     """The Taylor score of every head, shape (L, H) (CPU, float32).
 
     Args:
-        x, y: inputs (N, C, H, W) and labels (N,); the loss is the mean cross-entropy over all N.
+        x, y: model inputs (N, ...) (images (N, C, H, W); token ids in any form
+            :func:`~hydra_core.models.adapter.model_and_inputs` takes) and labels (N,); the loss
+            is the mean cross-entropy over all N.
         keep: optional head mask (L, H), True = kept; the other heads are ablated and score NaN.
         cache: return the scores stored for the same model weights, samples and mask, or compute
             and store them (``batch_size`` changes them only by float rounding: not in the key).
@@ -55,6 +64,7 @@ def taylor_scores(
     gradients are taken with ``torch.autograd.grad``, so no ``.grad`` is stored on any parameter,
     and every ``requires_grad`` flag is restored.
     """
+    model, x = model_and_inputs(model, x, names=("x",))
     layers = range(head_layout(model).num_layers)
     if cache is None:
         return _scores(model, x, y, keep, batch_size, layers)
@@ -92,11 +102,14 @@ def _scores(
         raise ValueError("no samples: Taylor scores need at least one labelled input")
     layers = [layer for layer in layers if layout.num_heads[layer] > 0]  # an empty layer has no W_q
     grads = _qkv_gradients(model, x, y, keep, batch_size, layers) if layers else []
+    family = family_of(model)
+    blocks = family.blocks(model)
     scores = torch.full(layout.shape, float("nan"))
-    for layer, grad in zip(layers, grads, strict=True):
-        weight = model.blocks[layer].attn.qkv.weight.detach()
+    for layer, layer_grads in zip(layers, grads, strict=True):
+        weights = family.qkv_weights(blocks[layer])
+        products = [(w.detach() * g).abs() for w, g in zip(weights, layer_grads, strict=True)]
         n = layout.num_heads[layer]
-        saliency = (weight * grad).abs().float().cpu()  # (3 * H * d_h, D)
+        saliency = torch.cat(products).float().cpu()  # (3 * H * d_h, D): q, k, v rows
         per_part = saliency.reshape(3, n, layout.head_dim, -1).mean(dim=(2, 3))  # (3, H): q, k, v
         scores[layer, :n] = per_part.mean(dim=0)
     return scores.masked_fill(~mask, float("nan"))
@@ -109,9 +122,13 @@ def _qkv_gradients(
     keep: torch.Tensor | None,
     batch_size: int,
     layers: Sequence[int],
-) -> list[torch.Tensor]:
-    """dL/dW of the ``qkv`` weight of each of ``layers``, L the mean cross-entropy over all of x."""
-    weights = [model.blocks[layer].attn.qkv.weight for layer in layers]
+) -> list[list[torch.Tensor]]:
+    """dL/dW of the Q/K/V weights (``family.qkv_weights``) of each of ``layers``, L the mean
+    cross-entropy over all of x: per layer, one gradient per weight."""
+    family = family_of(model)
+    blocks = family.blocks(model)
+    per_layer = [family.qkv_weights(blocks[layer]) for layer in layers]
+    weights = [w for layer_weights in per_layer for w in layer_weights]
     grads = [torch.zeros_like(w) for w in weights]
     flags = [(p, p.requires_grad) for p in model.parameters()]
     device = model_device(model)
@@ -126,7 +143,7 @@ def _qkv_gradients(
                 stack.enter_context(ablate(model, keep))
             stack.enter_context(torch.enable_grad())
             for start in range(0, len(x), batch_size):
-                logits = model(x[start : start + batch_size].to(device))
+                logits = model(x[start : start + batch_size].to(device))  # token ids stay ints
                 labels = y[start : start + batch_size].to(device)
                 # This batch's share of the full-data mean loss: the sum of the shares is L.
                 loss = F.cross_entropy(logits, labels, reduction="sum") / len(x)
@@ -135,7 +152,9 @@ def _qkv_gradients(
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
-    return grads
+    sizes = [len(layer_weights) for layer_weights in per_layer]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [grads[start : start + size] for start, size in zip(starts, sizes, strict=True)]
 
 
 @dataclass
@@ -175,8 +194,10 @@ def taylor_prune(
     gradients are computed at each step.
 
     Args:
+        x, y: model inputs and labels, as for :func:`taylor_scores`.
         heads_to_prune_per_layer: r_l, one number for every layer or one per layer.
     """
+    model, x = model_and_inputs(model, x, names=("x",))
     layout = head_layout(model)
     if isinstance(heads_to_prune_per_layer, int):
         budget = [heads_to_prune_per_layer] * layout.num_layers

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import torch
 
-if TYPE_CHECKING:  # text.py builds on this module, so its names are for annotations only
-    from hydra_core.data.text import DataSet
+#: an :class:`ImageSet` or a :class:`~hydra_core.data.text.TextSet` (text.py builds on this
+#: module, so it is not imported here): anything with ``name``, ``__len__`` and ``subset``
+DataSet = TypeVar("DataSet")
 
 GROUPS = ("id", "near", "far")
 

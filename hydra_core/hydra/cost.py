@@ -7,6 +7,11 @@ token streams - so per token Hydra costs M(4(H_l/H)d² + 8d²), the same as runn
 one after another (the paper's own Table 7 agrees: 46.19 G for Hydra vs 3 x 15.48 G for a member).
 :func:`formula_params` gives the paper's weight count and :func:`formula_macs` the multiply-adds,
 generalised to any MLP width, per-layer kept heads and token count, with the attention-score terms.
+
+Every model family works here: the sizes come from the family
+(:meth:`~hydra_core.models.family.ModelFamily.cost_sizes`: a ViT's patch embedding, a text model's
+token count and the dense layer before its classifier), parameters are sorted by the family's
+kinds, and a text model runs in its callable form (packed token ids in, logits out).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,49 +28,63 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from hydra_core.models.adapter import head_layout
+from hydra_core.evaluate import callable_model
+from hydra_core.models.adapter import UnsupportedModelError, family_of, head_layout
 
 
 @dataclass(frozen=True)
-class VitShape:
-    """The sizes that the cost of a ViT forward depends on (for one image).
+class ModelShape:
+    """The sizes that the cost of a forward depends on (for one sample).
 
     Args:
         embed_dim: d.
         head_dim: d_k.
         mlp_hidden: d_ff, the MLP's hidden width (4d in the paper).
-        num_tokens: N, tokens per image (patches + class/register tokens).
-        num_patches: patches per image (the patch embedding runs on these).
-        patch_dim: C * p_h * p_w, the input of the patch embedding.
+        num_tokens: N, tokens per sample (ViT: patches + class/register tokens; text: the padded
+            length of the batch).
         num_classes: C, the classifier's outputs.
         token_pool: the classifier reads the class token only (the last layer needs only its row).
+        num_patches: patches per image (the patch embedding runs on these); 0 for text, whose
+            embedding is a table lookup.
+        patch_dim: C * p_h * p_w, the input of the patch embedding (0 for text).
+        pre_classifier: width of a dense layer between the class token and the classifier (BERT's
+            pooler, RoBERTa's and DistilBERT's dense layer; 0 for a ViT).
     """
 
     embed_dim: int
     head_dim: int
     mlp_hidden: int
     num_tokens: int
-    num_patches: int
-    patch_dim: int
     num_classes: int
     token_pool: bool
+    num_patches: int = 0
+    patch_dim: int = 0
+    pre_classifier: int = 0
 
     @classmethod
-    def of(cls, model: nn.Module) -> VitShape:
-        """The shape of a timm VisionTransformer."""
+    def of(cls, model: nn.Module, inputs: torch.Tensor | None = None) -> ModelShape:
+        """The shape of a model of any supported family, for one sample of ``inputs`` (a text
+        model's token count is the length of ``inputs``; see
+        :meth:`~hydra_core.models.family.ModelFamily.cost_sizes`)."""
         layout = head_layout(model)
-        conv = model.patch_embed.proj
-        num_patches = int(model.patch_embed.num_patches)
-        return cls(
-            embed_dim=layout.embed_dim,
-            head_dim=layout.head_dim,
-            mlp_hidden=model.blocks[0].mlp.fc1.out_features,
-            num_tokens=num_patches + int(model.num_prefix_tokens),
-            num_patches=num_patches,
-            patch_dim=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1],
-            num_classes=model.head.out_features,
-            token_pool=model.global_pool == "token",
-        )
+        sizes = family_of(model).cost_sizes(model, inputs)
+        return cls(embed_dim=layout.embed_dim, head_dim=layout.head_dim, **asdict(sizes))
+
+    @property
+    def stem_macs(self) -> int:
+        """Multiply-adds of the embedding (the patch embedding's matrix multiply)."""
+        return self.num_patches * self.patch_dim * self.embed_dim
+
+    @property
+    def classifier_macs(self) -> int:
+        """Multiply-adds of the classifier on one pooled token (with its dense layer before)."""
+        if self.pre_classifier:
+            return self.embed_dim * self.pre_classifier + self.pre_classifier * self.num_classes
+        return self.embed_dim * self.num_classes
+
+
+#: the name this class had when it described timm ViTs only
+VitShape = ModelShape
 
 
 def count_params(module: nn.Module) -> int:
@@ -89,17 +108,21 @@ if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
 
 @torch.inference_mode()
 def count_macs(module: Callable[[torch.Tensor], object], example_input: torch.Tensor) -> int:
-    """Multiply-adds of one forward on ``example_input``, counted by torch's FlopCounterMode.
+    """Multiply-adds of one forward on ``example_input``, counted by torch's FlopCounterMode
+    (a model of a supported family runs in its callable form: a text model on packed ids).
 
     Counted: matrix multiplies, convolutions and attention (MACs = FLOPs / 2). Not counted:
-    elementwise work (biases, norms, activations, softmax, residual adds)."""
+    elementwise work (biases, norms, activations, softmax, residual adds) and table lookups
+    (a text model's embedding)."""
+    if isinstance(module, nn.Module):
+        module = callable_model(module)
     with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
         module(example_input)
     return counter.get_total_flops() // 2
 
 
-def layer_macs(shape: VitShape, heads: int, *, num_queries: int | None = None) -> int:
-    """Multiply-adds of one transformer layer keeping ``heads`` heads, for one image.
+def layer_macs(shape: ModelShape, heads: int, *, num_queries: int | None = None) -> int:
+    """Multiply-adds of one transformer layer keeping ``heads`` heads, for one sample.
 
     Q/K/V are computed for all N tokens; attention scores (Q Kᵀ and A V), the output projection and
     the MLP only for the ``num_queries`` rows that are needed (default: all N)."""
@@ -113,18 +136,20 @@ def layer_macs(shape: VitShape, heads: int, *, num_queries: int | None = None) -
 
 
 def formula_macs(
-    shape: VitShape,
+    shape: ModelShape,
     heads: Sequence[Sequence[int]],
     *,
     fused: bool = False,
     shared_layers: int = 0,
     shared_stem: bool = True,
 ) -> int:
-    """Multiply-adds for one image through M models, member m keeping ``heads[m][l]`` in layer l.
+    """Multiply-adds for one sample through M models, member m keeping ``heads[m][l]`` in layer
+    l.
 
     Per layer and token this is 3dh·d_k (Q/K/V) + h·d_k·d (output) + 2d·d_ff (MLP) - the paper's
-    12d² at h = H, d_ff = 4d - plus 2N·h·d_k for the attention scores; plus the patch embedding and
-    the classifier.
+    12d² at h = H, d_ff = 4d - plus 2N·h·d_k for the attention scores; plus the stem (a ViT's patch
+    embedding; nothing for a text model's table lookup) and the classifier (with BERT's pooler or
+    the dense layer before a text classifier).
 
     ``fused=False``: the models run one after another (single model: one member keeping all heads;
     Deep Ensembles: M members keeping all heads).
@@ -137,8 +162,7 @@ def formula_macs(
     depth = len(heads[0]) if m else 0
     if m == 0 or any(len(h) != depth for h in heads):
         raise ValueError("heads must list the same number of layers for every member")
-    stem = shape.num_patches * shape.patch_dim * shape.embed_dim
-    classifier = shape.embed_dim * shape.num_classes
+    stem, classifier = shape.stem_macs, shape.classifier_macs
     if not fused:
         return sum(
             stem + classifier + sum(layer_macs(shape, h) for h in member) for member in heads
@@ -154,7 +178,7 @@ def formula_macs(
     return total
 
 
-def formula_params(shape: VitShape, heads: Sequence[Sequence[int]], *, merged_mlp: bool) -> int:
+def formula_params(shape: ModelShape, heads: Sequence[Sequence[int]], *, merged_mlp: bool) -> int:
     """Weights of the transformer layers as the paper counts them (Appendix B.4; biases and norms
     left out): 4(h_m/H)d² of attention per member, plus 2d·d_ff for each MLP - one merged MLP for
     Hydra, one per member otherwise. Single: 12d²; Hydra: 4M(H_l/H)d² + 8d²; Deep Ensembles: 12Md²
@@ -165,8 +189,9 @@ def formula_params(shape: VitShape, heads: Sequence[Sequence[int]], *, merged_ml
     return attn + mlps
 
 
-#: parameter groups of :func:`parameter_breakdown`, matched in this order on parameter names of
-#: timm ViTs and fused Hydra models alike
+#: parameter groups of :func:`parameter_breakdown`, matched in this order on the parameter names of
+#: a model outside every family (a fused Hydra ViT); a family's model is sorted by its family
+#: (:data:`KIND_GROUPS`)
 PARAMETER_GROUPS = (
     ("embedding", r"patch_embed|stem|cls_token|reg_token|pos_embed"),
     ("layer norms", r"norm"),
@@ -176,16 +201,39 @@ PARAMETER_GROUPS = (
     ("MLP biases", r"fc[12][._]bias"),
     ("classifier", r"^head"),
 )
+#: the family's parameter kind -> the group of :func:`parameter_breakdown`; attention and MLP
+#: parameters go to "... weights" when they are weight matrices, to "... biases" otherwise
+#: (biases, a ViT's layer scales, MPNet's table of position biases)
+KIND_GROUPS = {
+    "embed": "embedding",
+    "norm": "layer norms",
+    "attn": ("attention weights", "attention biases"),
+    "mlp": ("MLP weights", "MLP biases"),
+    "head": "classifier",
+}
 
 
 def parameter_breakdown(module: nn.Module) -> dict[str, int]:
     """Parameters by kind (:data:`PARAMETER_GROUPS`): what the paper's formula counts (attention
     and MLP weights) and what it leaves out (biases, norms, embedding, classifier), so that a fused
-    model's count can be set against :func:`formula_params`. Raises on a parameter no group
-    matches, rather than dropping it."""
+    model's count can be set against :func:`formula_params`. A text model's embedding holds its
+    token, position and type embeddings and their LayerNorm; its classifier, BERT's pooler or the
+    dense layer before the classifier. Raises on a parameter no group matches, rather than
+    dropping it."""
+    try:
+        family = family_of(module)
+    except UnsupportedModelError:
+        family = None
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     counts = dict.fromkeys((name for name, _ in PARAMETER_GROUPS), 0)
     for name, parameter in module.named_parameters():
-        group = next((g for g, pattern in PARAMETER_GROUPS if re.search(pattern, name)), None)
+        if family is not None:
+            group = KIND_GROUPS[family.parameter_kind(module, name)]
+            if isinstance(group, tuple):
+                matrix = parameter.ndim >= 2 and id(parameter) not in tables
+                group = group[0] if matrix else group[1]
+        else:
+            group = next((g for g, pattern in PARAMETER_GROUPS if re.search(pattern, name)), None)
         if group is None:
             raise ValueError(f"parameter {name!r} fits no group of PARAMETER_GROUPS")
         counts[group] += parameter.numel()
@@ -193,16 +241,19 @@ def parameter_breakdown(module: nn.Module) -> dict[str, int]:
 
 
 def forward_fn(
-    models: Sequence[nn.Module], images: torch.Tensor, *, autocast_dtype: torch.dtype | None = None
+    models: Sequence[nn.Module], inputs: torch.Tensor, *, autocast_dtype: torch.dtype | None = None
 ) -> Callable[[], list[torch.Tensor]]:
-    """A function of no arguments that runs ``models`` one after another on ``images``, under
-    ``torch.inference_mode`` (and under ``torch.autocast`` on the images' device, given a dtype)."""
-    device_type = images.device.type
+    """A function of no arguments that runs ``models`` one after another on ``inputs`` (images,
+    or packed token ids for a text model, which runs in its callable form), under
+    ``torch.inference_mode`` (and under ``torch.autocast`` on the inputs' device, given a
+    dtype)."""
+    device_type = inputs.device.type
+    runnable = [callable_model(m) for m in models]
 
     def run() -> list[torch.Tensor]:
         autocast = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype else None
         with torch.inference_mode(), autocast or nullcontext():
-            return [m(images) for m in models]
+            return [m(inputs) for m in runnable]
 
     return run
 
@@ -262,7 +313,7 @@ def measure_latency(
 
 def cost_table(
     systems: Mapping[str, Sequence[nn.Module]],
-    images: torch.Tensor,
+    inputs: torch.Tensor,
     *,
     latency: bool = True,
     precisions: Mapping[str, torch.dtype | None] | None = None,
@@ -277,7 +328,9 @@ def cost_table(
         systems: row name -> the models that make up the system (a single model, the pruned
             members one by one, the fused Hydra model, Deep Ensembles' copies, ...). The
             multiply-adds of a model that is in several systems are counted once and reused.
-        images: the batch; every system runs on all of it, on ``images.device``.
+            A text model runs in its callable form.
+        inputs: the batch (preprocessed images, or packed token ids); every system runs on all
+            of it, on ``inputs.device``.
         latency: time the systems (otherwise params and multiply-adds only).
         precisions: column stem -> autocast dtype (None: no autocast), one latency measurement
             per entry; default ``{"latency": None}``. On CUDA, ``{"latency": None,
@@ -293,24 +346,23 @@ def cost_table(
         ``torch.inference_mode``.
     """
     stems = dict(precisions or {"latency": None}) if latency else {}
-    batch = images.shape[0]
-    # every op works per image, so the batch's multiply-adds are one image's times the batch size
-    macs_one: dict[int, int] = {}
+    # counted on the whole batch: a text batch runs at its padded length, not each sample's own
+    macs: dict[int, int] = {}
     rows = {}
     for name, models in systems.items():
         for m in models:
-            if id(m) not in macs_one:
-                macs_one[id(m)] = count_macs(m, images[:1])
+            if id(m) not in macs:
+                macs[id(m)] = count_macs(m, inputs)
         rows[name] = {
             "params": sum(count_params(m) for m in models),
-            "macs": batch * sum(macs_one[id(m)] for m in models),
+            "macs": sum(macs[id(m)] for m in models),
         }
     for stem, dtype in stems.items():
         fns = {
-            name: forward_fn(models, images, autocast_dtype=dtype)
+            name: forward_fn(models, inputs, autocast_dtype=dtype)
             for name, models in systems.items()
         }
-        timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=images.device)
+        timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=inputs.device)
         for name, t in timings.items():
             rows[name][f"{stem}_ms"] = t["median_ms"]
             rows[name][f"{stem}_iqr_ms"] = t["iqr_ms"]

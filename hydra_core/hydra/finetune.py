@@ -1,15 +1,18 @@
 """Fine-tuning pruned members (paper 4.3 and Appendix D.2), each on its own, before fusion.
 
 Each member is cut out of the source model structurally (:func:`prune_heads`: only its kept heads'
-Q/K/V rows and W_O columns remain) and trained on its own with cross-entropy on Fashion-MNIST
-training images (a fixed subset, :attr:`FinetuneConfig.n_train`, never a validation or test
-image), with a per-step linear warm-up and a cosine decay to a floor, as in D.2. Only the
-parameter groups in :attr:`FinetuneConfig.trainable` are updated - by default attention, MLPs,
-LayerNorms and the classifier, D.2's "targeted subset"; the patch and position embeddings stay
-frozen. The fine-tuned members are then fused with :func:`fuse_finetuned`, which averages their
-MLPs (paper 4.2). D.2's optimiser (SGD, momentum 0.9, no weight decay), at our scale: one epoch of
+Q/K/V rows and W_O columns remain) and trained on its own with cross-entropy on training samples
+(by default Fashion-MNIST training images; a text model needs its own labelled texts), a fixed
+subset (:attr:`FinetuneConfig.n_train`, never a validation or test sample), with a per-step linear
+warm-up and a cosine decay to a floor, as in D.2. Only the parameter groups in
+:attr:`FinetuneConfig.trainable` are updated - by default attention, MLPs, LayerNorms and the
+classifier, D.2's "targeted subset"; the embedding (a ViT's patch and position embeddings, a text
+model's token, position and type embeddings) stays frozen. The model's family sorts its
+parameters into these groups, and a text member trains in its callable form on packed token ids.
+The fine-tuned members are then fused with :func:`fuse_finetuned`, which averages their MLPs
+(paper 4.2). D.2's optimiser (SGD, momentum 0.9, no weight decay), at our scale: one epoch of
 5,000 images (40 steps) instead of 10,000-120,000 steps; no augmentation and no dropout (the
-default model has none).
+default model has none; a Hugging Face model's dropout is on while it trains).
 
 **Choosing the configuration.** D.2 takes the peak learning rate from a small grid, "best by
 validation"; :func:`select_finetune_config` fine-tunes one member with each point of a grid
@@ -91,18 +94,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
-from hydra_core.data.images import ImageSet, take
+from hydra_core.data.images import take
+from hydra_core.data.text import DataSet
+from hydra_core.errors import InputError
+from hydra_core.evaluate import callable_model
 from hydra_core.inference import predict
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.classification import classification_metrics
-from hydra_core.models.adapter import as_keep_mask, head_layout, prune_heads
+from hydra_core.models.adapter import as_keep_mask, family_of, head_layout, prune_heads
+from hydra_core.models.family import PARAMETER_KINDS
+from hydra_core.models.vit import VIT
 
 #: Changes whenever the weights a fine-tuning run produces change; part of every cache key.
 FINETUNE_VERSION = "finetune-1"
 FINETUNE_CACHE_KIND = "finetune"
 OPTIMIZERS = ("adamw", "sgd")
-#: Parameter groups of a timm ViT that :attr:`FinetuneConfig.trainable` can name.
-PARAMETER_GROUPS = ("embed", "attn", "mlp", "norm", "head")
+#: Parameter groups that :attr:`FinetuneConfig.trainable` can name (each family sorts its
+#: parameters into them).
+PARAMETER_GROUPS = PARAMETER_KINDS
 #: What :func:`select_finetune_config` tries by default: three of D.2's peak learning rates, one or
 #: two epochs, and label smoothing off or at D.2's 0.1 (see the module docstring for why).
 DEFAULT_GRID: dict[str, tuple] = {
@@ -135,7 +144,8 @@ class FinetuneConfig:
         label_smoothing: epsilon of the cross-entropy (D.2: 0.1; ours: 0, see the module
             docstring).
         trainable: parameter groups that are updated (see :data:`PARAMETER_GROUPS`).
-        n_train: training images, a fixed subset of Fashion-MNIST's 55,000 (None: all).
+        n_train: training samples, a fixed subset of the training set (default: Fashion-MNIST's
+            55,000 images; None: all).
         grad_clip: clip the gradient's global L2 norm to this (None: no clipping).
     """
 
@@ -202,35 +212,22 @@ def learning_rate(config: FinetuneConfig, step: int, total: int) -> float:
     return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def parameter_group(name: str) -> str:
-    """Which of :data:`PARAMETER_GROUPS` a timm ViT parameter belongs to, by its name."""
-    parts = name.split(".")
-    if parts[0] == "blocks" and len(parts) > 2:
-        part = parts[2]
-        if part in ("attn", "ls1"):
-            return "attn"
-        if part in ("mlp", "ls2"):
-            return "mlp"
-        if part in ("norm1", "norm2"):
-            return "norm"
-    elif parts[0] in ("patch_embed", "cls_token", "reg_token", "pos_embed"):
-        return "embed"
-    elif parts[0] in ("norm", "fc_norm", "norm_pre"):
-        return "norm"
-    elif parts[0] == "head":
-        return "head"
-    raise ValueError(
-        f"parameter {name!r} is in none of the groups {', '.join(PARAMETER_GROUPS)}; "
-        "fine-tuning knows timm VisionTransformer parameter names only"
-    )
+def parameter_group(name: str, model: nn.Module | None = None) -> str:
+    """Which of :data:`PARAMETER_GROUPS` the parameter ``name`` of ``model`` belongs to, as its
+    family says (:meth:`~hydra_core.models.family.ModelFamily.parameter_kind`); without a model,
+    by timm ViT names."""
+    if model is None:
+        return VIT.parameter_kind(None, name)
+    return family_of(model).parameter_kind(model, name)
 
 
 def set_trainable(model: nn.Module, groups: Sequence[str]) -> list[str]:
     """Freeze every parameter outside ``groups`` (and unfreeze those inside); returns the names of
     the trainable ones."""
+    family = family_of(model)
     names = []
     for name, p in model.named_parameters():
-        train = parameter_group(name) in groups
+        train = family.parameter_kind(model, name) in groups
         p.requires_grad_(train)
         if train:
             names.append(name)
@@ -243,7 +240,8 @@ class FinetunedMember:
 
     Args:
         name: the member's name (from its :class:`MemberMask`).
-        model: the pruned, fine-tuned timm ViT (eval mode, CPU); its own layout keeps every head.
+        model: the pruned, fine-tuned model, of the source model's kind (eval mode, CPU); its own
+            layout keeps every head.
         keep: the mask on the source model the member was cut out with.
         seed: the batch-order seed.
         history: per step: step, lr, loss (the label-smoothed training loss of that batch).
@@ -264,13 +262,13 @@ def finetune_cache_key(
     model: nn.Module,
     keep: torch.Tensor,
     config: FinetuneConfig,
-    data: ImageSet,
+    data: DataSet,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
     seed: int,
 ) -> str:
-    """Source weights, mask, configuration, training images, preprocessing (by its output on the
-    first images) and seed: everything the fine-tuned weights depend on."""
-    probe = preprocess(data.images[:4])
+    """Source weights, mask, configuration, training samples, preprocessing (by its output on the
+    first samples) and seed: everything the fine-tuned weights depend on."""
+    probe = preprocess(data.inputs[:4])
     return cache_key(
         FINETUNE_VERSION,
         model_fingerprint(model),
@@ -282,15 +280,15 @@ def finetune_cache_key(
     )
 
 
-def training_subset(config: FinetuneConfig, train_set: ImageSet | None = None) -> ImageSet:
+def training_subset(config: FinetuneConfig, train_set: DataSet | None = None) -> DataSet:
     """The fixed subset of ``train_set`` (default: Fashion-MNIST train) a run trains on."""
     train_set = _labelled(train_set, "train", "training")
     return take(train_set, config.n_train, purpose="finetune")
 
 
 def validation_subset(
-    n: int | None = SELECTION_IMAGES, validation_set: ImageSet | None = None
-) -> ImageSet:
+    n: int | None = SELECTION_IMAGES, validation_set: DataSet | None = None
+) -> DataSet:
     """The fixed subset of ``validation_set`` (default: Fashion-MNIST validation, the 5,000
     training images held out from the default model's training) that
     :func:`select_finetune_config` scores its grid points on."""
@@ -304,7 +302,7 @@ def finetune_member(
     config: FinetuneConfig,
     *,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
-    train_set: ImageSet | None = None,
+    train_set: DataSet | None = None,
     seed: int = 0,
     name: str = "member",
     device: str | torch.device = "cpu",
@@ -316,16 +314,16 @@ def finetune_member(
     Args:
         model: the source model; never modified.
         keep: the member's head mask on ``model``.
-        preprocess: uint8 images -> model input (the loaded model's).
-        train_set: labelled training images (default: Fashion-MNIST train); the run uses
-            ``config.n_train`` of them, a fixed subset.
+        preprocess: a set's inputs (uint8 images, texts) -> model inputs (the loaded model's).
+        train_set: a labelled training set (default: Fashion-MNIST train; a text model needs
+            one); the run uses ``config.n_train`` of its samples, a fixed subset.
         seed: the batch-order seed.
         device: where to train.
         cache: load the weights from it when present, save them after training.
         progress: ``progress(done, total)`` after every optimiser step.
     """
     keep = as_keep_mask(head_layout(model), keep)
-    data = training_subset(config, train_set)
+    data = training_subset(config, _training_set(model, train_set))
     key = None if cache is None else finetune_cache_key(model, keep, config, data, preprocess, seed)
     pruned = prune_heads(model, keep).cpu()
     if cache is not None:
@@ -358,7 +356,7 @@ def finetune_members(
     config: FinetuneConfig,
     *,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
-    train_set: ImageSet | None = None,
+    train_set: DataSet | None = None,
     seeds: Sequence[int] | None = None,
     device: str | torch.device = "cpu",
     cache: DiskCache | None = None,
@@ -401,8 +399,8 @@ def finetune_members(
 
 
 def fuse_finetuned(members: Sequence[FinetunedMember]):
-    """The fine-tuned members fused into one :class:`~hydra_core.hydra.fused.HydraViT`, their MLPs
-    averaged (each member keeps all the heads its pruned model has)."""
+    """The fine-tuned members fused into one model (:func:`~hydra_core.hydra.fused.fuse_members`),
+    their MLPs averaged (each member keeps all the heads its pruned model has)."""
     from hydra_core.hydra.fused import fuse_members
 
     return fuse_members([(m.model, head_layout(m.model).all_kept()) for m in members])
@@ -462,19 +460,20 @@ def select_finetune_config(
     preprocess: Callable[[torch.Tensor], torch.Tensor],
     grid: Mapping[str, Sequence] | None = None,
     criterion: str = "nll",
-    train_set: ImageSet | None = None,
-    validation_set: ImageSet | None = None,
+    train_set: DataSet | None = None,
+    validation_set: DataSet | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
     cache: DiskCache | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> FinetuneSelection:
     """Fine-tune one member with every configuration of a small grid and keep the one whose member
-    scores best on validation images (D.2: "best by validation").
+    scores best on validation samples (D.2: "best by validation").
 
-    The validation images must share no image (by pixels) with the images any grid point trains
-    on; the default ones (:func:`validation_subset`) are held out from the default model's
-    training too, and none of them is a Fashion-MNIST test image, the split the reports use.
+    The validation samples must share no sample (by pixels, or by text) with the samples any grid
+    point trains on; the default ones (:func:`validation_subset`) are held out from the default
+    model's training too, and none of them is a Fashion-MNIST test image, the split the reports
+    use.
 
     Args:
         model: the source model; never modified.
@@ -485,29 +484,30 @@ def select_finetune_config(
             accuracy) or ``"accuracy"`` (ties broken by NLL); exact ties go to the earlier grid
             point.
         train_set: as :func:`finetune_member`.
-        validation_set: the labelled images that score each grid point (default:
-            :func:`validation_subset`).
+        validation_set: the labelled samples that score each grid point (default:
+            :func:`validation_subset`; a text model needs one).
         seed, device, cache: as :func:`finetune_member`; every grid point uses the same seed.
         progress: ``progress(grid point, done, total)`` after every optimiser step.
     """
     _check_criterion(criterion)
     grid = DEFAULT_GRID if grid is None else grid
     configs = grid_configs(FinetuneConfig() if base is None else base, grid)
-    train_set = _labelled(train_set, "train", "training")
+    train_set = _labelled(_training_set(model, train_set), "train", "training")
     validation = (
-        validation_subset()
+        validation_subset(validation_set=_training_set(model, None, "validation_set"))
         if validation_set is None
         else _labelled(validation_set, "validation", "validation")
     )
-    seen = _row_hashes(validation.images)
+    seen = _row_hashes(validation.inputs)
     rows = []
     for config in configs:
         data = training_subset(config, train_set)
-        shared = len(seen & _row_hashes(data.images))
+        shared = len(seen & _row_hashes(data.inputs))
         if shared:
+            kind = "images" if isinstance(data.inputs, torch.Tensor) else "texts"
             raise ValueError(
-                f"{shared} of the {len(validation)} validation images are also among the "
-                f"{len(data)} fine-tuning images; validate on images held out from fine-tuning "
+                f"{shared} of the {len(validation)} validation {kind} are also among the "
+                f"{len(data)} fine-tuning {kind}; validate on {kind} held out from fine-tuning "
                 "(e.g. Fashion-MNIST's validation split)"
             )
         point = {name: getattr(config, name) for name in grid}
@@ -524,7 +524,8 @@ def select_finetune_config(
             cache=cache,
             progress=None if progress is None else (lambda d, t, s=label: progress(s, d, t)),
         )
-        probs = predict(member.model.to(device), validation.images, preprocess, device=device)
+        member_model = callable_model(member.model.to(device))
+        probs = predict(member_model, validation.inputs, preprocess, device=device)
         probs = probs.softmax(-1)  # (N, C)
         scores = classification_metrics(probs, validation.labels)
         rows.append(
@@ -560,13 +561,14 @@ def best_grid_point(table: pd.DataFrame, criterion: str = "nll") -> int:
 
 
 def _optimizer(model: nn.Module, config: FinetuneConfig) -> torch.optim.Optimizer:
+    # weight matrices decay; biases, norms, tokens and embedding tables do not
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
+            matrix = p.ndim >= 2 and id(p) not in tables
             (
-                decay
-                if p.ndim >= 2 and "pos_embed" not in name and "token" not in name
-                else no_decay
+                decay if matrix and "pos_embed" not in name and "token" not in name else no_decay
             ).append(p)
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
@@ -579,7 +581,7 @@ def _optimizer(model: nn.Module, config: FinetuneConfig) -> torch.optim.Optimize
 
 def _train(
     model: nn.Module,
-    data: ImageSet,
+    data: DataSet,
     config: FinetuneConfig,
     preprocess: Callable[[torch.Tensor], torch.Tensor],
     seed: int,
@@ -588,6 +590,7 @@ def _train(
 ) -> list[dict]:
     model.to(device).train()
     set_trainable(model, config.trainable)
+    system = callable_model(model)  # a text model: one that takes packed token ids
     optimizer = _optimizer(model, config)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n = len(data)
@@ -600,12 +603,12 @@ def _train(
         if b == 0:  # a new pass over the data, in a new order
             order = torch.randperm(n, generator=generator)
         index = order[b * config.batch_size : (b + 1) * config.batch_size]
-        x = preprocess(data.images[index]).to(device)
+        x = preprocess(_items(data.inputs, index)).to(device)  # token ids stay ints
         y = data.labels[index].to(device)
         lr = learning_rate(config, step, total)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss = F.cross_entropy(model(x), y, label_smoothing=config.label_smoothing)
+        loss = F.cross_entropy(system(x), y, label_smoothing=config.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip is not None:
@@ -617,15 +620,36 @@ def _train(
     return history
 
 
-def _labelled(image_set: ImageSet | None, split: str, role: str) -> ImageSet:
-    """``image_set``, or Fashion-MNIST's ``split`` when None; refused without labels."""
-    if image_set is None:
+def _training_set(
+    model: nn.Module, data: DataSet | None, argument: str = "train_set"
+) -> DataSet | None:
+    """``data``; refused when None (Fashion-MNIST, the default) for a model that does not take
+    images."""
+    modality = family_of(model).modality
+    if data is None and modality != "image":
+        raise InputError(
+            f"{argument} is needed for a {modality} model (the default is Fashion-MNIST images): "
+            f"pass a labelled set of {modality}s, e.g. a TextSet"
+        )
+    return data
+
+
+def _labelled(data: DataSet | None, split: str, role: str) -> DataSet:
+    """``data``, or Fashion-MNIST's ``split`` when None; refused without labels."""
+    if data is None:
         from hydra_core.data.fashion_mnist import load_fashion_mnist
 
-        image_set = load_fashion_mnist(split)
-    if image_set.labels is None:
-        raise ValueError(f"the {role} set {image_set.name!r} has no labels")
-    return image_set
+        data = load_fashion_mnist(split)
+    if data.labels is None:
+        raise ValueError(f"the {role} set {data.name!r} has no labels")
+    return data
+
+
+def _items(inputs: torch.Tensor | Sequence[str], index: torch.Tensor):
+    """The items of a set's ``inputs`` (images, or a tuple of texts) at ``index`` (1-D int64)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[index]
+    return tuple(inputs[i] for i in index.tolist())
 
 
 def _check_criterion(criterion: str) -> None:
@@ -635,9 +659,15 @@ def _check_criterion(criterion: str) -> None:
         )
 
 
-def _row_hashes(images: torch.Tensor) -> set[bytes]:
-    """One hash per image, of its pixels: equal images give equal hashes, whatever the set."""
-    return {hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest() for row in images}
+def _row_hashes(inputs: torch.Tensor | Sequence[str]) -> set[bytes]:
+    """One hash per sample, of its pixels or its text: equal samples give equal hashes, whatever
+    the set."""
+    rows = (
+        (row.numpy().tobytes() for row in inputs)
+        if isinstance(inputs, torch.Tensor)
+        else (text.encode() for text in inputs)
+    )
+    return {hashlib.blake2b(row, digest_size=16).digest() for row in rows}
 
 
 def _reset_flags(model: nn.Module) -> None:

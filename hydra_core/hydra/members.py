@@ -70,7 +70,7 @@ def greedy_ranking(
     Algorithm 1); members built from it are named ``CIRCUIT_NAMES[objective]``.
 
     Args:
-        model: the source model (a timm ViT); never modified.
+        model: the source model (a timm ViT or a Hugging Face text classifier); never modified.
         inputs: search-split tensors (never the report split).
         objective: the greedy objective, ``"acc"``, ``"ood"`` or ``"avg"``.
         budget: heads the search removes; the rest of the ranking follows the last step's scores.
@@ -103,7 +103,7 @@ def taylor_ranking(
 
     Args:
         model: the source model; never modified.
-        inputs: search-split tensors; the scores use the first ``samples`` ID images (None: all).
+        inputs: search-split tensors; the scores use the first ``samples`` ID inputs (None: all).
     """
     from hydra_core.analysis.taylor import taylor_global_ranking, taylor_scores
 
@@ -208,7 +208,7 @@ def taylor_member(
 
     Args:
         model: the source model; never modified.
-        inputs: search-split tensors; the scores use the first ``samples`` ID images (None: all).
+        inputs: search-split tensors; the scores use the first ``samples`` ID inputs (None: all).
         budget: heads removed in all, split evenly over the layers (give this or ``per_layer``).
         per_layer: heads removed in each layer, one number or one per layer.
     """
@@ -233,7 +233,7 @@ def taylor_member(
     counts = per_layer if isinstance(per_layer, int) else "/".join(str(int(r)) for r in per_layer)
     member = MemberMask(
         f"{TAYLOR_NAME}-{len(result.pruned)}",
-        f"layer-wise Taylor pruning, {counts} heads per layer ({len(x)} ID search images)",
+        f"layer-wise Taylor pruning, {counts} heads per layer ({len(x)} ID search samples)",
         result.keep,
     )
     check_members([member], layout)
@@ -256,7 +256,7 @@ def cahp_members(
 
     Args:
         model: the source model; never modified.
-        inputs: search-split tensors: the ID images give both the head profiles and the curve.
+        inputs: search-split tensors: the ID inputs give both the head profiles and the curve.
         seeds: one k-medoids seed per member, all different.
         degree: degree of the polynomial fitted to the accuracy-vs-heads curve.
         k_grid: the head counts to evaluate (:func:`~hydra_core.analysis.cahp.cahp_k_grid`;

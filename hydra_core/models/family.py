@@ -97,6 +97,37 @@ def parse_head_label(label: str) -> tuple[int, int]:
 #: what ``embed`` returns besides the stream and every block needs (None for images)
 Context = Any
 
+#: the kinds :meth:`ModelFamily.parameter_kind` sorts a model's parameters into: the embedding
+#: (ViT: patch and position embeddings, class tokens; text: token, position and type embeddings
+#: and their LayerNorm), attention, MLP, the blocks' and final LayerNorms, the classifier head
+#: (with BERT's pooler or the dense layer before a RoBERTa classifier)
+PARAMETER_KINDS = ("embed", "attn", "mlp", "norm", "head")
+
+
+@dataclass(frozen=True)
+class CostSizes:
+    """The sizes, besides the head layout, that the multiply-adds of one sample depend on.
+
+    Args:
+        num_tokens: N, tokens entering block 0 (ViT: patches + prefix tokens; text: the padded
+            length of the inputs).
+        mlp_hidden: d_ff, the MLP's hidden width.
+        num_classes: C, the classifier's outputs.
+        token_pool: the classifier reads the class token only.
+        num_patches: rows the stem's matrix multiply runs on (0 for a table lookup, as text).
+        patch_dim: the width of each such row (C * p_h * p_w for a patch embedding).
+        pre_classifier: width of a dense layer between the pooled token and the classifier
+            (BERT's pooler, RoBERTa's and DistilBERT's dense layer); 0 when there is none.
+    """
+
+    num_tokens: int
+    mlp_hidden: int
+    num_classes: int
+    token_pool: bool
+    num_patches: int = 0
+    patch_dim: int = 0
+    pre_classifier: int = 0
+
 
 def shallow_copy(module: nn.Module) -> nn.Module:
     """A new module object sharing ``module``'s submodules, parameters and buffers, whose own
@@ -164,6 +195,17 @@ class ModelFamily:
     def qkv_weights(self, block: nn.Module) -> list[nn.Parameter]:
         """The Q/K/V weight parameters of a block. Their rows, concatenated in order, are
         q, k, v, each head-major: reshaping to (3, H, d_k, d) gives per head rows (Taylor)."""
+        raise NotImplementedError
+
+    def parameter_kind(self, model: nn.Module, name: str) -> str:
+        """Which of :data:`PARAMETER_KINDS` the parameter ``name`` of ``model`` (as
+        ``model.named_parameters()`` names it) belongs to; a ValueError naming it otherwise."""
+        raise NotImplementedError
+
+    def cost_sizes(self, model: nn.Module, inputs: torch.Tensor | None = None) -> CostSizes:
+        """The sizes a forward's multiply-adds depend on, for one sample of ``inputs`` (this
+        family's model inputs; text needs them for the token count, which else defaults to the
+        longest input a text preprocess makes)."""
         raise NotImplementedError
 
     # --- running a model piece by piece ----------------------------------------------------------

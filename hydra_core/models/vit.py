@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from hydra_core.models.family import (
+    PARAMETER_KINDS,
     Context,
+    CostSizes,
     HeadLayout,
     ModelFamily,
     UnsupportedModelError,
@@ -250,6 +252,42 @@ class VitFamily(ModelFamily):
 
     def qkv_weights(self, block: nn.Module) -> list[nn.Parameter]:
         return [block.attn.qkv.weight]
+
+    def parameter_kind(self, model: nn.Module | None, name: str) -> str:
+        """By timm's names (``model`` is not needed): a norm inside a block (``norm1``, ``norm2``,
+        ``attn.q_norm``) is "norm", the rest of ``attn`` / ``ls1`` "attn", of ``mlp`` / ``ls2``
+        "mlp"; ``patch_embed``, class / register tokens and ``pos_embed`` "embed"; ``norm``,
+        ``fc_norm``, ``norm_pre`` "norm"; ``head`` "head"."""
+        parts = name.split(".")
+        if parts[0] == "blocks" and len(parts) > 2:
+            if any("norm" in part for part in parts[2:-1]):
+                return "norm"
+            if parts[2] in ("attn", "ls1"):
+                return "attn"
+            if parts[2] in ("mlp", "ls2"):
+                return "mlp"
+        elif parts[0] in ("patch_embed", "cls_token", "reg_token", "pos_embed"):
+            return "embed"
+        elif parts[0] in ("norm", "fc_norm", "norm_pre"):
+            return "norm"
+        elif parts[0] == "head":
+            return "head"
+        raise ValueError(
+            f"parameter {name!r} is in none of the groups {', '.join(PARAMETER_KINDS)}; "
+            "Hydra Lab knows timm VisionTransformer parameter names only"
+        )
+
+    def cost_sizes(self, model: nn.Module, inputs: torch.Tensor | None = None) -> CostSizes:
+        conv = model.patch_embed.proj
+        num_patches = int(model.patch_embed.num_patches)
+        return CostSizes(
+            num_tokens=num_patches + int(model.num_prefix_tokens),
+            mlp_hidden=int(_blocks(model)[0].mlp.fc1.out_features),
+            num_classes=int(model.head.out_features),
+            token_pool=model.global_pool == "token",
+            num_patches=num_patches,
+            patch_dim=conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1],
+        )
 
     def embed(self, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, Context]:
         return embed(model, inputs), None
