@@ -202,6 +202,14 @@ class SuffixEvaluator:
         self.last_layer = len(self.blocks) - 1
         self.cls_only = family.class_token_pooling(model)
         inputs = family.prepare(model, inputs)
+        # Samples in the family's order (text: by length, so that each pass is cut to its
+        # longest sample); every logits tensor handed out is put back into the caller's order.
+        self.order = family.sample_order(inputs)
+        self.inverse = None
+        if self.order is not None:
+            self.order = self.order.to(inputs.device)
+            inputs = inputs[self.order]
+            self.inverse = self.order.argsort()
         self.device = inputs.device
         self.num_samples = len(inputs)
         self.kept = [list(range(n)) for n in self.layout.num_heads]  # original head indices kept
@@ -268,21 +276,26 @@ class SuffixEvaluator:
     def _refresh(self, start: int) -> None:
         """Recompute the streams after layer ``start`` and the logits."""
         for layer in range(start, self.last_layer + 1):
-            out = torch.cat(
-                [self._layer(layer, self.xs[layer][c], self._context(c)) for c in self.chunks]
-            )
+            outputs = []
+            for c in self.chunks:
+                x, context = self.family.trim(self.xs[layer][c], self._context(c))
+                out = self._layer(layer, x, context)
+                if layer == self.last_layer:
+                    out = self.family.classify(self.model, out, context)
+                elif out.shape[1] < self.xs[layer].shape[1]:  # padding columns come back
+                    out = F.pad(out, (0, 0, 0, self.xs[layer].shape[1] - out.shape[1]))
+                outputs.append(out)
             if layer < self.last_layer:
-                self.xs[layer + 1] = out
+                self.xs[layer + 1] = torch.cat(outputs)
             else:
-                self.logits = torch.cat(
-                    [
-                        self.family.classify(self.model, out[c], self._context(c))
-                        for c in self.chunks
-                    ]
-                )
+                self.logits = self._caller_order(torch.cat(outputs))
 
     def _context(self, samples: slice) -> object:
         return self.family.select_context(self.context, samples)
+
+    def _caller_order(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (..., S, K) of the samples in this evaluator's order -> in the caller's."""
+        return logits if self.inverse is None else logits.index_select(-2, self.inverse)
 
     # --- one block --------------------------------------------------------------------------
 
@@ -385,10 +398,11 @@ class SuffixEvaluator:
                     logits[part, chunk] = self._candidates_pass(
                         layer, shared, position[part], heads[part]
                     )
-            yield [(layer, h) for h in kept], logits
+            yield [(layer, h) for h in kept], self._caller_order(logits)
 
     def _shared(self, layer: int, x: torch.Tensor, context: object) -> _Shared:
         """What every candidate of ``layer`` shares for the samples ``x`` (s, N, d)."""
+        x, context = self.family.trim(x, context)
         rows = self._query_rows(layer)
         z = self._heads(layer, x, context)  # (s, Nq, Hk, d_k)
         attn = self._project(layer, z)  # (s, Nq, d)

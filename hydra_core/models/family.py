@@ -251,6 +251,16 @@ class ModelFamily:
         """True when the classifier reads only token 0 of the last block's output."""
         raise NotImplementedError
 
+    def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """An order of the samples that makes batches of neighbours cheap (text: by length, so a
+        batch is cut to its longest member); None when the order does not matter."""
+        return None
+
+    def trim(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, Context]:
+        """A batch's stream (B, N, d) and context cut to the positions some sample uses (text:
+        padding columns beyond the longest sample dropped); as given by default."""
+        return x, context
+
     def select_context(self, context: Context, index: slice | torch.Tensor) -> Context:
         """The context of the samples ``index`` of a batch."""
         return context

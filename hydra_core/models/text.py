@@ -524,18 +524,45 @@ class TextFamily(ModelFamily):
         query = _get(block, arch.query)
         h = query.out_features // dk
         xq = x if queries is None else x[:, queries]
-        q = query(xq).reshape(b, -1, h, dk).transpose(1, 2)  # (B, H, Nq, d_k)
-        k = _get(block, arch.key)(x).reshape(b, n, h, dk).transpose(1, 2)
-        v = _get(block, arch.value)(x).reshape(b, n, h, dk).transpose(1, 2)
-        scores = (q * dk**-0.5) @ k.transpose(-2, -1)  # (B, H, Nq, N)
+        q = query(xq).reshape(b, -1, h, dk).transpose(1, 2) * dk**-0.5  # (B, H, Nq, d_k)
+        key, value = _get(block, arch.key), _get(block, arch.value)
+        bias = context.scores_bias(x.dtype)  # (B, 1, 1, N)
         if context.position_bias is not None:
-            bias = context.position_bias
+            position = context.position_bias
             kept = self._kept_heads(block)
             if kept is not None:
-                bias = bias.index_select(1, kept.to(bias.device))
-            scores = scores + (bias if queries is None else bias[:, :, queries])
-        scores = scores + context.scores_bias(scores.dtype)
+                position = position.index_select(1, kept.to(position.device))
+            bias = bias + (position if queries is None else position[:, :, queries])
+        if q.shape[2] == 1:
+            return self._one_query(q[:, :, 0], x, key, value, bias, dk)
+        k = key(x).reshape(b, n, h, dk).transpose(1, 2)
+        v = value(x).reshape(b, n, h, dk).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) + bias  # (B, H, Nq, N)
         return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+
+    @staticmethod
+    def _one_query(
+        q: torch.Tensor,
+        x: torch.Tensor,
+        key: nn.Linear,
+        value: nn.Linear,
+        bias: torch.Tensor,
+        dk: int,
+    ) -> torch.Tensor:
+        """Attention of one query row (B, H, d_k) with W_K and W_V folded onto the query side:
+        scores q_h W_K,h x_k (W_K's bias adds the same to every score, which softmax ignores)
+        and output W_V,h (sum_k a_hk x_k) + b_V,h, since the weights a_hk sum to one. The keys
+        and values of the N tokens are never formed. Returns (B, 1, H, d_k)."""
+        b, h, _ = q.shape
+        w_k = key.weight.reshape(h, dk, -1)  # (H, d_k, d)
+        w_v = value.weight.reshape(h, dk, -1)
+        folded = torch.bmm(q.transpose(0, 1), w_k).transpose(0, 1)  # (B, H, d)
+        scores = torch.bmm(folded, x.transpose(1, 2)) + bias[:, :, 0]  # (B, H, N)
+        mixed = torch.bmm(scores.softmax(-1), x)  # (B, H, d)
+        z = torch.bmm(mixed.transpose(0, 1), w_v.transpose(1, 2)).transpose(0, 1)  # (B, H, d_k)
+        if value.bias is not None:
+            z = z + value.bias.reshape(h, dk)
+        return z[:, None]
 
     def layout_head_dim(self, block: nn.Module) -> int:
         arch = self._arch_of_block(block)
@@ -562,6 +589,19 @@ class TextFamily(ModelFamily):
 
     def class_token_pooling(self, model: nn.Module) -> bool:
         return True
+
+    def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        return inputs[:, 1].sum(1).argsort(stable=True)
+
+    def trim(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, Context]:
+        used = context.mask.any(0).nonzero()
+        n = int(used.max()) + 1 if len(used) else 1
+        if n == x.shape[1]:
+            return x, context
+        bias = context.position_bias
+        return x[:, :n], TextContext(
+            context.mask[:, :n], None if bias is None else bias[..., :n, :n]
+        )
 
     def select_context(self, context: Context, index) -> Context:
         return TextContext(context.mask[index], context.position_bias)
