@@ -3,13 +3,16 @@ and Deep Ensembles (full models one after another).
 
 M = 3 members, each keeping 2/3 of the heads of every layer, chosen with a different seed per
 member; random weights. Shapes: the default model (28 px, patch 7, d 192, depth 6, 12 heads, MLP
-ratio 2), ViT-S/16 and ViT-B/16 (224 px). Batch sizes 1, 4 and 64; fp32 on the CPU, and on a GPU
-fp32 and bf16 autocast too. Latency is the median of round-robin repeats (all rows take turns, so
-drifts in machine load hit them alike); each cell gets a time budget, and a cell whose first round
-already exceeds it is reported from that one round.
+ratio 2), ViT-S/16 and ViT-B/16 (224 px), and a text encoder of MiniLM's shape (``minilm``: BERT,
+6 layers x 12 heads, hidden 384, MLP 1536, vocabulary 30522; 64 tokens per sentence, no padding).
+Batch sizes 1, 4 and 64; fp32 on the CPU, and on a GPU fp32 and bf16 autocast too. Latency is the
+median of round-robin repeats (all rows take turns, so drifts in machine load hit them alike); each
+cell gets a time budget, and a cell whose first round already exceeds it is reported from that one
+round.
 
-    python bench/fusion.py                    # everything (about 10 minutes on a quiet 2-core CPU)
+    python bench/fusion.py                    # everything (about 13 minutes on a quiet 2-core CPU)
     python bench/fusion.py --quick            # the default model only, short budgets
+    python bench/fusion.py --text             # the text encoder (MiniLM's shape) only
     python bench/fusion.py --json             # JSON instead of a table
     python bench/fusion.py --malloc-no-trim   # glibc keeps freed memory (as jemalloc would)
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+import transformers
 from timm.models.vision_transformer import VisionTransformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +44,7 @@ from hydra_core.hydra import fuse_members  # noqa: E402
 from hydra_core.hydra.cost import cost_table, forward_fn, measure_latencies  # noqa: E402
 from hydra_core.models.adapter import prune_heads  # noqa: E402
 from hydra_core.models.default import VitConfig  # noqa: E402
+from hydra_core.models.text import TextClassifier, pack  # noqa: E402
 
 SHAPES = {
     "default": asdict(VitConfig()),
@@ -64,6 +69,19 @@ SHAPES = {
         mlp_ratio=4.0,
     ),
 }
+#: Hugging Face BERT configurations (random weights), run on TEXT_TOKENS tokens per sentence
+TEXT_SHAPES = {
+    "minilm": dict(
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        num_labels=2,
+    ),
+}
+TEXT_TOKENS = 64
 BATCHES = (1, 4, 64)
 MEMBERS = 3
 ROWS = ("single", "members one by one", "Hydra fused", "Deep Ensembles")
@@ -82,11 +100,19 @@ def member_masks(depth: int, heads: int) -> list[torch.Tensor]:
 
 
 def build(shape: str) -> dict[str, list[torch.nn.Module]]:
-    """The models of every row, with random weights (eval mode, CPU)."""
-    cfg = SHAPES[shape]
-    torch.manual_seed(0)
-    models = [VisionTransformer(**cfg).eval() for _ in range(MEMBERS)]  # Deep Ensembles' 3 seeds
-    masks = member_masks(cfg["depth"], cfg["num_heads"])
+    """The models of every row, with random weights (eval mode, CPU); text models wrapped in a
+    TextClassifier, so that every row takes the same packed token ids."""
+    torch.manual_seed(0)  # the M models are Deep Ensembles' members; the first is the single one
+    if shape in TEXT_SHAPES:
+        config = transformers.BertConfig(**TEXT_SHAPES[shape])
+        hf = [transformers.BertForSequenceClassification(config) for _ in range(MEMBERS)]
+        models = [TextClassifier(m.eval()) for m in hf]
+        depth, heads = config.num_hidden_layers, config.num_attention_heads
+    else:
+        cfg = SHAPES[shape]
+        models = [VisionTransformer(**cfg).eval() for _ in range(MEMBERS)]
+        depth, heads = cfg["depth"], cfg["num_heads"]
+    masks = member_masks(depth, heads)
     return {
         "single": models[:1],
         "members one by one": [prune_heads(models[0], k).eval() for k in masks],
@@ -95,17 +121,21 @@ def build(shape: str) -> dict[str, list[torch.nn.Module]]:
     }
 
 
-def images_for(shape: str, batch: int, device: torch.device) -> torch.Tensor:
-    cfg = SHAPES[shape]
+def inputs_for(shape: str, batch: int, device: torch.device) -> torch.Tensor:
+    """Random images, or random token ids packed with an all-ones attention mask (B, 2, T)."""
     g = torch.Generator().manual_seed(batch)
+    if shape in TEXT_SHAPES:
+        ids = torch.randint(TEXT_SHAPES[shape]["vocab_size"], (batch, TEXT_TOKENS), generator=g)
+        return pack(ids).to(device)
+    cfg = SHAPES[shape]
     size = (batch, cfg["in_chans"], cfg["img_size"], cfg["img_size"])
     return torch.randn(size, generator=g).to(device)
 
 
 @torch.inference_mode()
 def fusion_error(rows: dict[str, list[torch.nn.Module]], shape: str) -> float:
-    """Largest |fused - member| logit difference (fp32, CPU, 2 images): the fusion is exact."""
-    x = images_for(shape, 2, torch.device("cpu"))
+    """Largest |fused - member| logit difference (fp32, CPU, 2 inputs): the fusion is exact."""
+    x = inputs_for(shape, 2, torch.device("cpu"))
     fused = rows["Hydra fused"][0](x)
     return max(
         (fused[:, m] - member(x)).abs().max().item()
@@ -151,14 +181,14 @@ def run(
         rows = build(shape)
         error = fusion_error(rows, shape)
         # params and one image's multiply-adds; a batch's are one image's times the batch size
-        cost = cost_table(rows, images_for(shape, 1, torch.device("cpu")), latency=False)
+        cost = cost_table(rows, inputs_for(shape, 1, torch.device("cpu")), latency=False)
         log(f"# {shape}: fused vs members max |logit difference| {error:.2e}")
         for device_name, dtype in settings():
             device = torch.device(device_name)
             on_device = {name: [m.to(device) for m in models] for name, models in rows.items()}
             precision = "bf16-autocast" if dtype else "fp32"
             for batch in batches:
-                x = images_for(shape, batch, device)
+                x = inputs_for(shape, batch, device)
                 fns = {
                     name: forward_fn(models, x, autocast_dtype=dtype)
                     for name, models in on_device.items()
@@ -244,12 +274,13 @@ def summary_table(results: list[dict]) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="default model only, short budgets")
+    parser.add_argument("--text", action="store_true", help="the text shape (minilm) only")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--shapes",
         nargs="+",
-        choices=sorted(SHAPES),
-        help="default: all (with --quick: the default model)",
+        choices=sorted(SHAPES) + sorted(TEXT_SHAPES),
+        help="default: all (with --quick: the default model; with --text: minilm)",
     )
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument(
@@ -269,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     no_trim = malloc_no_trim() if args.malloc_no_trim else False
-    shapes = args.shapes or (["default"] if args.quick else list(SHAPES))
+    everything = list(SHAPES) + list(TEXT_SHAPES)
+    shapes = args.shapes or (
+        list(TEXT_SHAPES) if args.text else ["default"] if args.quick else everything
+    )
     budget = args.budget_s if args.budget_s is not None else (8.0 if args.quick else 40.0)
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     load_before = environment()["loadavg"]

@@ -48,6 +48,7 @@ _EXPORTS = {
         "load_hydra",
         "save_hydra",
     ),
+    "hydra_core.hydra.fused_text": ("HydraText",),
     "hydra_core.masks": (
         "MemberMask",
         "load_masks",

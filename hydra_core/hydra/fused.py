@@ -37,6 +37,15 @@ from timm.models.vision_transformer import global_pool_nlc
 from torch import nn
 
 from hydra_core.files import atomic_write
+from hydra_core.hydra.fused_text import FORMAT as TEXT_FORMAT
+from hydra_core.hydra.fused_text import FORMAT_VERSION as TEXT_FORMAT_VERSION
+from hydra_core.hydra.fused_text import (
+    HydraText,
+    HydraTextConfig,
+    assemble_text,
+    check_text_fusable,
+    fuse_text_members,
+)
 from hydra_core.hydra.layers import (
     ACTIVATIONS,
     FusedBlock,
@@ -44,16 +53,20 @@ from hydra_core.hydra.layers import (
     MergedMlp,
     StackedLayerNorm,
     Stem,
+    stack_members,
 )
 from hydra_core.models.adapter import (
     HeadLayout,
     UnsupportedModelError,
     as_keep_mask,
+    family_of,
     head_layout,
 )
 
 FORMAT = "hydra-fused"
 FORMAT_VERSION = 1
+#: the family whose members fuse into a HydraText (models.text.TEXT's name)
+TEXT_FAMILY = "text"
 POOLS = ("token", "avg", "max", "avgmax")
 
 
@@ -190,8 +203,9 @@ class HydraViT(nn.Module):
 # Fusing members.
 
 
-def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT:
-    """Fuse M (model, keep) pairs into one :class:`HydraViT`.
+def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT | HydraText:
+    """Fuse M (model, keep) pairs into one :class:`HydraViT` (or, for text classifiers, one
+    :class:`~hydra_core.hydra.fused_text.HydraText`: see :func:`fuse_text_members`).
 
     Each model is a timm VisionTransformer - the same object M times for zero-shot members, or
     separately fine-tuned (possibly already structurally pruned) models; ``keep`` is a head mask
@@ -204,6 +218,12 @@ def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT:
     if not members:
         raise ValueError("cannot fuse an empty list of members")
     parsed = [_parse_member(i, m) for i, m in enumerate(members)]  # (model, keep, layout)
+    families = [family_of(model).name for model, _, _ in parsed]
+    if any(f != families[0] for f in families):
+        listing = ", ".join(f"member {i} is a {f} model" for i, f in enumerate(families))
+        raise ValueError(f"members disagree on the model family: {listing}")
+    if families[0] == TEXT_FAMILY:
+        return fuse_text_members([(model, keep) for model, keep, _ in parsed])
     specs = [_architecture(i, model, layout) for i, (model, _, layout) in enumerate(parsed)]
     for key in specs[0]:
         values = [spec[key] for spec in specs]
@@ -227,7 +247,7 @@ def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT:
         tensors.update(_block_tensors(layer, blocks, [h[layer] for h in heads], spec["head_dim"]))
     tensors.update(_norm_tensors("norm", [m.norm for m in models]))
     tensors.update(_norm_tensors("fc_norm", [m.fc_norm for m in models]))
-    head_w, head_b = _stack(
+    head_w, head_b = stack_members(
         [(m.head.weight.t(), _vector(m.head.bias, m.head.weight)) for m in models]
     )
     tensors["head.weight"], tensors["head.bias"] = head_w, head_b[:, None]  # (S, d, C), (S, 1, C)
@@ -250,6 +270,9 @@ def _parse_member(index: int, member: object) -> tuple[nn.Module, torch.Tensor, 
 def check_fusable(model: nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` saying why members of ``model`` cannot be fused, so
     that a user learns it when choosing the model, not at the last step."""
+    if family_of(model).name == TEXT_FAMILY:
+        check_text_fusable(model)
+        return
     _architecture(None, model, head_layout(model))
 
 
@@ -370,29 +393,6 @@ def _vector(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
     return weight.new_zeros(weight.shape[:1]) if bias is None else bias.detach()
 
 
-def _stack(per_member: list[tuple[torch.Tensor | None, ...]]) -> tuple[torch.Tensor | None, ...]:
-    """Per-member tuples of tensors -> the same tuple with a leading member axis S on each tensor.
-
-    S = 1 (one copy) when every member has identical tensors, else S = M. Tensors are copied, so the
-    fused model never aliases a member's weights."""
-    first = per_member[0]
-
-    def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-        if a is None or b is None:
-            return a is b
-        return a.shape == b.shape and torch.equal(a, b)
-
-    if all(same(a, b) for other in per_member[1:] for a, b in zip(first, other, strict=True)):
-        contiguous = torch.contiguous_format
-        return tuple(
-            None if t is None else t.detach().clone(memory_format=contiguous)[None] for t in first
-        )
-    return tuple(
-        None if parts[0] is None else torch.stack([t.detach() for t in parts])
-        for parts in zip(*per_member, strict=True)
-    )
-
-
 def _layer_norm(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A LayerNorm's (weight, bias); None for an Identity."""
     if isinstance(norm, nn.Identity):
@@ -408,7 +408,7 @@ def _norm_tensors(name: str, norms: Sequence[nn.Module]) -> dict[str, torch.Tens
         return {}
     if any(p is None for p in parts):
         raise UnsupportedModelError(f"some members have a `{name}` LayerNorm and some do not")
-    weight, bias = _stack(parts)
+    weight, bias = stack_members(parts)
     return {f"{name}.weight": weight, f"{name}.bias": bias}
 
 
@@ -422,7 +422,7 @@ def _stem_tensors(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
         tokens = [None if t is None else t[0] for t in tokens]  # drop the leading batch axis
         conv = m.patch_embed.proj
         per_member.append((_param(conv, "weight"), _param(conv, "bias"), *tokens))
-    stacked = zip(names, _stack(per_member), strict=True)
+    stacked = zip(names, stack_members(per_member), strict=True)
     tensors = {f"stem.{n}": t for n, t in stacked if t is not None}
     tensors.update(_norm_tensors("stem.patch_norm", [m.patch_embed.norm for m in models]))
     tensors.update(_norm_tensors("stem.norm_pre", [m.norm_pre for m in models]))
@@ -471,11 +471,13 @@ def _block_tensors(
             f"block {layer}: some members scale their MLP output (layer scale) and some do not"
         )
     tensors = dict(
-        zip(("qkv.weight", "qkv.bias", "proj.weight", "proj.bias"), _stack(attn), strict=True)
+        zip(
+            ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias"), stack_members(attn), strict=True
+        )
     )
-    tensors["norm1.weight"], tensors["norm1.bias"] = _stack(norm1)
-    tensors["norm2.weight"], tensors["norm2.bias"] = _stack(norm2)
-    (tensors["ls2"],) = _stack(ls2)
+    tensors["norm1.weight"], tensors["norm1.bias"] = stack_members(norm1)
+    tensors["norm2.weight"], tensors["norm2.bias"] = stack_members(norm2)
+    (tensors["ls2"],) = stack_members(ls2)
     tensors.update(_merged_mlp(blocks))
     return {f"blocks.{layer}.{k}": v for k, v in tensors.items() if v is not None}
 
@@ -487,7 +489,7 @@ def _merged_mlp(blocks: Sequence[nn.Module]) -> dict[str, torch.Tensor | None]:
     if len({tuple(p is None for p in parts) for parts in per_member}) > 1:
         raise UnsupportedModelError("members disagree on whether their MLP layers have biases")
     # a single (shared) copy averages to itself exactly
-    merged = (None if t is None else t.mean(dim=0) for t in _stack(per_member))
+    merged = (None if t is None else t.mean(dim=0) for t in stack_members(per_member))
     return {f"mlp.{n}": t for n, t in zip(names, merged, strict=True)}
 
 
@@ -584,7 +586,7 @@ def _check_consistent(hydra: HydraViT) -> None:
 
 
 def save_hydra(
-    hydra: HydraViT,
+    hydra: HydraViT | HydraText,
     path: str | Path,
     *,
     preprocess: dict | None = None,
@@ -592,7 +594,8 @@ def save_hydra(
     classes: Sequence[str] | None = None,
 ) -> None:
     """Write ``hydra`` as safetensors (atomically); the header's ``hydra`` entry (JSON) describes
-    the model.
+    the model (format ``hydra-fused`` for a :class:`HydraViT`, ``hydra-fused-text`` for a
+    :class:`~hydra_core.hydra.fused_text.HydraText`).
 
     Args:
         hydra: the fused model.
@@ -610,8 +613,9 @@ def save_hydra(
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
 
 
-def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT:
-    """Rebuild a :class:`HydraViT` (eval mode) from a file written by :func:`save_hydra`."""
+def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT | HydraText:
+    """Rebuild a :class:`HydraViT` or :class:`~hydra_core.hydra.fused_text.HydraText` (eval
+    mode) from a file written by :func:`save_hydra`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -632,17 +636,25 @@ def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT
         raise ValueError(f"{path}: the 'hydra' header is not valid JSON ({error})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: the 'hydra' header is not a JSON object")
-    if (header.get("format"), header.get("version")) != (FORMAT, FORMAT_VERSION):
+    formats = {
+        FORMAT: (FORMAT_VERSION, HydraConfig, _assemble),
+        TEXT_FORMAT: (TEXT_FORMAT_VERSION, HydraTextConfig, assemble_text),
+    }
+    fmt, version = header.get("format"), header.get("version")
+    if fmt not in formats or version != formats[fmt][0]:
+        readable = [(f, v) for f, (v, _, _) in formats.items() if f == fmt] or [
+            (f, v) for f, (v, _, _) in formats.items()
+        ]
         raise ValueError(
-            f"{path}: the header says format {header.get('format')!r} version "
-            f"{header.get('version')!r}; this code reads {FORMAT!r} version "
-            f"{FORMAT_VERSION}"
+            f"{path}: the header says format {fmt!r} version {version!r}; this code reads "
+            + " or ".join(f"{f!r} version {v}" for f, v in readable)
         )
+    _, config_class, assemble = formats[fmt]
     try:
-        config = HydraConfig.from_json(header)
+        config = config_class.from_json(header)
     except (ValueError, TypeError) as error:
         raise ValueError(f"{path}: the 'hydra' header is malformed ({error})") from None
     try:
-        return _assemble(config, tensors).eval()
+        return assemble(config, tensors).eval()
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path}: the 'hydra' header is malformed ({error!r})") from None

@@ -7,10 +7,13 @@ splits into M member streams at the first per-member weight.
 - :class:`StackedLayerNorm`: LayerNorm with per-member (or shared) weight and bias;
 - :class:`GroupedLinear`: ``y[m] = x[m] @ W[m] + b[m]``, one batched matrix multiply;
 - :class:`MergedMlp`: one MLP (the members' MLPs averaged) for every stream;
-- :class:`FusedBlock`: a pre-norm transformer block running every member's heads in one attention;
-- :class:`Stem`: patch embedding, prefix tokens and position embedding.
+- :class:`FusedBlock`: a transformer block (pre-norm as timm's, or post-norm as BERT's) running
+  every member's heads in one attention, optionally with an additive attention bias;
+- :class:`Stem`: patch embedding, prefix tokens and position embedding;
+- :func:`stack_members`: per-member tensors stacked on the member axis, S = 1 when all are equal.
 
-:class:`~hydra_core.hydra.fused.HydraViT` is composed from these.
+:class:`~hydra_core.hydra.fused.HydraViT` and :class:`~hydra_core.hydra.fused_text.HydraText` are
+composed from these.
 """
 
 from __future__ import annotations
@@ -37,6 +40,31 @@ ACTIVATIONS_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu_,
     "silu": lambda x: F.silu(x, inplace=True),
 }
+
+
+def stack_members(
+    per_member: list[tuple[torch.Tensor | None, ...]],
+) -> tuple[torch.Tensor | None, ...]:
+    """Per-member tuples of tensors -> the same tuple with a leading member axis S on each tensor.
+
+    S = 1 (one copy) when every member has identical tensors, else S = M. Tensors are copied, so the
+    fused model never aliases a member's weights."""
+    first = per_member[0]
+
+    def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+        if a is None or b is None:
+            return a is b
+        return a.shape == b.shape and torch.equal(a, b)
+
+    if all(same(a, b) for other in per_member[1:] for a, b in zip(first, other, strict=True)):
+        contiguous = torch.contiguous_format
+        return tuple(
+            None if t is None else t.detach().clone(memory_format=contiguous)[None] for t in first
+        )
+    return tuple(
+        None if parts[0] is None else torch.stack([t.detach() for t in parts])
+        for parts in zip(*per_member, strict=True)
+    )
 
 
 class StackedLayerNorm(nn.Module):
@@ -141,7 +169,10 @@ class MergedMlp(nn.Module):
 
 
 class FusedBlock(nn.Module):
-    """One fused transformer block (timm ``Block`` semantics, pre-norm) for all members.
+    """One fused transformer block for all members: pre-norm (timm ``Block``) or post-norm (BERT).
+
+    Pre-norm: ``x + W_O(attn(norm1(x)))``, then ``x + ls2 * mlp(norm2(x))``. Post-norm:
+    ``h = norm1(x + W_O(attn(x)))``, then ``norm2(h + mlp(h))``.
 
     Args:
         head_dim: d_k.
@@ -150,7 +181,8 @@ class FusedBlock(nn.Module):
             head-major within each; None when no member keeps a head in this layer.
         proj: grouped output projection (S, H_max * d_k, d), the attention's layer scale folded in.
         mlp: the merged MLP.
-        ls2: the MLP's layer scale, (S, d), or None.
+        ls2: the MLP's layer scale, (S, d), or None (always None when ``post_norm``).
+        post_norm: normalise after each residual (BERT) instead of before each branch (timm).
     """
 
     def __init__(
@@ -163,11 +195,15 @@ class FusedBlock(nn.Module):
         norm2: StackedLayerNorm,
         mlp: MergedMlp,
         ls2: torch.Tensor | None,
+        post_norm: bool = False,
     ) -> None:
         super().__init__()
+        if post_norm and ls2 is not None:
+            raise ValueError("a post-norm block has no layer scale: pass ls2=None")
         self.head_dim = head_dim
         self.norm1, self.qkv, self.proj, self.norm2, self.mlp = norm1, qkv, proj, norm2, mlp
         self.ls2 = None if ls2 is None else nn.Parameter(ls2)
+        self.post_norm = post_norm
 
     @property
     def max_heads(self) -> int:
@@ -181,21 +217,33 @@ class FusedBlock(nn.Module):
         parts += [self.ls2] if self.ls2 is not None else []
         return all(p.shape[0] == 1 for p in parts)
 
-    def forward(self, x: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
-        """x: (S_x, B, N, d) -> (S, B, N', d); N' = 1 when ``cls_only`` (row 0 only)."""
+    def forward(
+        self, x: torch.Tensor, cls_only: bool = False, attn_bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x: (S_x, B, N, d) -> (S, B, N', d); N' = 1 when ``cls_only`` (row 0 only).
+        ``attn_bias``: added to every head's attention scores (see :meth:`head_outputs`)."""
         _, b, _, d = x.shape
-        z = self.head_outputs(self.norm1(x), cls_only)  # (S, B*N', H*d_k)
+        z = self.head_outputs(x if self.post_norm else self.norm1(x), cls_only, attn_bias)
         if cls_only:
             x = x[:, :, :1]  # (S_x, B, 1, d)
         x = _add_residual(x, self.proj(z).view(-1, b, x.shape[2], d))  # (S, B, N', d)
         del z  # free activation-sized temporaries as soon as they are used
+        if self.post_norm:
+            x = self.norm1(x)
+            return self.norm2(_add_residual(x, self.mlp(x)))
         m = self.mlp(self.norm2(x))
         if self.ls2 is None:
             return _add_residual(x, m)
         return torch.addcmul(x, self.ls2.view(self.ls2.shape[0], 1, 1, d), m)
 
-    def head_outputs(self, h: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
-        """Every member's head outputs Z (before W_O) for the normalised stream h (S_x, B, N, d).
+    def head_outputs(
+        self, h: torch.Tensor, cls_only: bool = False, attn_bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Every member's head outputs Z (before W_O) for the (normalised) stream h (S_x, B, N, d).
+
+        ``attn_bias`` is added to the attention scores: a float tensor (S_b, B, H_b, N_q, N) with
+        S_b in (1, S), H_b in (1, H_max) and N_q in (1, N) - e.g. a padding mask (1, B, 1, 1, N)
+        holding a large negative value at padding keys, plus a per-member, per-head position bias.
 
         Returns (S, B*N', H_max*d_k): member-major, heads concatenated as at timm's ``proj``."""
         s_x, b, n, d = h.shape
@@ -205,11 +253,20 @@ class FusedBlock(nn.Module):
         heads, dk = self.max_heads, self.head_dim
         qkv = self.qkv(h.view(s_x, b * n, d))  # (S, B*N, 3*H*d_k)
         s = qkv.shape[0]
-        qkv = qkv.view(s * b, n, 3, heads, dk)  # (S*B, N, 3, H, d_k): a view, no copy
+        if attn_bias is not None and attn_bias.shape[0] > s:  # one Q/K/V, per-member biases
+            s = attn_bias.shape[0]
+            qkv = qkv.expand(s, *qkv.shape[1:])
+        qkv = qkv.reshape(s * b, n, 3, heads, dk)  # (S*B, N, 3, H, d_k): a view unless expanded
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # each (S*B, H, N, d_k)
+        mask = None
+        if attn_bias is not None:
+            if cls_only:
+                attn_bias = attn_bias[..., :1, :]  # (S_b, B, H_b, 1, N)
+            rest = attn_bias.shape[2:]
+            mask = attn_bias.to(q.dtype).expand(s, b, *rest).reshape(s * b, *rest)
         if cls_only:
             q = q[:, :, :1]  # (S*B, H, 1, d_k)
-        z = F.scaled_dot_product_attention(q, k, v)  # every member's heads: (S*B, H, N', d_k)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (S*B, H, N', d_k)
         return z.transpose(1, 2).reshape(s, b * nq, heads * dk)  # (S, B*N', H*d_k), no copy
 
 
