@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.models.adapter import family_of
+from hydra_core.models.family import PostNormParts
 from hydra_core.models.vit import VIT
 
 #: Token rows (candidates x samples x tokens) per batched pass on the CPU. Single-threaded, small
@@ -81,6 +82,7 @@ class _MlpFold:
     row_sum: torch.Tensor  # (hidden,): s = W1 gamma2, the response to a constant shift
     bias: torch.Tensor  # (hidden,): b' = W1 beta2 + b1
     eps: float
+    post_norm: PostNormParts | None = None  # a post-LN block's parts (the norm is norm1 there)
 
 
 def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
@@ -100,6 +102,25 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
         or tuple(norm.normalized_shape) != (head_out.shape[-1],)
     ):
         return None
+    return _fold(norm, mlp.fc1, head_out, scale1)
+
+
+def _post_norm_fold(parts: PostNormParts | None, head_out: torch.Tensor) -> _MlpFold | None:
+    """The fold for a post-LN block (h = norm1(u), then norm2(h + fc2(act(fc1(h))))): the same
+    constants with norm1 in norm2's place and no layer scale."""
+    if parts is None or not isinstance(parts.norm1, nn.LayerNorm):
+        return None
+    if tuple(parts.norm1.normalized_shape) != (head_out.shape[-1],):
+        return None
+    fold = _fold(parts.norm1, parts.fc1, head_out, torch.ones(()))
+    fold.post_norm = parts
+    return fold
+
+
+def _fold(
+    norm: nn.LayerNorm, fc1: nn.Linear, head_out: torch.Tensor, scale1: torch.Tensor
+) -> _MlpFold:
+    """The constants of fc1(norm(u - delta_h)) as a rank-d_k update (see :class:`_MlpFold`)."""
 
     def exact(t: torch.Tensor) -> torch.Tensor:  # folded in float64, on the CPU
         return t.detach().cpu().double()
@@ -107,11 +128,11 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
     def back(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=head_out.device, dtype=head_out.dtype)
 
-    w1 = exact(mlp.fc1.weight)  # (hidden, d)
+    w1 = exact(fc1.weight)  # (hidden, d)
     d = w1.shape[1]
     gamma = exact(norm.weight) if norm.weight is not None else w1.new_ones(d)
     beta = exact(norm.bias) if norm.bias is not None else w1.new_zeros(d)
-    b1 = exact(mlp.fc1.bias) if mlp.fc1.bias is not None else w1.new_zeros(w1.shape[0])
+    b1 = exact(fc1.bias) if fc1.bias is not None else w1.new_zeros(w1.shape[0])
     out = exact(head_out) * exact(scale1)  # (H, d_k, d)
     w1g = w1 * gamma  # (hidden, d)
     return _MlpFold(
@@ -225,7 +246,7 @@ class SuffixEvaluator:
         ]
         self.head_out = [w.contiguous() for w in self.head_out]
         self.folds = [
-            _mlp_fold(b, w) if family is VIT else None
+            _mlp_fold(b, w) if family is VIT else _post_norm_fold(family.post_norm_parts(b), w)
             for b, w in zip(self.blocks, self.head_out, strict=True)
         ]
         self.tokens = family.embed(model, inputs[:1])[0].shape[1]
@@ -418,7 +439,8 @@ class SuffixEvaluator:
             return _LoneHead(z=z, x=x, context=context, bias_only=bias_only)
         if fold is None:
             return _SharedAttention(z=z, x=x, context=context, attn=attn)
-        mid = x + self.views[layer].ls1(attn)  # (s, N, d), the residual after the attention
+        # (s, N, d), the residual after the attention
+        mid = x + (attn if fold.post_norm is not None else self.views[layer].ls1(attn))
         centred = mid - mid.mean(-1, keepdim=True)
         f = F.linear(centred, fold.w1g)  # (s, N, hidden)
         return _SharedMlpInput(z=z, context=context, mid=mid, f=f, fold=fold)
@@ -438,6 +460,8 @@ class SuffixEvaluator:
             delta = torch.bmm(z, self.head_out[layer][heads])  # (c, s*Nq, d): each head's share
             attn = shared.attn.reshape(1, s * nq, -1) - delta
             x = self.family.block_rest(view, shared.x.reshape(1, s * nq, -1), attn)  # (c, s*Nq, d)
+        elif shared.fold.post_norm is not None:
+            x = self._post_norm_candidates(shared, z, heads)
         else:
             fold = shared.fold
             delta = torch.bmm(z, fold.head_out[heads])  # (c, s*N, d), layer scale included
@@ -455,3 +479,25 @@ class SuffixEvaluator:
         context = self.family.repeat_context(shared.context, c)
         logits = self._suffix(layer + 1, x.reshape(c * s, nq, -1), context)  # (c*s, K)
         return logits.reshape(c, s, -1)
+
+    @staticmethod
+    def _post_norm_candidates(
+        shared: _SharedMlpInput, z: torch.Tensor, heads: torch.Tensor
+    ) -> torch.Tensor:
+        """A post-LN block's output (c, s*N, d) for c candidates, with fc1 as a rank-d_k update:
+        u = mid - delta_h, h = norm1(u), out = norm2(h + fc2(act(fc1(h))))."""
+        fold, parts = shared.fold, shared.fold.post_norm
+        s, n = shared.mid.shape[:2]
+        delta = torch.bmm(z, fold.head_out[heads])  # (c, s*N, d)
+        u = shared.mid.reshape(1, s * n, -1) - delta
+        centred = u - u.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(centred.square().mean(-1, keepdim=True) + fold.eps)  # (c, s*N, 1)
+        hidden = torch.baddbmm(shared.f.reshape(1, s * n, -1), z, fold.rank_update[heads], alpha=-1)
+        hidden = torch.addcmul(hidden, delta.mean(-1, keepdim=True), fold.row_sum)
+        hidden = torch.addcmul(fold.bias, hidden, rstd)  # fc1(norm1(u))
+        h = centred * rstd  # norm1(u)
+        if parts.norm1.weight is not None:
+            h = h * parts.norm1.weight
+        if parts.norm1.bias is not None:
+            h = h + parts.norm1.bias
+        return parts.norm2(parts.fc2(parts.act(hidden)) + h)

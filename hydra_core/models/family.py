@@ -129,6 +129,18 @@ class CostSizes:
     pre_classifier: int = 0
 
 
+@dataclass(frozen=True)
+class PostNormParts:
+    """The parts of a post-LN block after its attention: ``h = norm1(x + attention)``, then
+    ``norm2(h + fc2(act(fc1(h))))`` (dropout off)."""
+
+    norm1: nn.Module
+    fc1: nn.Linear
+    act: Any
+    fc2: nn.Linear
+    norm2: nn.Module
+
+
 def shallow_copy(module: nn.Module) -> nn.Module:
     """A new module object sharing ``module``'s submodules, parameters and buffers, whose own
     registries can be changed (e.g. one submodule replaced) without touching ``module``."""
@@ -250,6 +262,10 @@ class ModelFamily:
     def class_token_pooling(self, model: nn.Module) -> bool:
         """True when the classifier reads only token 0 of the last block's output."""
         raise NotImplementedError
+
+    def post_norm_parts(self, block: nn.Module) -> PostNormParts | None:
+        """The parts after the attention of a post-LN block; None for pre-LN blocks."""
+        return None
 
     def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
         """An order of the samples that makes batches of neighbours cheap (text: by length, so a

@@ -34,6 +34,7 @@ from hydra_core.models.family import (
     CostSizes,
     HeadLayout,
     ModelFamily,
+    PostNormParts,
     UnsupportedModelError,
     shallow_copy,
 )
@@ -589,6 +590,12 @@ class TextFamily(ModelFamily):
 
     def class_token_pooling(self, model: nn.Module) -> bool:
         return True
+
+    def post_norm_parts(self, block: nn.Module) -> PostNormParts | None:
+        arch = self._arch_of_block(block)
+        return PostNormParts(
+            *(_get(block, p) for p in (arch.norm1, arch.fc1, arch.act, arch.fc2, arch.norm2))
+        )
 
     def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
         return inputs[:, 1].sum(1).argsort(stable=True)
