@@ -15,7 +15,13 @@ PACKAGE_DIR = Path(hydra_core.__file__).parent
 
 #: lowest first; a module may import from its own layer and the layers below
 LAYERS = (
-    ("hydra_core.types", "hydra_core.paths", "hydra_core.errors", "hydra_core.files"),
+    (
+        "hydra_core.types",
+        "hydra_core.paths",
+        "hydra_core.errors",
+        "hydra_core.files",
+        "hydra_core.distributed",
+    ),
     ("hydra_core.cache", "hydra_core.metrics"),
     ("hydra_core.data",),
     ("hydra_core.inference",),

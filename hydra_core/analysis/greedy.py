@@ -19,19 +19,26 @@ With a :class:`DiskCache` the search is saved after every step under a key of th
 the inputs, the objective and the method (not the budget): an interrupted search continues where
 it stopped, a larger budget continues a shorter finished one, a smaller budget returns a prefix.
 :func:`load_greedy` and :func:`saved_searches` read those saved searches back without running one.
+
+In a distributed job (:mod:`hydra_core.distributed`, e.g. under ``torchrun``) every process runs
+the same call: each scores its share of a step's candidates (:mod:`hydra_core.analysis._shares`),
+the scores are summed over processes and every process makes the same choice; rank 0 alone reads
+and writes the cache. The result is bit-identical to the single-process search.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
+from hydra_core import distributed
+from hydra_core.analysis._shares import ShardedSuffixEvaluator, Unit
+from hydra_core.analysis._suffix import Stopped
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import (
@@ -334,10 +341,18 @@ class _PlainEvaluator:
         self.logits = self._forward(self.keep)
         return self.logits
 
+    def units(self) -> list[Unit]:
+        """Every candidate alone, each a full forward."""
+        return [Unit(((layer, head),), 1.0) for layer, head in self.keep.nonzero().tolist()]
+
     def candidate_logits(
-        self, should_stop: Callable[[], bool] | None = None
+        self,
+        should_stop: Callable[[], bool] | None = None,
+        heads: Collection[Head] | None = None,
     ) -> Iterator[tuple[list[Head], torch.Tensor]]:
         for layer, head in self.keep.nonzero().tolist():
+            if heads is not None and (layer, head) not in heads:
+                continue
             if should_stop is not None and should_stop():
                 raise Stopped
             keep = self.keep.clone()
@@ -353,9 +368,11 @@ def _evaluator(
     return _fast_evaluator(model, inputs, batch_size)
 
 
-def _fast_evaluator(model: nn.Module, inputs: torch.Tensor, batch_size: int) -> SuffixEvaluator:
+def _fast_evaluator(
+    model: nn.Module, inputs: torch.Tensor, batch_size: int
+) -> ShardedSuffixEvaluator:
     """On the CPU the passes are sized for its caches and threads; elsewhere by ``batch_size``."""
-    return SuffixEvaluator(
+    return ShardedSuffixEvaluator(
         model, inputs, pairs_per_pass=None if inputs.device.type == "cpu" else batch_size
     )
 
@@ -364,6 +381,8 @@ def _candidate_maps(
     evaluator, scorer: _Scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accuracy, auroc), each (L, H) float64 with NaN where a head is not a candidate."""
+    if distributed.active():
+        return _shared_candidate_maps(evaluator, scorer, shape, should_stop)
     accuracy = torch.full(shape, math.nan, dtype=torch.float64)
     auroc = torch.full(shape, math.nan, dtype=torch.float64)
     for heads, logits in evaluator.candidate_logits(should_stop):
@@ -371,6 +390,43 @@ def _candidate_maps(
         for i, (layer, head) in enumerate(heads):
             accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
     return accuracy, auroc
+
+
+def _shared_candidate_maps(
+    evaluator, scorer: _Scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_candidate_maps` in a distributed job: this process scores its share of the units,
+    and the maps are summed over processes. Each candidate is scored by exactly one process (the
+    others add 0), so every process ends with the same maps, bit for bit. A stop asked for on any
+    process during the step (:class:`Stopped`) stops it on every process, at the sum."""
+    units = evaluator.units()
+    mine = distributed.split([unit.cost for unit in units])[distributed.rank()]
+    heads = {head for i in mine for head in units[i].heads}
+    maps = torch.zeros(2, *shape, dtype=torch.float64)  # accuracy, auroc
+    stopped = False
+    try:
+        for candidates, logits in evaluator.candidate_logits(should_stop, heads):
+            acc, roc = scorer(logits)
+            for i, (layer, head) in enumerate(candidates):
+                maps[0, layer, head], maps[1, layer, head] = acc[i], roc[i]
+    except Stopped:
+        stopped = True
+    flag = torch.tensor([float(stopped)], dtype=torch.float64)
+    total = distributed.sum_over_processes(torch.cat([maps.flatten(), flag]))
+    if total[-1] > 0:
+        raise Stopped
+    maps = total[:-1].reshape(maps.shape)
+    is_candidate = torch.zeros(shape, dtype=torch.bool)
+    for unit in units:
+        for layer, head in unit.heads:
+            is_candidate[layer, head] = True
+    maps[:, ~is_candidate] = math.nan
+    return maps[0], maps[1]
+
+
+def _stop_asked(should_stop: Callable[[], bool] | None) -> bool:
+    """``should_stop()``, agreed on by every process of a distributed job (any one suffices)."""
+    return distributed.any_process(should_stop is not None and should_stop())
 
 
 def _best(scores: torch.Tensor) -> Head:
@@ -565,13 +621,16 @@ def greedy_circuit(
     stored = None
     if cache is not None:
         key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
-        previous = _load_stored(cache, key, objective, method, layout.num_heads)
+        previous = distributed.from_main(
+            lambda: _load_stored(cache, key, objective, method, layout.num_heads)
+        )
         if resume:
             stored = previous
         keep_until = 0 if resume or previous is None else previous.steps
 
         def save(result: GreedyResult) -> None:
-            if result.steps >= keep_until:  # a fresh start never overwrites a longer search
+            # a fresh start never overwrites a longer search; in a distributed job rank 0 writes
+            if result.steps >= keep_until and distributed.is_main():
                 cache.save(GREEDY_CACHE_KIND, key, result.to_dict())
 
     if stored is not None and stored.steps >= budget:
@@ -640,7 +699,7 @@ def _search(
         evaluator.set_removed(list(result.order))
 
     while result.steps < budget:
-        if should_stop is not None and should_stop():
+        if _stop_asked(should_stop):
             break
         step_start = time.perf_counter()
         try:
@@ -713,7 +772,7 @@ def single_head_importance(
         key = cache_key(
             GREEDY_VERSION, "single-head", model_fingerprint(model), id_x, id_y.long(), ood_x
         )
-        stored = cache.load(IMPORTANCE_CACHE_KIND, key)
+        stored = distributed.from_main(lambda: cache.load(IMPORTANCE_CACHE_KIND, key))
         if (
             isinstance(stored, dict)
             and {"delta_accuracy", "delta_auroc", "delta_avg"} <= stored.keys()
@@ -736,6 +795,6 @@ def single_head_importance(
         "base_accuracy": base_acc,
         "base_auroc": base_roc,
     }
-    if cache is not None:
+    if cache is not None and distributed.is_main():
         cache.save(IMPORTANCE_CACHE_KIND, key, result)
     return result

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from hydra_core import distributed
 from hydra_core.cli.common import COMMANDS, warn
 from hydra_core.errors import InputError
 
@@ -59,6 +60,9 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     warn(str(message))
 
 
+#: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
+DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble")
+
 #: errors that a user's input causes: ours (InputError is a ValueError) and the libraries' for
 #: unreadable files, impossible devices and the like; shown as one line, not a traceback
 USER_ERRORS = (ValueError, OSError, RuntimeError)
@@ -66,16 +70,22 @@ USER_ERRORS = (ValueError, OSError, RuntimeError)
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user error ends as one line on stderr and exit code 2 (``--debug`` shows
-    the traceback), Ctrl-C as a note that saved work resumes (exit code 130)."""
+    the traceback), Ctrl-C as a note that saved work resumes (exit code 130).
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) the commands of :data:`DISTRIBUTED_COMMANDS` run as
+    one job over its processes; rank 0 alone writes and prints the results."""
     args = build_parser().parse_args(argv)
     warnings.showwarning = _one_line_warning
     if args.cache_dir:
         os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())
+    started = False
     try:
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
+        if distributed.launched():
+            started = _start_distributed(args)
         return args.run(args)
     except KeyboardInterrupt:
         if args.debug:
@@ -89,3 +99,19 @@ def main(argv: list[str] | None = None) -> int:
         hint = "" if isinstance(exc, InputError) else " (--debug shows the traceback)"
         print(f"error: {lines[0]}{hint}", file=sys.stderr)
         return 2
+    finally:
+        if started:
+            distributed.shutdown()
+
+
+def _start_distributed(args: argparse.Namespace) -> bool:
+    """The process group of a torchrun job, on the command's device; True when created here."""
+    from hydra_core.inference import resolve_device
+
+    if args.command not in DISTRIBUTED_COMMANDS:
+        raise InputError(
+            f"{args.command} runs in one process; under torchrun run one of "
+            f"{', '.join(DISTRIBUTED_COMMANDS)}"
+        )
+    cuda = resolve_device(getattr(args, "device", "cpu")).type == "cuda"
+    return distributed.init_from_env(cuda=cuda)

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from hydra_core import distributed
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
     add_analysis_arguments,
     command,
     head_map_frame,
     prepare,
+    shows_progress,
     write_json,
 )
 from hydra_core.errors import InputError
@@ -59,7 +61,10 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("search", _search_arguments)
 def _search(args: argparse.Namespace) -> int:
-    """Greedy Headmap circuit extraction (paper Algorithm 1), resumable; writes the ranking."""
+    """Greedy Headmap circuit extraction (paper Algorithm 1), resumable; writes the ranking.
+
+    Under torchrun the processes share every step's candidates; rank 0 saves the progress and
+    writes the outputs."""
     from tqdm import tqdm
 
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
@@ -73,7 +78,9 @@ def _search(args: argparse.Namespace) -> int:
             f"circuit the search writes keeps at least one; got {args.budget}"
         )
     data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
-    saved = load_greedy(*data, args.objective, cache, args.method)
+    saved = None
+    if distributed.is_main():  # the note on a saved search is rank 0's to print
+        saved = load_greedy(*data, args.objective, cache, args.method)
     if saved is not None and saved.steps:
         if args.no_resume:
             note = f"starting over; the saved {saved.steps}-step search is kept unless this one "
@@ -87,7 +94,7 @@ def _search(args: argparse.Namespace) -> int:
         total=args.budget,
         desc=f"greedy {args.objective}",
         unit="head",
-        disable=not sys.stderr.isatty(),
+        disable=not shows_progress(),
     )
 
     def progress(step) -> None:
@@ -106,6 +113,8 @@ def _search(args: argparse.Namespace) -> int:
         progress=progress,
     )
     bar.close()
+    if not distributed.is_main():
+        return 0
     stem = f"greedy_{args.objective}"
     write_json(out / f"{stem}.json", result.to_dict())
     steps = pd.DataFrame(
@@ -196,6 +205,8 @@ def _importance(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         cache=cache,
     )
+    if not distributed.is_main():  # Taylor and the maps take one process
+        return 0
     n = args.taylor_samples
     taylor = taylor_scores(
         loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size, cache=cache

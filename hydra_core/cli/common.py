@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from hydra_core import distributed
+
 COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ] = {}
@@ -121,10 +123,11 @@ def add_data_arguments(
 
 
 def progress_bar(description: str):
-    """A tqdm-backed ``progress(done, total)`` callback, silent when stderr is not a terminal."""
+    """A tqdm-backed ``progress(done, total)`` callback, silent when stderr is not a terminal
+    (and outside rank 0 of a distributed job)."""
     from tqdm import tqdm
 
-    bar = tqdm(desc=description, total=None, disable=not sys.stderr.isatty(), leave=False)
+    bar = tqdm(desc=description, total=None, disable=not shows_progress(), leave=False)
 
     def update(done: int, total: int) -> None:
         bar.total = total
@@ -133,6 +136,11 @@ def progress_bar(description: str):
             bar.close()
 
     return update
+
+
+def shows_progress() -> bool:
+    """Whether progress bars are drawn: on a terminal, by rank 0 of a distributed job."""
+    return sys.stderr.isatty() and distributed.is_main()
 
 
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
@@ -226,7 +234,8 @@ def prepare(args: argparse.Namespace, *, report_sample_size: int | None = None):
         inputs = report_sample(loaded.preprocess, benchmark, n=report_sample_size)
     out = Path(args.out or f"results/{args.command}")
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
+    if distributed.is_main():
+        print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
     return loaded, benchmark, inputs.to(device), DiskCache(), out
 
 

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from hydra_core import distributed
 from hydra_core.cli.common import (
     add_data_arguments,
     add_model_arguments,
@@ -189,6 +190,8 @@ def _hydra(args: argparse.Namespace) -> int:
         latency_batch=args.latency_batch,
         batch_size=args.batch_size,
     )
+    if not distributed.is_main():
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report.table().to_csv(out / "systems_table.csv", index=False)
@@ -275,6 +278,8 @@ def _train_ensemble(args: argparse.Namespace) -> int:
         progress=progress,
         log=tqdm.write,
     )
+    if not distributed.is_main():
+        return 0
     for seed in args.seeds:
         print(f"seed {seed}: {copy_path(seed, train_config, arch)}")
     return 0
@@ -307,7 +312,13 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-finetune", action="store_true", help="zero-shot systems only")
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default: %(default)s)")
+    p.add_argument(
+        "--task",
+        choices=("image", "text"),
+        default="image",
+        help="image: the default ViT (Tables 1, 4-12); text: Table 2 on minilm-sentiment",
+    )
+    p.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT}[/text])")
 
 
 @command("report", _report_arguments)
@@ -315,10 +326,11 @@ def _report(args: argparse.Namespace) -> int:
     """Replication report of the paper's analyses on the default model (Markdown + CSV)."""
     from dataclasses import replace
 
-    from hydra_core.report import config_from_args, run_report
+    from tqdm import tqdm
 
-    config = config_from_args(
-        args.quick,
+    from hydra_core.report import DEFAULT_OUT, config_from_args, run_report
+
+    overrides = dict(
         model=args.model,
         device=args.device,
         n_search=args.n_search,
@@ -327,11 +339,18 @@ def _report(args: argparse.Namespace) -> int:
         seeds=tuple(args.seeds) if args.seeds else None,
         removed_per_layer=args.removed_per_layer,
     )
+    if args.task == "text":
+        from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
+
+        config = text_config_from_args(args.quick, **overrides)
+        off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
+        config = replace(config, **{k: None for k, on in off.items() if on})
+        run_text_report(config, args.out or DEFAULT_TEXT_OUT, progress=stage_bars(), log=tqdm.write)
+        return 0
+    config = config_from_args(args.quick, **overrides)
     if args.no_finetune:
         config = replace(config, finetune=None)
     if args.no_deep_ensemble:
         config = replace(config, deep_ensemble=False)
-    from tqdm import tqdm
-
-    run_report(config, args.out, progress=stage_bars(), log=tqdm.write)
+    run_report(config, args.out or DEFAULT_OUT, progress=stage_bars(), log=tqdm.write)
     return 0

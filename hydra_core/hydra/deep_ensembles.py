@@ -24,12 +24,14 @@ from pathlib import Path
 from safetensors import safe_open
 from torch import nn
 
+from hydra_core import distributed
 from hydra_core.cache import cache_key
 from hydra_core.models.default import (
     DEFAULT_CHECKPOINT,
     DEFAULT_NAME,
     TrainConfig,
     VitConfig,
+    build_vit,
     load_checkpoint,
     save_checkpoint,
     train_vit,
@@ -98,6 +100,11 @@ def train_deep_ensemble(
 
     Returns:
         The copies (eval mode, CPU), in the order of ``seeds``.
+
+    In a distributed job (:mod:`hydra_core.distributed`) the seeds are shared out, about as many
+    per process (one each when there are as many processes as seeds); each copy is stored by the
+    process that trained it (on several machines, share ``root`` for later runs to find them
+    all), and every process returns all the copies.
     """
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
@@ -113,8 +120,9 @@ def train_deep_ensemble(
                 f"{reference} was trained with; its copy would be the reference "
                 "itself - choose other seeds"
             )
-    models = []
-    for seed in seeds:
+    mine = distributed.split([1.0] * len(seeds))[distributed.rank()]
+    models = {}
+    for seed in seeds[mine.start : mine.stop]:
         path = copy_path(seed, train_config, arch, root)
         if path.is_file():
             model, _ = load_checkpoint(path)
@@ -125,8 +133,22 @@ def train_deep_ensemble(
             )
             model, summary = train_vit(cfg, arch, log=log, progress=report)
             save_checkpoint(model, path, arch, train_config=asdict(cfg), summary=summary)
-        models.append(model.eval())
-    return models
+        models[seed] = model.eval()
+    if distributed.active():
+        models = _gathered(models, arch)
+    return [models[seed] for seed in seeds]
+
+
+def _gathered(models: dict[int, nn.Module], arch: VitConfig) -> dict[int, nn.Module]:
+    """Every process's copies, by seed, on every process: their weights are gathered, so no
+    process reads another's files."""
+    found = {}
+    for states in distributed.all_gather({s: m.state_dict() for s, m in models.items()}):
+        for seed, state in states.items():
+            found[seed] = build_vit(arch)
+            found[seed].load_state_dict(state)
+            found[seed].eval()
+    return found
 
 
 def available_deep_ensemble(

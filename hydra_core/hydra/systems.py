@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from hydra_core import metrics
+from hydra_core import distributed, metrics
 from hydra_core.cache import DiskCache, model_fingerprint
 from hydra_core.evaluate import (
     ID_COLUMNS,
@@ -451,6 +451,10 @@ def evaluate_systems(
         batch_size: images per forward when predicting; score: the OOD score.
         bootstrap: resamples and seed of the 95% intervals (computed at the end, stage
             "intervals" of ``setup["seconds"]``).
+
+    In a distributed job (:mod:`hydra_core.distributed`) every process runs this call: each
+    predicts a share of every set's images, every process gets all the predictions (so the
+    metrics, intervals and AUROCs are those of all images), and rank 0 alone measures the cost.
     """
     if not members:
         raise ValueError("no members: pass the member masks (or fine-tuned members) to evaluate")
@@ -582,8 +586,10 @@ def evaluate_systems(
         setup["finetune_seconds"] = {m.name: m.seconds for m in finetuned}
         setup["finetune_cached"] = {m.name: m.cached for m in finetuned}
     report = SystemsReport(evaluations, info, None, setup)
-    images = preprocess(id_set.images[:latency_batch]).to(device)
-    timed("cost", lambda: report.measure(images, latency=latency, repeats=latency_repeats))
+    images = preprocess(id_set.inputs[:latency_batch]).to(device)  # images or texts
+    # in a distributed job rank 0 alone times, on a machine the other processes leave quiet
+    measure = lambda: report.measure(images, latency=latency, repeats=latency_repeats)
+    report.cost = timed("cost", lambda: distributed.from_main(measure))
     timed("intervals", report.table)  # every system's bootstrap, once, inside the job
     return report
 
