@@ -3,6 +3,8 @@
     python bench/greedy.py                 # plain vs fast, 3 steps, 512 ID + 512 OOD images
     python bench/greedy.py --full          # ... then a budget-24 CircAvg search with the fast path
     python bench/greedy.py --json          # the same numbers as JSON
+    python bench/greedy.py --model minilm-sentiment --steps 1   # a text model: Rotten Tomatoes
+                                           # validation sentences vs Guardian headlines
 
 Both methods run in this process on the same inputs; the table gives seconds per step, the
 speed-up, seconds per candidate evaluation, whether the two made the same choices, and the FLOPs
@@ -64,6 +66,70 @@ def load_inputs(n_id: int, n_ood: int) -> tuple[torch.Tensor, torch.Tensor, torc
     ) as error:  # data not installed; too large an n_ood raises
         noise = torch.randn(n_ood, 1, 28, 28, generator=torch.Generator().manual_seed(0))
         return id_x, id_y, noise, f"Gaussian noise (OOD sets unavailable: {error})"
+
+
+def load_named(name: str, n_id: int, n_ood: int):
+    """A registry model and its search inputs (ID search part, pooled search-role OOD sets)."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.data.benchmark import default_benchmark, default_text_benchmark
+    from hydra_core.models.registry import load_model as load_registered
+
+    loaded = load_registered(name)
+    text = loaded.modality == "text"
+    benchmark = (default_text_benchmark if text else default_benchmark)(n_search=n_id)
+    inputs = search_inputs(loaded.preprocess, benchmark, n_ood=n_ood)
+    note = f"{len(inputs.id_x)} {benchmark.id_search.name} (search part)"
+    return (
+        loaded.model,
+        loaded.name,
+        (inputs.id_x, inputs.id_y, inputs.ood_x),
+        note,
+        inputs.describe(),
+    )
+
+
+def text_flops(model: torch.nn.Module, inputs: torch.Tensor, batch_size: int) -> dict[str, float]:
+    """Multiply-adds x 2 per candidate and sample of a post-LN text encoder (matmuls, attention
+    scores and values): the plain forward at the padded length of its batches (in the order
+    given), and the fast path at each sample's own length (it sorts by length), per layer of the
+    candidate: its fc2 and fc1 as a rank-d_k update, the full blocks after it, the class-token
+    row of the last block with W_K and W_V folded onto the query."""
+    from hydra_core.models.adapter import family_of
+
+    layout = head_layout(model)
+    family = family_of(model)
+    d, dk, layers, heads = (
+        layout.embed_dim,
+        layout.head_dim,
+        layout.num_layers,
+        layout.num_heads[0],
+    )
+    hidden = family.cost_sizes(model).mlp_hidden
+    lengths = inputs[:, 1].sum(1).double()
+    padded = torch.cat(
+        [torch.full((len(chunk),), float(chunk.max())) for chunk in lengths.split(batch_size)]
+    )
+
+    def block(n: torch.Tensor) -> torch.Tensor:  # one full block on n tokens
+        return 2 * n * (4 * d * d + 2 * d * hidden) + 2 * 2 * heads * n * n * dk
+
+    last_cls = 2 * d * d * 2 + 2 * heads * (2 * dk * d + 2 * lengths * d) + 2 * 2 * d * hidden
+    plain = float((layers * block(padded)).mean())
+    own = 2 * lengths * (dk * d + dk * hidden + hidden * d)
+    per_layer = [
+        float((own + (layers - 2 - layer) * block(lengths) + last_cls).mean())
+        for layer in range(layers - 1)
+    ]
+    per_layer.append(float((2 * dk * d + 2 * 2 * d * hidden) + 0 * lengths.mean()))
+    fast = sum(per_layer) / layers
+    return {
+        "tokens": float(lengths.mean()),
+        "plain_padded_tokens": float(padded.mean()),
+        "plain_per_candidate": plain,
+        "fast_per_candidate": fast,
+        "fast_per_candidate_by_layer": per_layer,
+        "ratio": plain / fast,
+    }
 
 
 def flops(model: torch.nn.Module) -> dict[str, float]:
@@ -181,14 +247,26 @@ def main() -> None:
         action="store_true",
         help="use a random model even if the checkpoint exists",
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a registry model (e.g. minilm-sentiment) with its default benchmark's search data "
+        "instead of the default ViT checkpoint",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model, model_note = load_model(args.random_init)
-    id_x, id_y, ood_x, ood_note = load_inputs(args.n_id, args.n_ood)
-    data = (id_x, id_y, ood_x)
+    if args.model:
+        model, model_note, data, id_note, ood_note = load_named(args.model, args.n_id, args.n_ood)
+        id_x, id_y, ood_x = data
+    else:
+        model, model_note = load_model(args.random_init)
+        id_x, id_y, ood_x, ood_note = load_inputs(args.n_id, args.n_ood)
+        data = (id_x, id_y, ood_x)
+        id_note = f"{len(id_x)} Fashion-MNIST validation"
+    text = not id_x.is_floating_point()
     report = {
         "model": model_note,
         "ood": ood_note,
@@ -198,14 +276,13 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "cpu_rows_per_pass": cpu_rows_per_pass(),
-        "flops": flops(model),
+        "flops": (
+            text_flops(model, torch.cat([id_x, ood_x]), args.batch_size) if text else flops(model)
+        ),
     }
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     f = report["flops"]
-    say(
-        f"model: {model_note}; ID: {len(id_x)} Fashion-MNIST validation; "
-        f"OOD: {len(ood_x)} ({ood_note})"
-    )
+    say(f"model: {model_note}; ID: {id_note}; OOD: {len(ood_x)} ({ood_note})")
     say(
         f"torch {torch.__version__}, {report['threads']} threads on {report['cpus']} CPUs, "
         f"fast passes of <= {report['cpu_rows_per_pass']} token rows, batch_size {args.batch_size}"

@@ -333,8 +333,9 @@ class Evaluation:
 
     def metric_values(self, metric: str, label: str) -> tuple[float, np.ndarray]:
         """(point value, (B,) resample values) of ``metric`` on the row ``label``; NaN where the
-        row has no such metric (e.g. diversity of a single model)."""
-        row = {r["set"]: r for r in self.rows()}[label]
+        row has no such metric (e.g. diversity of a single model) or there is no such row (e.g.
+        the far-OOD average when every OOD set is near)."""
+        row = {r["set"]: r for r in self.rows()}.get(label, {})
         if metric not in row:
             return math.nan, np.full(self.resamples().n_boot, math.nan)
         return row[metric], self.replicates()[label][metric]

@@ -39,7 +39,7 @@ class SearchInputs:
 
     def describe(self) -> str:
         sets = ", ".join(self.ood_per_set)
-        return f"{len(self.id_x)} ID + {len(self.ood_x)} OOD search images ({sets})"
+        return f"{len(self.id_x)} ID + {len(self.ood_x)} OOD search samples ({sets})"
 
 
 def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None) -> SearchInputs:
@@ -77,7 +77,7 @@ class ReportSample:
 
     def describe(self) -> str:
         sets = ", ".join(f"{len(x)} {name}" for name, x in self.ood_per_set.items())
-        return f"{len(self.id_x)} ID report images and OOD report images ({sets})"
+        return f"{len(self.id_x)} ID report samples and OOD report samples ({sets})"
 
 
 def report_sample(

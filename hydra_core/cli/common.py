@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from hydra_core import distributed
+from hydra_core.errors import InputError
 
 COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -33,8 +34,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="default",
-        help="'default', 'dinov2-s', a timm model name (online) or a checkpoint file "
-        "(default: %(default)s)",
+        help="'default', 'dinov2-s', 'minilm-sentiment' (the text default), a timm model name "
+        "(online), a Hugging Face text classifier by hub name (online; hf:NAME) or folder, or a "
+        "checkpoint file (default: %(default)s)",
     )
     p.add_argument(
         "--arch",
@@ -59,6 +61,7 @@ def add_data_arguments(
     uses, and in which role."""
     from hydra_core.data.benchmark import PROTOCOLS
     from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
+    from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 
     p.add_argument(
         "--n-search",
@@ -78,7 +81,8 @@ def add_data_arguments(
         default=None,
         metavar="NAME",
         help="OOD sets to report on, never used to select heads (default: "
-        f"{', '.join(REPORT_OOD)}; none when a near:/far: --ood-folder is given)",
+        f"{', '.join(REPORT_OOD)}; for a text model {', '.join(TEXT_REPORT_OOD)}; none when a "
+        "near:/far: --ood-folder or --ood-file is given)",
     )
     p.add_argument(
         "--search-ood",
@@ -86,8 +90,9 @@ def add_data_arguments(
         default=None,
         metavar="NAME",
         help="OOD sets that select heads only, never reported on (default: "
-        f"{', '.join(SEARCH_OOD)}; none when a search: --ood-folder is given). A set may not be "
-        "both a search and a report set",
+        f"{', '.join(SEARCH_OOD)}; for a text model {', '.join(TEXT_SEARCH_OOD)}; none when a "
+        "search: --ood-folder or --ood-file is given). A set may not be both a search and a "
+        "report set",
     )
     p.add_argument(
         "--protocol",
@@ -114,11 +119,27 @@ def add_data_arguments(
         "far), search:/data/c to select heads on",
     )
     p.add_argument(
+        "--id-file",
+        default=None,
+        metavar="PATH",
+        help="text models: a CSV (header text,label) or JSONL file of your own instead of Rotten "
+        "Tomatoes; split once into search and report halves",
+    )
+    p.add_argument(
+        "--ood-file",
+        nargs="+",
+        default=[],
+        metavar="[near:|far:|search:]PATH",
+        help="text models: extra OOD files (CSV with a text column, or JSONL), e.g. near:a.csv "
+        "far:b.jsonl to report on (a bare path is far), search:c.csv to select heads on",
+    )
+    p.add_argument(
         "--classes",
         default=None,
         metavar="A,B,C",
-        help="the model's classes in output order, matched to --id-folder's class folders by "
-        "name (default: the folders in sorted order, as torchvision's ImageFolder)",
+        help="the model's classes in output order, matched to --id-folder's class folders (or "
+        "--id-file's label names) by name (default: the folders or names in sorted order, as "
+        "torchvision's ImageFolder)",
     )
 
 
@@ -146,36 +167,57 @@ def shows_progress() -> bool:
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
     Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
-    from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder
+    from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder, text_file_benchmark
     from hydra_core.data.ood import REPORT_OOD
+    from hydra_core.data.text import TEXT_REPORT_OOD
     from hydra_core.models.preprocess import input_format
     from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
     loaded = load_model(args.model, arch=args.arch, arch_kwargs=parse_arch_kwargs(args.arch_kwargs))
     if not fused_ok:
         loaded.check_analysable()
-    # report folders alone replace the default report sets (search folders the search sets,
-    # which folder_benchmark does when --search-ood is not given)
-    report_folders = [e for e in args.ood_folder if parse_ood_folder(e)[0] == "report"]
-    default_ood = [] if report_folders else list(REPORT_OOD)
-    channels, size = input_format(loaded.model)
-    benchmark = folder_benchmark(
-        id_folder=args.id_folder,
+    text = loaded.modality == "text"
+    _check_data_kind(args, text)
+    own = args.ood_file if text else args.ood_folder
+    # report folders/files alone replace the default report sets (search ones the search sets,
+    # which the benchmark builders do when --search-ood is not given)
+    report_entries = [e for e in own if parse_ood_folder(e)[0] == "report"]
+    default_ood = [] if report_entries else list(TEXT_REPORT_OOD if text else REPORT_OOD)
+    common = dict(
         ood=default_ood if args.ood is None else args.ood,
         search_ood=args.search_ood,
-        ood_folders=args.ood_folder,
         protocol=args.protocol,
-        size=size,
-        channels=channels,
         n_search=args.n_search,
         n_report=args.n_report,
         classes=args.classes.split(",") if args.classes else None,
     )
-    for note in check_fit(loaded, benchmark.id_search, own_folder=args.id_folder is not None):
+    if text:
+        benchmark = text_file_benchmark(id_file=args.id_file, ood_files=own, **common)
+    else:
+        channels, size = input_format(loaded.model)
+        benchmark = folder_benchmark(
+            id_folder=args.id_folder, ood_folders=own, size=size, channels=channels, **common
+        )
+    own_id = (args.id_file if text else args.id_folder) is not None
+    for note in check_fit(loaded, benchmark.id_search, own_folder=own_id):
         warn(note)
     if note := benchmark.protocol_note():
         warn(note)
     return loaded, benchmark
+
+
+def _check_data_kind(args: argparse.Namespace, text: bool) -> None:
+    """Refuse data options of the other modality, naming the one to use."""
+    if text and (args.id_folder or args.ood_folder):
+        raise InputError(
+            f"{args.model} is a text model: give your own data as --id-file / --ood-file (CSV or "
+            "JSONL), not --id-folder / --ood-folder"
+        )
+    if not text and (getattr(args, "id_file", None) or getattr(args, "ood_file", None)):
+        raise InputError(
+            f"{args.model} is an image model: give your own data as --id-folder / --ood-folder, "
+            "not --id-file / --ood-file (those are for text models such as minilm-sentiment)"
+        )
 
 
 def warn_near_chance(args: argparse.Namespace, loaded, accuracy: float) -> None:
@@ -183,7 +225,8 @@ def warn_near_chance(args: argparse.Namespace, loaded, accuracy: float) -> None:
     match the model's classes)."""
     from hydra_core.models.registry import chance_note
 
-    if args.id_folder and (note := chance_note(accuracy, loaded.num_outputs())):
+    own = args.id_folder or getattr(args, "id_file", None)
+    if own and (note := chance_note(accuracy, loaded.num_outputs())):
         warn(note)
 
 

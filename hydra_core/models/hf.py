@@ -88,6 +88,11 @@ class UntrainedClassifierWarning(UserWarning):
 def _load(source: str, what: str, *, local: bool) -> tuple[nn.Module, object]:
     """The classifier and tokenizer of a hub name or folder, checked."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # one line per problem from us, not the library's progress bars and loading reports
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
     where = "" if local else f"; a Hugging Face hub model needs the network: {OFFLINE_HINT}"
     try:
