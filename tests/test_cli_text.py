@@ -96,6 +96,13 @@ def test_eval_search_importance_represent_masks_hydra(text_setup, tmp_path, caps
     assert main(argv) == 0
     summary = pd.read_csv(hydra / "summary.csv")
     assert len(summary) >= 3  # single, members..., fused
+    exported = sorted(hydra.glob("*.safetensors"))
+    assert exported, "the hydra command exports the fused model"
+    capsys.readouterr()
+    # the export loads back with its tokenizer and evaluates like the fused row
+    assert main(["eval", "--model", str(exported[0]), *common[2:], "--json"]) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert "near" in json.dumps(fused)
 
 
 @pytest.mark.parametrize(

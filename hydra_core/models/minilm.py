@@ -219,7 +219,7 @@ def load_minilm_sentiment(path: str | Path = ASSET) -> tuple[nn.Module, TextPrep
             f"{', '.join(meta['trained'])}); retrain it with `{TRAIN_COMMAND}`"
         )
     model.load_state_dict(state, strict=False)
-    preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"])
+    preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"], source=NAME)
     return TextClassifier(model.eval()), preprocess, meta
 
 

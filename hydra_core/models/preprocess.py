@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hydra_core.models.text import TextPreprocess
+
 
 def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, std) -> torch.Tensor:
     """uint8 (N, C, H, W) -> float, resized to size x size (bilinear, antialiased), normalised."""
@@ -34,6 +36,8 @@ def normalize_images(images: torch.Tensor, *, size: int, channels: int, mean, st
 def describe(preprocess: Callable[[torch.Tensor], torch.Tensor]) -> dict | None:
     """The settings of a preprocessing built on :func:`normalize_images` (``size``,
     ``channels``, ``mean``, ``std``), to store beside a model; None for any other function."""
+    if isinstance(preprocess, TextPreprocess) and preprocess.source:
+        return {"tokenizer": preprocess.source, "max_length": preprocess.max_length}
     if isinstance(preprocess, partial) and preprocess.func is normalize_images:
         spec = dict(preprocess.keywords)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}

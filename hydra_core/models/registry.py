@@ -77,10 +77,14 @@ class LoadedModel:
     @property
     def modality(self) -> str:
         """``"image"`` or ``"text"``: what the model's preprocessing takes."""
-        return "image" if self.is_fused else family_of(self.model).modality
+        if self.is_fused:
+            return "text" if type(self.model).__name__ == "HydraText" else "image"
+        return family_of(self.model).modality
 
     def num_outputs(self) -> int:
         """How many classes the model predicts (the width of its logits)."""
+        if self.is_fused:
+            return int(self.model.config.num_classes)
         if self.modality == "text":
             return int(hf_model(self.model).config.num_labels)
         known = getattr(self.model, "num_classes", None)
@@ -370,16 +374,41 @@ def _load_fused(path: Path, meta: dict[str, str]) -> LoadedModel:
         )
     hydra = load_hydra(path)
     spec = json.loads(meta["preprocess"])
+    if "tokenizer" in spec:
+        preprocess = _text_preprocess(spec, path)
+    else:
+        preprocess = partial(normalize_images, **spec)
     source = json.loads(meta.get("source", "null")) or "unknown source"
     classes = json.loads(meta.get("classes", "null"))
     members = hydra.config.num_members
     return LoadedModel(
         f"hydra:{path.name}",
         hydra,
-        partial(normalize_images, **spec),
+        preprocess,
         f"Hydra ensemble of {members} pruned members of {source}, fused ({path})",
         tuple(classes) if classes else None,
     )
+
+
+def _text_preprocess(spec: dict, path: Path):
+    """The tokenizer a fused text Hydra file names (its source model's), ready to use."""
+    from hydra_core.models.text import TextPreprocess
+
+    source = spec["tokenizer"]
+    if source == "minilm-sentiment":
+        from hydra_core.models.minilm import NAME, load_tokenizer
+
+        return TextPreprocess(load_tokenizer(), spec["max_length"], source=NAME)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=Path(source).is_dir())
+    except Exception as exc:  # a folder that moved, a hub name offline
+        raise InputError(
+            f"{path} is a fused text Hydra model whose tokenizer comes from {source}, which "
+            f"cannot be loaded ({_first_line(exc)}); put the source model's folder back there"
+        ) from exc
+    return TextPreprocess(tokenizer, spec["max_length"], source=source)
 
 
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor], path: Path, arch: str) -> None:

@@ -178,9 +178,11 @@ class TextPreprocess:
     """Sentences -> packed token ids and attention masks (N, 2, ``max_length``), via a Hugging Face
     tokenizer (truncated to ``max_length`` tokens, padded to it)."""
 
-    def __init__(self, tokenizer, max_length: int = MAX_TOKENS) -> None:
+    def __init__(self, tokenizer, max_length: int = MAX_TOKENS, source: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
+        #: where the tokenizer comes from again (a model name or folder), stored with exports
+        self.source = source or getattr(tokenizer, "name_or_path", None)
 
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         texts = list(texts)
