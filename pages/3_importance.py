@@ -26,11 +26,11 @@ with show_error("Could not compute head importance"):
     c1, c2 = st.columns(2)
     n_taylor = int(
         c1.number_input(
-            "Taylor: ID search images",
+            f"Taylor: ID search {context.noun}",
             8,
             len(inputs.id_x),
             min(512, len(inputs.id_x)),
-            help="Gradients of the mean cross-entropy over these images",
+            help=f"Gradients of the mean cross-entropy over these {context.noun}",
         )
     )
     greedy = c2.selectbox(
@@ -80,4 +80,5 @@ with show_error("Could not compute head importance"):
         )
     with left:
         st.subheader("Per head")
-        table_with_download(found.per_head(), "head_importance.csv", float_format="{:.4f}")
+        # 4 significant digits: a text model's Taylor scores are of the order of 1e-6
+        table_with_download(found.per_head(), "head_importance.csv", float_format="{:.4g}")

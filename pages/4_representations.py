@@ -1,4 +1,4 @@
-"""Representations: each head's CLS output for ID and OOD images, projected and compared."""
+"""Representations: each head's CLS output for ID and OOD samples, projected and compared."""
 
 import numpy as np
 import streamlit as st
@@ -8,28 +8,32 @@ from hydra_core.cache import cache_key
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
 from hydra_ui.analyses import (
     dense_vs_circuit,
+    describe_report,
     distances,
     features,
     projection,
     report_data,
+    report_texts,
     search_data,
     stored_greedy_runs,
 )
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import head_heatmap, matrix_heatmap, projection_pair, projection_scatter
+from hydra_ui.texts import with_texts
 from hydra_ui.widgets import figure_with_download, show_error, table_with_download
 
 st.title("Representations")
 st.caption(
     "What each head writes: its output Z at the CLS token, before W_O (paper B.2), for a fixed "
-    "sample of the report data: ID report images and the report OOD sets, the distributions "
+    "sample of the report data: the ID report split and the report OOD sets, the distributions "
     "results are reported on (heads are selected on other data: the search sets). Heads whose ID "
     "and OOD outputs lie apart help tell them apart."
 )
 
 
 def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: str):
-    """The cached projection, or None while a UMAP has not been asked for (it is slow)."""
+    """The cached projection, or None while a UMAP has not been asked for (it is slow); a text
+    model's carries each sentence, shown on hover."""
     request = (tuple(heads), tuple(sets))
     done = results().setdefault("umap", set())
     if method == "umap" and request not in done:
@@ -42,6 +46,8 @@ def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: st
         frame = projection(context.config.key, request[0], request[1], method, feats)
     if method == "umap":
         done.add(request)
+    if context.is_text:
+        frame = with_texts(frame, report_texts(context), sets)
     return frame
 
 
@@ -52,7 +58,10 @@ with show_error("Could not compute the representations"):
     feats = features(context, sample)
     key = context.config.key
     ood_names = list(sample.ood_per_set)
-    st.caption(f"Shown: {sample.describe()}.")
+    st.caption(
+        f"Shown: {describe_report(context, sample)}."
+        + (" Hover a point to read its sentence." if context.is_text else "")
+    )
     if note := context.benchmark.protocol_note():
         st.warning(note)
     last = layout.num_layers - 1

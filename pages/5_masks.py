@@ -103,7 +103,7 @@ with show_error("Could not build the masks"):
             format_func=labels.get,
             disabled=strategy == "taylor",
             help="Greedy rankings come from saved searches (Headmap search); Taylor "
-            "scores the heads on the ID search images",
+            f"scores the heads on the ID search {context.noun}",
         )
         c1, c2, c3, c4 = st.columns(4)
         if strategy == "taylor":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.evaluate import format_intervals
 from hydra_core.hydra.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
@@ -18,6 +19,7 @@ from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import start_job
+from hydra_ui.texts import most_uncertain, readable
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -54,7 +56,7 @@ st.caption(
 
 
 def start_evaluation(
-    context, members, label: str, finetune, deep: bool, latency: bool, repeats: int
+    context, members, label: str, finetune, deep: bool, latency: bool, repeats: int, train_set
 ) -> None:
     # A private copy of the model: heads other pages ablate with hooks must not reach it.
     loaded = dataclasses.replace(context.loaded, model=copy.deepcopy(context.loaded.model))
@@ -76,6 +78,7 @@ def start_evaluation(
             members,
             label=label,
             finetune=finetune,
+            train_set=train_set,
             deep_ensemble=deep_ensemble_for(source) if deep else None,
             device=context.device,
             bf16=context.bf16,
@@ -99,7 +102,8 @@ def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
 
 
 def fused_file(hydra, loaded) -> bytes:
-    """The fused model as a safetensors file that `load_model` evaluates like its source."""
+    """The fused model as a safetensors file: `load_model` evaluates an image model's like its
+    source; a text model's is read with `load_hydra` (its tokenizer is the source model's)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "hydra.safetensors"
         save_hydra(
@@ -110,6 +114,45 @@ def fused_file(hydra, loaded) -> bytes:
             classes=loaded.classes,
         )
         return path.read_bytes()
+
+
+def uncertain_view(context, report) -> None:
+    """A text model's report sentences on which the fused ensemble is most uncertain, with what
+    each member predicts: the texts behind the mutual information in the tables."""
+    setup = report.setup
+    fused = report.find(setup["label"], "fused")
+    st.subheader("Where the ensemble is most uncertain")
+    c1, c2 = st.columns([3, 1])
+    everywhere = "all report sets"
+    where = c1.selectbox(
+        "Sentences from",
+        [everywhere, context.benchmark.id_report.name, *setup["ood_sets"]],
+        format_func=lambda n: n if n in setup["ood_sets"] or n == everywhere else f"{n} (ID)",
+    )
+    top = int(c2.number_input("Sentences shown", 5, 500, 20, step=5))
+    table = most_uncertain(
+        report.evaluations[fused],
+        context.benchmark,
+        members=setup["members"],
+        classes=context.loaded.classes,
+        sets=None if where == everywhere else [where],
+        top=top,
+    )
+    st.table(readable(table), hide_index=True)  # a static table wraps the sentences
+    st.download_button(
+        "Download CSV",
+        table.to_csv(index=False).encode(),
+        file_name="hydra_most_uncertain.csv",
+        mime="text/csv",
+        key="csv-hydra_most_uncertain",
+    )
+    st.caption(
+        f"{fused} on the report split, sorted by mutual information: the entropy of the "
+        "ensemble's prediction (mean of the member probabilities) minus the members' mean "
+        "entropy, in nats; high where the members disagree. prediction and probability are the "
+        "ensemble's, true class is known for ID sentences only; one column per member gives its "
+        "predicted class."
+    )
 
 
 with show_error("Could not assemble or evaluate the Hydra ensemble"):
@@ -128,10 +171,20 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         "Measure latency",
         value=True,
         disabled=running,
-        help=f"On {context.device.type}, {context.config.precision}, batches of 32 images",
+        help=f"On {context.device.type}, {context.config.precision}, batches of 32 {context.noun}",
     )
     repeats = int(c3.number_input("Timed calls per system", 3, 200, 20, disabled=running))
-    tune = st.toggle("Fine-tune each member first (paper 4.3)", disabled=running)
+    # a text model trains on Rotten Tomatoes' train split; a file of your own has no such split
+    train_set = load_rotten_tomatoes("train") if context.is_text else None
+    can_tune = not (context.is_text and context.config.id_file)
+    tune = st.toggle(
+        "Fine-tune each member first (paper 4.3)",
+        disabled=running or not can_tune,
+        help=None
+        if can_tune
+        else "Needs a training split: the text default (Rotten Tomatoes) "
+        "has one, an ID file of your own does not",
+    )
     finetune = None
     if tune:
         d = FinetuneConfig()  # the recipe selected on validation images (hydra.finetune)
@@ -144,8 +197,16 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         smoothing = c4.number_input(
             "Label smoothing", 0.0, 0.5, d.label_smoothing, step=0.05, disabled=running
         )
+        most = len(train_set) if train_set is not None else 55_000
         n_train = int(
-            c5.number_input("Training images", 128, 55_000, d.n_train, step=1000, disabled=running)
+            c5.number_input(
+                f"Training {context.noun}",
+                128,
+                most,
+                min(d.n_train, most),
+                step=1000,
+                disabled=running,
+            )
         )
         finetune = FinetuneConfig(
             optimizer=optimizer,
@@ -154,13 +215,21 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             label_smoothing=smoothing,
             n_train=n_train,
         )
-        st.caption(
-            "Each member is trained separately on Fashion-MNIST training images, then fused with "
-            "the MLPs averaged; fine-tuned weights are cached. The defaults were chosen on "
-            "validation images (held out of training, never reported); label smoothing 0.1, the "
-            "paper's, made the averaged members under-confident here (see hydra_core.hydra."
-            "finetune)."
-        )
+        if context.is_text:
+            st.caption(
+                "Each member is trained separately on Rotten Tomatoes training sentences (apart "
+                "from the search and report splits), then fused with the MLPs averaged; "
+                "fine-tuned weights are cached. The defaults were chosen for the image default: "
+                "a starting point here."
+            )
+        else:
+            st.caption(
+                "Each member is trained separately on Fashion-MNIST training images, then fused "
+                "with the MLPs averaged; fine-tuned weights are cached. The defaults were chosen "
+                "on validation images (held out of training, never reported); label smoothing "
+                "0.1, the paper's, made the averaged members under-confident here (see "
+                "hydra_core.hydra.finetune)."
+            )
     copies = stored_copies(context.config.model)
     use_deep = False
     if copies:
@@ -171,14 +240,18 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
     else:
         st.caption(
-            "Deep Ensembles: no independently trained copies of this model are stored "
-            "(train them with `python -m hydra_core train-ensemble`)."
+            "Deep Ensembles: no independently trained copies of this model are stored"
+            + (
+                "."
+                if context.is_text
+                else " (train them with `python -m hydra_core train-ensemble`)."
+            )
         )
 
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
     ):
-        start_evaluation(context, members, label, finetune, use_deep, latency, repeats)
+        start_evaluation(context, members, label, finetune, use_deep, latency, repeats, train_set)
         st.rerun()
     if running:
         watch_job(job, lambda j: f"{j.progress or 'starting'}")
@@ -211,17 +284,19 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "
             "disagreement are the ensembles' diversity on ID and OOD. ± is half the width of the "
             f"95% bootstrap interval ({setup['bootstrap']['n_boot']} resamples of the report "
-            "images, ID within each class, each OOD set within itself); the exact bounds are in "
-            "the JSON report."
+            f"{context.noun}, ID within each class, each OOD set within itself); the exact bounds "
+            "are in the JSON report."
         )
+        if context.is_text:
+            uncertain_view(context, report)
         if "single" in report.systems:
             st.subheader("Difference to the single model")
             differences = report.differences("single", list(DIFFERENCES))
             shown = format_intervals(differences, signed=True).rename(columns=DIFFERENCES)
             table_with_download(shown, "hydra_differences_to_single.csv")
             st.caption(
-                "System minus single model on the same images; ± is half the width of the paired "
-                "95% bootstrap interval (both systems resampled alike). **(n.s.)**: not "
+                f"System minus single model on the same {context.noun}; ± is half the width of "
+                "the paired 95% bootstrap interval (both systems resampled alike). **(n.s.)**: not "
                 "significant, the interval contains 0."
             )
             column = st.selectbox(
@@ -271,7 +346,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             st.subheader("Cost")
             table_with_download(report.cost.reset_index(), "hydra_cost.csv", float_format="{:.4g}")
             st.caption(
-                f"Parameters, multiply-adds for a batch of {setup['latency_batch']} images, and "
+                f"Parameters, multiply-adds for a batch of {setup['latency_batch']} "
+                f"{context.noun}, and "
                 f"latency (median of {setup['latency_repeats']} round-robin calls) on "
                 f"{setup['device']}; ratios are to the single model."
             )
@@ -309,3 +385,10 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             icon=":material/download:",
             on_click="ignore",
         )
+        if context.is_text:
+            st.caption(
+                "The fused text model is read back with `hydra_core.hydra.load_hydra(path)`: "
+                "its `forward(input_ids=..., attention_mask=...)` gives each member's logits "
+                f"(B, M, C). Tokenize with the source model's tokenizer ({context.loaded.name}); "
+                "`load_model` evaluates fused image models only."
+            )

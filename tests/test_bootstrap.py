@@ -311,7 +311,7 @@ def test_compare_pairs_the_resamples_of_two_evaluations():
 def test_resamples_of_other_images_are_refused():
     a = evaluation("a", 0)
     other = Resamples.draw(np.zeros(50, dtype=int), [30, 20], BootstrapConfig())
-    with pytest.raises(ValueError, match="not evaluated on the images"):
+    with pytest.raises(ValueError, match="not evaluated on the samples"):
         a.use_resamples(other)
 
 

@@ -6,6 +6,11 @@ Run with ``make test-e2e`` (``pytest -m e2e tests/e2e``). Uses the embedded defa
 checkpoint is present, else a tiny checkpoint written here, entered through Setup's "Checkpoint
 file" source; small search/report sizes, a greedy budget of 2 and few timed calls keep the run
 to a few minutes.
+
+A second walk does the same on the offline text default, MiniLM sentiment with the default text
+sets (``pytest -m e2e tests/e2e -k text``), with the sentence under the mouse in the
+representations picture and the most uncertain sentences in the Hydra one
+(``e2e-artifacts/text-*.png``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ BUDGET = int(os.environ.get("HYDRA_E2E_BUDGET", 2))
 TIMED_CALLS = 5
 WINDOW = (1400, 1000)
 PAGE_TIMEOUT = int(os.environ.get("HYDRA_E2E_PAGE_TIMEOUT", 240))  # seconds for one page's work
+# The text walk: a greedy step on MiniLM (72 heads, up to 64 tokens) takes about 1 s per search
+# sentence (ID and OOD) on 2 cores, so few of them
+TEXT_N_SEARCH = int(os.environ.get("HYDRA_E2E_TEXT_N_SEARCH", 16))
+TEXT_N_REPORT = int(os.environ.get("HYDRA_E2E_TEXT_N_REPORT", 64))
+TEXT_TIMED_CALLS = 3  # a timed call of the unfused MiniLM ensemble takes seconds
+PAGES = ("setup", "headmap", "importance", "representations", "masks", "hydra")
 
 
 def free_port() -> int:
@@ -214,9 +225,13 @@ def type_into(driver, label: str, text: str) -> None:
     field.send_keys(text, Keys.ENTER)
 
 
-def screenshot(driver, name: str, height: int = 1400, start: str | None = None) -> Path:
+def screenshot(
+    driver, name: str, height: int = 1400, start: str | None = None, hover: str | None = None
+) -> Path:
     """A screenshot of the page from the top, or from the element ``start`` (an XPath), with the
-    window made taller so that more of the page shows."""
+    window made taller so that more of the page shows; with the mouse on the element ``hover``
+    (an XPath), and its hover label shown, when given."""
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -230,6 +245,10 @@ def screenshot(driver, name: str, height: int = 1400, start: str | None = None) 
         driver.execute_script(
             "arguments[0].scrollIntoView({block: 'start'});", driver.find_element(By.XPATH, start)
         )
+    if hover is not None:
+        time.sleep(0.5)  # the scroll settles before the mouse moves
+        ActionChains(driver).move_to_element(driver.find_element(By.XPATH, hover)).perform()
+        wait_for(driver, "//*[contains(@class, 'hoverlayer')]//*[contains(@class, 'hovertext')]")
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))
     driver.set_window_size(*WINDOW)
@@ -302,12 +321,82 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     screenshot(driver, "hydra", 2000)
 
 
-def test_screenshots_are_real_pictures():
-    """Each page's screenshot exists and is not blank (the walk above wrote them)."""
+@pytest.mark.slow  # about 5-9 minutes on 2 cores: `make test-e2e` runs it, CI does not
+def test_text_setup_search_representations_hydra(server, browser):
+    """The same walk on the offline text default: MiniLM sentiment, Rotten Tomatoes and the text
+    OOD sets."""
+    url, _ = server
+    driver = browser
+    driver.get(url)
+    wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
+    wait_idle(driver)
+    click(driver, "//label[.//p[normalize-space()='MiniLM sentiment (text)']]")
+    wait_for(driver, "//input[@aria-label='Search sentences per set (head selection)']")
+    wait_idle(driver)
+    type_into(driver, "Search sentences per set (head selection)", str(TEXT_N_SEARCH))
+    type_into(driver, "Report sentences per set (0 = all)", str(TEXT_N_REPORT))
+    click(driver, button("Apply"))
+    wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
+    wait_for(driver, "//*[contains(., 'minilm-sentiment: all-MiniLM-L6-v2')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "text-setup", 1100, start="//h3[contains(., 'Model card')]")
+
+    open_page(driver, "Headmap search")
+    type_into(driver, "Budget (heads to remove)", str(BUDGET))
+    wait_idle(driver)
+    click(driver, button("Run"))
+    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "text-headmap", 1300)
+
+    open_page(driver, "Head importance")
+    click(driver, button("Compute importance maps"))
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "text-importance", 1200)
+
+    open_page(driver, "Representations")
+    # a point of the first tab's scatter (the other tabs' figures are hidden)
+    point = (
+        "((//*[contains(@class, 'scatterlayer')])[1]"
+        "//*[local-name()='path'][contains(@class, 'point')])[last()]"
+    )
+    wait_for(driver, point)
+    wait_idle(driver)
+    no_errors(driver)
+    layers = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Layers']]"
+    screenshot(driver, "text-representations", 1250, start=layers, hover=point)
+
+    open_page(driver, "Masks")
+    click(driver, button("Build"))
+    wait_for(driver, "//h3[contains(., 'Members (3)')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "text-masks", 1900)
+
+    open_page(driver, "Hydra")
+    type_into(driver, "Timed calls per system", str(TEXT_TIMED_CALLS))
+    wait_idle(driver)
+    click(driver, button("Assemble and evaluate"))
+    # 6 systems on 6 x 64 sentences, then their latency: a few minutes on 2 cores
+    wait_for(driver, "//h3[contains(., 'Where the ensemble is most uncertain')]", 2 * PAGE_TIMEOUT)
+    wait_for(driver, "//h3[contains(., 'Cost')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "text-hydra", 1500, start="//h3[contains(., 'Summary')]")
+
+
+@pytest.mark.parametrize("prefix", ["", "text-"], ids=["images", "text"])
+def test_screenshots_are_real_pictures(prefix):
+    """Each page's screenshot exists and is not blank (the walks above wrote them)."""
     from PIL import Image
 
-    for name in ("setup", "headmap", "importance", "representations", "masks", "hydra"):
-        path = ARTIFACTS / f"{name}.png"
+    for name in PAGES:
+        path = ARTIFACTS / f"{prefix}{name}.png"
         assert path.is_file(), f"{path} is missing"
         image = Image.open(path).convert("L")
         low, high = image.getextrema()
