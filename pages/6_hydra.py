@@ -102,8 +102,8 @@ def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
 
 
 def fused_file(hydra, loaded) -> bytes:
-    """The fused model as a safetensors file: `load_model` evaluates an image model's like its
-    source; a text model's is read with `load_hydra` (its tokenizer is the source model's)."""
+    """The fused model as a safetensors file: `load_model` evaluates it like its source (a text
+    model's file names the source's tokenizer, which it loads again)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "hydra.safetensors"
         save_hydra(
@@ -387,8 +387,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         if context.is_text:
             st.caption(
-                "The fused text model is read back with `hydra_core.hydra.load_hydra(path)`: "
-                "its `forward(input_ids=..., attention_mask=...)` gives each member's logits "
-                f"(B, M, C). Tokenize with the source model's tokenizer ({context.loaded.name}); "
-                "`load_model` evaluates fused image models only."
+                "The fused text model loads back with its source's tokenizer "
+                f"({context.loaded.name}): `python -m hydra_core eval --model hydra.safetensors`, "
+                "or `hydra_core.load_model(path)`; its `forward(input_ids=..., "
+                "attention_mask=...)` gives each member's logits (B, M, C)."
             )
