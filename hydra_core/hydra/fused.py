@@ -53,6 +53,7 @@ from hydra_core.hydra.layers import (
     MergedMlp,
     StackedLayerNorm,
     Stem,
+    merged_mlp_tensors,
     stack_members,
 )
 from hydra_core.models.adapter import (
@@ -486,11 +487,10 @@ def _merged_mlp(blocks: Sequence[nn.Module]) -> dict[str, torch.Tensor | None]:
     """The paper's merged MLP: weights and biases averaged over members (member 0's if equal)."""
     names = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
     per_member = [tuple(_param(getattr(b.mlp, n[:3]), n[4:]) for n in names) for b in blocks]
-    if len({tuple(p is None for p in parts) for parts in per_member}) > 1:
-        raise UnsupportedModelError("members disagree on whether their MLP layers have biases")
-    # a single (shared) copy averages to itself exactly
-    merged = (None if t is None else t.mean(dim=0) for t in stack_members(per_member))
-    return {f"mlp.{n}": t for n, t in zip(names, merged, strict=True)}
+    try:
+        return merged_mlp_tensors(per_member)
+    except ValueError as error:
+        raise UnsupportedModelError(str(error)) from None
 
 
 # -------------------------------------------------------------------------------------------------

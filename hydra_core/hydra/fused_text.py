@@ -44,6 +44,7 @@ from hydra_core.hydra.layers import (
     GroupedLinear,
     MergedMlp,
     StackedLayerNorm,
+    merged_mlp_tensors,
     stack_members,
 )
 from hydra_core.models.adapter import UnsupportedModelError, as_keep_mask, head_layout
@@ -459,13 +460,10 @@ def _block_tensors(
 
 def _merged_mlp(blocks: Sequence) -> dict[str, torch.Tensor | None]:
     """The paper's merged MLP: weights and biases averaged over members (member 0's if equal)."""
-    per_member = [(*b.fc1, *b.fc2) for b in blocks]
-    if len({tuple(t is None for t in parts) for parts in per_member}) > 1:
-        raise UnsupportedModelError("members disagree on whether their MLP layers have biases")
-    names = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
-    # a single (shared) copy averages to itself exactly
-    merged = (None if t is None else t.mean(dim=0) for t in stack_members(per_member))
-    return {f"mlp.{n}": t for n, t in zip(names, merged, strict=True)}
+    try:
+        return merged_mlp_tensors([(*b.fc1, *b.fc2) for b in blocks])
+    except ValueError as error:
+        raise UnsupportedModelError(str(error)) from None
 
 
 # -------------------------------------------------------------------------------------------------

@@ -42,6 +42,20 @@ ACTIVATIONS_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def merged_mlp_tensors(
+    per_member: list[tuple[torch.Tensor | None, ...]],
+) -> dict[str, torch.Tensor | None]:
+    """The paper's merged MLP from each member's (fc1 weight, fc1 bias, fc2 weight, fc2 bias):
+    weights and biases averaged over members (member 0's when all are equal), named for
+    :class:`MergedMlp`."""
+    if len({tuple(t is None for t in parts) for parts in per_member}) > 1:
+        raise ValueError("members disagree on whether their MLP layers have biases")
+    names = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+    # a single (shared) copy averages to itself exactly
+    merged = (None if t is None else t.mean(dim=0) for t in stack_members(per_member))
+    return {f"mlp.{n}": t for n, t in zip(names, merged, strict=True)}
+
+
 def stack_members(
     per_member: list[tuple[torch.Tensor | None, ...]],
 ) -> tuple[torch.Tensor | None, ...]:
