@@ -390,7 +390,11 @@ def test_text_setup_search_representations_hydra(server, browser):
     screenshot(driver, "text-hydra", 1500, start="//h3[contains(., 'Summary')]")
 
 
-@pytest.mark.parametrize("prefix", ["", "text-"], ids=["images", "text"])
+@pytest.mark.parametrize(
+    "prefix",
+    ["", pytest.param("text-", marks=pytest.mark.slow)],  # the text walk is slow (see above)
+    ids=["images", "text"],
+)
 def test_screenshots_are_real_pictures(prefix):
     """Each page's screenshot exists and is not blank (the walks above wrote them)."""
     from PIL import Image
