@@ -38,6 +38,7 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
 ).split()
 SECTIONS = [
     "## Setup",
+    "## Summary",
     "## The CircAvg circuit",
     "## Table 2",
     "## Table 17",

@@ -444,8 +444,8 @@ COVERAGE = (
     ),
     (
         "Table 2 (text classification, BERT on SST-2)",
-        "not",
-        "needs the text-model family (a later issue)",
+        "partly",
+        "in its own report, `report --task text` (docs/report/text): MiniLM on Rotten Tomatoes",
     ),
     (
         "Table 3 (zero-shot CLIP)",
