@@ -152,3 +152,65 @@ def text_batch(
     ids[:, 0] = 0
     ids[mask == 0] = 1
     return ids, mask
+
+
+# --- tiny random OpenCLIP models (no weights exist offline: SPEC section 5) ---------------------
+
+CLIP_CLASSES = ("cat", "dog", "car", "ship", "plane")
+
+
+def make_tiny_clip(
+    *,
+    layer_scale: bool = False,
+    pool: str = "tok",
+    final_ln_after_pool: bool = False,
+    quick_gelu: bool = False,
+    layers: int = 3,
+    width: int = 64,
+    heads: int = 4,
+    image_size: int = 32,
+    patch_size: int = 8,
+    embed_dim: int = 32,
+    seed: int = 0,
+):
+    """A randomly initialised open_clip ``CLIP`` (image tower ``layers`` x ``heads``, 17 tokens at
+    the defaults; a one-layer text tower with open_clip's own tokenizer vocabulary), in eval mode,
+    with every parameter perturbed so that norms, layer scales and biases are not trivial."""
+    from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg
+
+    torch.manual_seed(seed)
+    vision = CLIPVisionCfg(
+        layers=layers,
+        width=width,
+        head_width=width // heads,
+        patch_size=patch_size,
+        image_size=image_size,
+        ls_init_value=0.5 if layer_scale else None,
+        pool_type=pool,
+        final_ln_after_pool=final_ln_after_pool,
+    )
+    text = CLIPTextCfg(context_length=16, vocab_size=49408, width=32, heads=2, layers=1)
+    model = CLIP(embed_dim, vision, text, quick_gelu=quick_gelu)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("visual.") and "class_embedding" not in name:
+                p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def make_tiny_zero_shot(classes=CLIP_CLASSES, **kwargs):
+    """A :class:`~hydra_core.models.zero_shot.ZeroShotClassifier` on :func:`make_tiny_clip`,
+    with the class embeddings of open_clip's tokenizer and the default prompt."""
+    import open_clip
+
+    from hydra_core.models.zero_shot import zero_shot_classifier
+
+    clip = make_tiny_clip(**kwargs)
+    tokenizer = open_clip.SimpleTokenizer(context_length=16)
+    return zero_shot_classifier(clip, tokenizer, classes)
+
+
+def clip_images(n: int = 6, size: int = 32, seed: int = 0) -> torch.Tensor:
+    """Preprocessed (float) images for the tiny CLIP models."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g)
