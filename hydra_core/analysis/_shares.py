@@ -8,14 +8,14 @@ part (attention of the kept heads, first MLP matmul) once more.
 
 **Cost of a candidate** (fast path): the blocks it recomputes, a block over every token counting 1.
 Its own block counts 1/2 (the attention is shared with the layer's other candidates and, for a
-standard timm block, the first MLP matmul is a rank-d_k update; 1 where no fold applies), every
-later block 1, and a last block that computes the class token alone 1/tokens. On the default
-model (6 layers, 17 tokens; 256 images, one thread; ``bench/distributed.py --costs``) a candidate
-of layers 0..5 took 166, 114, 85, 58, 20.5 and 1.4 ms: 32 to 37 ms per unit of this model (48 for
-the last layer's, whose candidates cost almost nothing). A weight of L - l instead would give
-the late layers several times their share: two processes would split 61/39 instead of 50/50,
-capping the speed-up at 1.65x instead of 2.0x. Under the plain method every candidate is one
-full forward: cost 1.
+block the MLP fold applies to (timm, OpenCLIP, BERT-family), the first MLP matmul is a rank-d_k
+update; 1 where no fold applies), every later block 1, and a last block that computes the class
+token alone 1/tokens. On the default model (6 layers, 17 tokens; 256 images, one thread;
+``bench/distributed.py --costs``) a candidate of layers 0..5 took 166, 114, 85, 58, 20.5 and
+1.4 ms: 32 to 37 ms per unit of this model (48 for the last layer's, whose candidates cost almost
+nothing). A weight of L - l instead would give the late layers several times their share: two
+processes would split 61/39 instead of 50/50, capping the speed-up at 1.65x instead of 2.0x.
+Under the plain method every candidate is one full forward: cost 1.
 
 **Units never cut a batched pass.** The fast path scores a layer's candidates in passes of a fixed
 group of heads per chunk of samples; a unit is one such group, so every pass a process runs has

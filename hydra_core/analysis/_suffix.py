@@ -7,7 +7,8 @@ What a step computes, per layer l and chunk of samples:
 - shared by the candidates of layer l: the kept heads' outputs Z_l, the projected attention
   output A_l = proj(Z_l) and the residual after it; candidate h's residual is that minus head h's
   share Z_l^(h) W_O^(h)T (the attention output decomposes over heads, paper Appendix D.1.2);
-- for a standard timm block (LayerNorm, Mlp, optional LayerScale) the MLP's first matmul is shared
+- for a standard pre-LN block (LayerNorm, a two-layer MLP, optional layer scale: timm's Block, or
+  what the family's ``pre_norm_parts`` describes, as OpenCLIP's) the MLP's first matmul is shared
   too: fc1(norm2(u - delta_h)) = (F - Z_h M_h + mean(delta_h) s) / std(u - delta_h) + b', where
   F = W1 gamma centre(u) is computed once per chunk and M_h = W_O^(h)T W1 gamma is a (d_k, hidden)
   matrix fixed per head, so a candidate costs a rank-d_k update instead of a full fc1;
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.models.adapter import family_of
-from hydra_core.models.family import PostNormParts
+from hydra_core.models.family import ModelFamily, PostNormParts, PreNormParts
 from hydra_core.models.vit import VIT
 
 #: Token rows (candidates x samples x tokens) per batched pass on the CPU. Single-threaded, small
@@ -82,11 +83,13 @@ class _MlpFold:
     row_sum: torch.Tensor  # (hidden,): s = W1 gamma2, the response to a constant shift
     bias: torch.Tensor  # (hidden,): b' = W1 beta2 + b1
     eps: float
+    pre_norm: PreNormParts | None = None  # a pre-LN block's parts
     post_norm: PostNormParts | None = None  # a post-LN block's parts (the norm is norm1 there)
 
 
-def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
-    """The fold for a standard timm block, or None when its parts are not the ones it assumes."""
+def _timm_parts(block: nn.Module) -> PreNormParts | None:
+    """The parts of a standard timm block (LayerNorm, Mlp, optional LayerScale), or None when
+    they are not the ones the fold assumes."""
     from timm.layers.mlp import Mlp
 
     norm, mlp = block.norm2, block.mlp
@@ -99,10 +102,21 @@ def _mlp_fold(block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
         or not isinstance(mlp.norm, nn.Identity)
         or not isinstance(mlp.fc1, nn.Linear)
         or not isinstance(mlp.fc2, nn.Linear)
-        or tuple(norm.normalized_shape) != (head_out.shape[-1],)
     ):
         return None
-    return _fold(norm, mlp.fc1, head_out, scale1)
+    return PreNormParts(block.ls1, scale1, norm, mlp.fc1, mlp.act, mlp.fc2, block.ls2)
+
+
+def _mlp_fold(family: ModelFamily, block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
+    """The fold of a block of ``family`` (pre- or post-LN), or None when none applies."""
+    parts = _timm_parts(block) if family is VIT else family.pre_norm_parts(block)
+    if parts is None:
+        return _post_norm_fold(family.post_norm_parts(block), head_out)
+    if tuple(parts.norm2.normalized_shape) != (head_out.shape[-1],):
+        return None
+    fold = _fold(parts.norm2, parts.fc1, head_out, parts.scale1)
+    fold.pre_norm = parts
+    return fold
 
 
 def _post_norm_fold(parts: PostNormParts | None, head_out: torch.Tensor) -> _MlpFold | None:
@@ -202,8 +216,10 @@ def _even_chunks(total: int, most: int) -> list[slice]:
 class SuffixEvaluator:
     """Logits of the model under the current head mask and under each one-head-more ablation.
 
-    Works on every model family through its :class:`~hydra_core.models.family.ModelFamily`; the
-    timm ViT family has two shortcuts more (the MLP fold and the folded class-token attention).
+    Works on every model family through its :class:`~hydra_core.models.family.ModelFamily`. The
+    MLP fold applies where the family describes its blocks' parts (``pre_norm_parts``,
+    ``post_norm_parts``; timm blocks are read here); the timm ViT family has one shortcut more, the
+    folded class-token attention.
 
     Args:
         model: a supported model in eval mode (never modified).
@@ -246,8 +262,7 @@ class SuffixEvaluator:
         ]
         self.head_out = [w.contiguous() for w in self.head_out]
         self.folds = [
-            _mlp_fold(b, w) if family is VIT else _post_norm_fold(family.post_norm_parts(b), w)
-            for b, w in zip(self.blocks, self.head_out, strict=True)
+            _mlp_fold(family, b, w) for b, w in zip(self.blocks, self.head_out, strict=True)
         ]
         self.tokens = family.embed(model, inputs[:1])[0].shape[1]
         # Pairs per pass through full blocks, and through the last block's CLS row alone.
@@ -440,7 +455,7 @@ class SuffixEvaluator:
         if fold is None:
             return _SharedAttention(z=z, x=x, context=context, attn=attn)
         # (s, N, d), the residual after the attention
-        mid = x + (attn if fold.post_norm is not None else self.views[layer].ls1(attn))
+        mid = x + (attn if fold.post_norm is not None else fold.pre_norm.ls1(attn))
         centred = mid - mid.mean(-1, keepdim=True)
         f = F.linear(centred, fold.w1g)  # (s, N, hidden)
         return _SharedMlpInput(z=z, context=context, mid=mid, f=f, fold=fold)
@@ -474,8 +489,8 @@ class SuffixEvaluator:
             hidden = torch.addcmul(hidden, delta.mean(-1, keepdim=True), fold.row_sum)
             # hidden is now W1 gamma centre(u); scaled by 1/std(u) and shifted: fc1(norm2(u))
             hidden = torch.addcmul(fold.bias, hidden, torch.rsqrt(var + fold.eps))
-            mlp = self.blocks[layer].mlp
-            x = u + self.blocks[layer].ls2(mlp.drop2(mlp.fc2(mlp.drop1(mlp.act(hidden)))))
+            parts = fold.pre_norm  # dropout is off: the search runs in eval mode
+            x = u + parts.ls2(parts.fc2(parts.act(hidden)))
         context = self.family.repeat_context(shared.context, c)
         logits = self._suffix(layer + 1, x.reshape(c * s, nq, -1), context)  # (c*s, K)
         return logits.reshape(c, s, -1)

@@ -1,12 +1,15 @@
 """The public face of the model families: find a model's heads, switch them off, cut them out.
 
 Every function here works on any supported family (:mod:`hydra_core.models.vit` for timm ViTs,
-:mod:`hydra_core.models.text` for Hugging Face BERT-family encoders); :func:`family_of` picks the
-family, and the code above :mod:`hydra_core.models` never needs to know which one it was.
+:mod:`hydra_core.models.text` for Hugging Face BERT-family encoders,
+:mod:`hydra_core.models.openclip` for OpenCLIP image towers); :func:`family_of` picks the family,
+and the code above :mod:`hydra_core.models` never needs to know which one it was.
 See :mod:`hydra_core.models.family` for the head layout and the piece-by-piece forward.
 
-Every intervention is a forward hook that lives inside a context manager and is removed in
-``finally``: a model leaves every context bit-identical to how it entered.
+Every intervention is a forward hook on W_O that lives inside a context manager and is removed in
+``finally`` (with the family's :meth:`~hydra_core.models.family.ModelFamily.projection_called`
+around it, so that W_O is called as a module): a model leaves every context bit-identical to how
+it entered.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hydra_core.models.family import (
     head_label,
     parse_head_label,
 )
+from hydra_core.models.openclip import OPENCLIP
 from hydra_core.models.text import TEXT
 from hydra_core.models.vit import (
     SHORT_SEQUENCE,
@@ -67,7 +71,7 @@ __all__ = [
 ]
 
 #: every family Hydra Lab knows, tried in this order
-FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT)
+FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT, OPENCLIP)
 
 
 def family_of(model: nn.Module) -> ModelFamily:
@@ -76,9 +80,11 @@ def family_of(model: nn.Module) -> ModelFamily:
         if family.matches(model):
             return family
     raise UnsupportedModelError(
-        f"{type(model).__name__} has no `blocks` list of transformer blocks and is not a Hugging "
-        "Face text classifier; Hydra Lab supports timm VisionTransformer models (ViT, DeiT, DINOv2 "
-        "variants) and BERT, RoBERTa, MPNet and DistilBERT sequence classifiers"
+        f"{type(model).__name__} has no `blocks` list of transformer blocks and is neither a "
+        "Hugging Face text classifier nor an open_clip model; Hydra Lab supports timm "
+        "VisionTransformer models (ViT, DeiT, DINOv2 variants), BERT, RoBERTa, MPNet and "
+        "DistilBERT sequence classifiers, and open_clip VisionTransformer image towers (bare or "
+        "in a ZeroShotClassifier)"
     )
 
 
@@ -153,20 +159,20 @@ def ablate(model: nn.Module, keep: torch.Tensor) -> Iterator[nn.Module]:
     equals zeroing its column block of W_O (paper, Appendix D.1.2). Layers that keep every head get
     no hook, so an all-True mask leaves the logits bit-identical.
     """
-    layout = head_layout(model)
+    family = family_of(model)
+    layout = family.layout(model)
     keep = as_keep_mask(layout, keep)
     projections = _projections(model)
+    layers = [layer for layer, n in enumerate(layout.num_heads) if not bool(keep[layer, :n].all())]
     handles = []
     try:
-        for layer, n in enumerate(layout.num_heads):
-            if bool(keep[layer, :n].all()):
-                continue
-            handles.append(
-                projections[layer].register_forward_pre_hook(
-                    _ZeroChannels(channel_mask(keep[layer, :n], layout.head_dim))
-                )
-            )
-        yield model
+        with family.projection_called(model, layers):
+            for layer in layers:
+                mask = channel_mask(keep[layer, : layout.num_heads[layer]], layout.head_dim)
+                # prepended: it applies before any recording hook, whichever context came first
+                hook = _ZeroChannels(mask)
+                handles.append(projections[layer].register_forward_pre_hook(hook, prepend=True))
+            yield model
     finally:
         for handle in handles:
             handle.remove()
@@ -194,10 +200,12 @@ def record_head_outputs(
     """Record each head's output Z (before W_O) at ``layers`` during forwards inside the block.
 
     Yields a dict ``layer -> list of tensors``, one per forward call, of shape (B, H, d_k) for one
-    ``token`` (0 = CLS) or (B, N, H, d_k) when ``token`` is None. Ablation hooks registered before
-    this one apply first, so a recorded ablated head reads zero.
+    ``token`` (0 = CLS) or (B, N, H, d_k) when ``token`` is None. Ablation hooks apply first
+    (:func:`ablate` prepends them), so a recorded ablated head reads zero, whether ``ablate`` is
+    entered before this context or inside it.
     """
-    layout = head_layout(model)
+    family = family_of(model)
+    layout = family.layout(model)
     projections = _projections(model)
     for layer in layers:
         if not 0 <= layer < layout.num_layers:
@@ -217,9 +225,10 @@ def record_head_outputs(
         return hook
 
     try:
-        for layer in layers:
-            handles.append(projections[layer].register_forward_pre_hook(recorder(layer)))
-        yield store
+        with family.projection_called(model, layers):
+            for layer in layers:
+                handles.append(projections[layer].register_forward_pre_hook(recorder(layer)))
+            yield store
     finally:
         for handle in handles:
             handle.remove()

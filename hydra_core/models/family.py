@@ -22,7 +22,8 @@ last stream. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``bloc
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,21 @@ class CostSizes:
 
 
 @dataclass(frozen=True)
+class PreNormParts:
+    """The parts of a pre-LN block after its attention: ``u = x + ls1(attention)``, then
+    ``u + ls2(fc2(act(fc1(norm2(u)))))`` (dropout off); ``ls1`` multiplies by ``scale1`` (a layer
+    scale's gamma (d,), or a scalar one)."""
+
+    ls1: nn.Module
+    scale1: torch.Tensor
+    norm2: nn.LayerNorm
+    fc1: nn.Linear
+    act: Any
+    fc2: nn.Linear
+    ls2: nn.Module
+
+
+@dataclass(frozen=True)
 class PostNormParts:
     """The parts of a post-LN block after its attention: ``h = norm1(x + attention)``, then
     ``norm2(h + fc2(act(fc1(h))))`` (dropout off)."""
@@ -176,6 +192,14 @@ class ModelFamily:
     def output_projection(self, block: nn.Module) -> nn.Linear:
         """W_O of a block: its input holds the heads' outputs, concatenated."""
         raise NotImplementedError
+
+    @contextmanager
+    def projection_called(self, model: nn.Module, layers: Sequence[int]) -> Iterator[None]:
+        """Inside, the output projections of ``layers`` are called as modules, so that hooks on
+        them fire (the ablation and recording hooks of :mod:`hydra_core.models.adapter`); on exit
+        ``model`` is as it was. Nothing to do for a family whose attention calls W_O already (the
+        default); OpenCLIP's ``nn.MultiheadAttention`` reads W_O's weight directly instead."""
+        yield
 
     def prune_block(self, block: nn.Module, heads: torch.Tensor) -> nn.Module:
         """A copy of ``block`` whose attention keeps only ``heads`` (1-D int64, sorted),
@@ -262,6 +286,12 @@ class ModelFamily:
     def class_token_pooling(self, model: nn.Module) -> bool:
         """True when the classifier reads only token 0 of the last block's output."""
         raise NotImplementedError
+
+    def pre_norm_parts(self, block: nn.Module) -> PreNormParts | None:
+        """The parts after the attention of a pre-LN block when they have exactly the form of
+        :class:`PreNormParts` (the fast greedy search then folds the MLP's first matmul); None
+        otherwise (the default)."""
+        return None
 
     def post_norm_parts(self, block: nn.Module) -> PostNormParts | None:
         """The parts after the attention of a post-LN block; None for pre-LN blocks."""
