@@ -10,9 +10,17 @@ median of round-robin repeats (all rows take turns, so drifts in machine load hi
 cell gets a time budget, and a cell whose first round already exceeds it is reported from that one
 round.
 
-    python bench/fusion.py                    # everything (about 13 minutes on a quiet 2-core CPU)
+OpenCLIP image towers (``--clip``): open_clip's own ViT-B-32 architecture (``clip_b32``: 224 px,
+patch 32, 12 layers x 12 heads, d 768; ``open_clip.create_model("ViT-B-32").visual``, random
+weights, nothing downloaded) at batch 32, or with ``--quick`` ViT-S-32 (``clip_s32``: 6 heads,
+d 384) at batch 8. Rows: the tower, its pruned members one by one (``prune_heads``) and the fused
+Hydra (image embeddings (B, M, D)); no Deep Ensembles.
+
+    python bench/fusion.py                    # all but CLIP (13 minutes on a quiet 2-core CPU)
     python bench/fusion.py --quick            # the default model only, short budgets
     python bench/fusion.py --text             # the text encoder (MiniLM's shape) only
+    python bench/fusion.py --clip             # open_clip ViT-B-32, batch 32
+    python bench/fusion.py --clip --quick     # open_clip ViT-S-32, batch 8, short budgets
     python bench/fusion.py --json             # JSON instead of a table
     python bench/fusion.py --malloc-no-trim   # glibc keeps freed memory (as jemalloc would)
 
@@ -82,9 +90,13 @@ TEXT_SHAPES = {
     ),
 }
 TEXT_TOKENS = 64
+#: open_clip model configurations (image towers with random weights) and their batch sizes
+CLIP_SHAPES = {
+    "clip_s32": dict(model="ViT-S-32", img_size=224, batches=(8,)),
+    "clip_b32": dict(model="ViT-B-32", img_size=224, batches=(32,)),
+}
 BATCHES = (1, 4, 64)
 MEMBERS = 3
-ROWS = ("single", "members one by one", "Hydra fused", "Deep Ensembles")
 
 
 def member_masks(depth: int, heads: int) -> list[torch.Tensor]:
@@ -101,8 +113,20 @@ def member_masks(depth: int, heads: int) -> list[torch.Tensor]:
 
 def build(shape: str) -> dict[str, list[torch.nn.Module]]:
     """The models of every row, with random weights (eval mode, CPU); text models wrapped in a
-    TextClassifier, so that every row takes the same packed token ids."""
+    TextClassifier, so that every row takes the same packed token ids. An OpenCLIP tower has no
+    Deep Ensembles row."""
     torch.manual_seed(0)  # the M models are Deep Ensembles' members; the first is the single one
+    if shape in CLIP_SHAPES:
+        import open_clip
+
+        visual = open_clip.create_model(CLIP_SHAPES[shape]["model"]).visual.eval()
+        blocks = visual.transformer.resblocks
+        masks = member_masks(len(blocks), int(blocks[0].attn.num_heads))
+        return {
+            "single": [visual],
+            "members one by one": [prune_heads(visual, k).eval() for k in masks],
+            "Hydra fused": [fuse_members([(visual, k) for k in masks]).eval()],
+        }
     if shape in TEXT_SHAPES:
         config = transformers.BertConfig(**TEXT_SHAPES[shape])
         hf = [transformers.BertForSequenceClassification(config) for _ in range(MEMBERS)]
@@ -127,14 +151,14 @@ def inputs_for(shape: str, batch: int, device: torch.device) -> torch.Tensor:
     if shape in TEXT_SHAPES:
         ids = torch.randint(TEXT_SHAPES[shape]["vocab_size"], (batch, TEXT_TOKENS), generator=g)
         return pack(ids).to(device)
-    cfg = SHAPES[shape]
-    size = (batch, cfg["in_chans"], cfg["img_size"], cfg["img_size"])
+    cfg = CLIP_SHAPES[shape] if shape in CLIP_SHAPES else SHAPES[shape]
+    size = (batch, cfg.get("in_chans", 3), cfg["img_size"], cfg["img_size"])
     return torch.randn(size, generator=g).to(device)
 
 
 @torch.inference_mode()
 def fusion_error(rows: dict[str, list[torch.nn.Module]], shape: str) -> float:
-    """Largest |fused - member| logit difference (fp32, CPU, 2 inputs): the fusion is exact."""
+    """Largest |fused - member| output difference (fp32, CPU, 2 inputs): the fusion is exact."""
     x = inputs_for(shape, 2, torch.device("cpu"))
     fused = rows["Hydra fused"][0](x)
     return max(
@@ -174,20 +198,22 @@ def settings() -> list[tuple[str, torch.dtype | None]]:
 
 
 def run(
-    shapes: list[str], batches: list[int], budget_s: float, max_repeats: int, log=print
+    shapes: list[str], batches: list[int] | None, budget_s: float, max_repeats: int, log=print
 ) -> tuple[list[dict], dict]:
+    """Time every shape at ``batches`` (None: an OpenCLIP shape's own, BATCHES for the rest)."""
     results = []
     for shape in shapes:
         rows = build(shape)
+        shape_batches = batches or CLIP_SHAPES.get(shape, {}).get("batches", BATCHES)
         error = fusion_error(rows, shape)
         # params and one image's multiply-adds; a batch's are one image's times the batch size
         cost = cost_table(rows, inputs_for(shape, 1, torch.device("cpu")), latency=False)
-        log(f"# {shape}: fused vs members max |logit difference| {error:.2e}")
+        log(f"# {shape}: fused vs members max |output difference| {error:.2e}")
         for device_name, dtype in settings():
             device = torch.device(device_name)
             on_device = {name: [m.to(device) for m in models] for name, models in rows.items()}
             precision = "bf16-autocast" if dtype else "fp32"
-            for batch in batches:
+            for batch in shape_batches:
                 x = inputs_for(shape, batch, device)
                 fns = {
                     name: forward_fn(models, x, autocast_dtype=dtype)
@@ -195,7 +221,7 @@ def run(
                 }
                 start = time.perf_counter()
                 timing = time_cell(fns, device, budget_s, max_repeats)
-                for name in ROWS:
+                for name in rows:
                     t = timing[name]
                     results.append(
                         {
@@ -213,7 +239,7 @@ def run(
                             "max_abs_fusion_error": error,
                         }
                     )
-                cell = {r["row"]: r for r in results[-len(ROWS) :]}
+                cell = {r["row"]: r for r in results[-len(rows) :]}
                 fused, single = cell["Hydra fused"], cell["single"]
                 members = cell["members one by one"]
                 log(
@@ -275,14 +301,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="default model only, short budgets")
     parser.add_argument("--text", action="store_true", help="the text shape (minilm) only")
+    parser.add_argument(
+        "--clip",
+        action="store_true",
+        help="open_clip ViT-B-32 at batch 32 only (with --quick: ViT-S-32 at batch 8)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--shapes",
         nargs="+",
-        choices=sorted(SHAPES) + sorted(TEXT_SHAPES),
-        help="default: all (with --quick: the default model; with --text: minilm)",
+        choices=sorted(SHAPES) + sorted(TEXT_SHAPES) + sorted(CLIP_SHAPES),
+        help="default: all but CLIP (with --quick: the default model; with --text: minilm; "
+        "with --clip: clip_b32, or clip_s32 with --quick)",
     )
-    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        type=int,
+        default=None,
+        help=f"default {' '.join(map(str, BATCHES))} (CLIP: 32, quick 8)",
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -301,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     no_trim = malloc_no_trim() if args.malloc_no_trim else False
     everything = list(SHAPES) + list(TEXT_SHAPES)
-    shapes = args.shapes or (
-        list(TEXT_SHAPES) if args.text else ["default"] if args.quick else everything
-    )
+    if args.shapes:
+        shapes = args.shapes
+    elif args.clip:
+        shapes = ["clip_s32"] if args.quick else ["clip_b32"]
+    else:
+        shapes = list(TEXT_SHAPES) if args.text else ["default"] if args.quick else everything
     budget = args.budget_s if args.budget_s is not None else (8.0 if args.quick else 40.0)
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     load_before = environment()["loadavg"]

@@ -10,8 +10,9 @@ generalised to any MLP width, per-layer kept heads and token count, with the att
 
 Every model family works here: the sizes come from the family
 (:meth:`~hydra_core.models.family.ModelFamily.cost_sizes`: a ViT's patch embedding, a text model's
-token count and the dense layer before its classifier), parameters are sorted by the family's
-kinds, and a text model runs in its callable form (packed token ids in, logits out).
+token count and the dense layer before its classifier, an OpenCLIP tower's projection and a
+zero-shot classifier's class matrix), parameters are sorted by the family's kinds, and a text model
+runs in its callable form (packed token ids in, logits out).
 """
 
 from __future__ import annotations
@@ -100,8 +101,23 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
     return 2 * rows * s_q * s_k * d_q + 2 * rows * s_q * s_k * d_v
 
 
-# torch's FlopCounterMode knows the CUDA attention kernels but not the CPU one
-_EXTRA_FLOP_FORMULAS = {}
+def _native_mha_flops(
+    query_shape, key_shape, value_shape, embed_dim, num_heads, *args, out_shape=None, **kwargs
+) -> int:
+    """FLOPs of ``nn.MultiheadAttention``'s fused inference kernel (its fast path, which an
+    open_clip tower takes without gradients): the Q, K, V projections, Q Kᵀ and A V over all heads
+    (H * d_k = d), and the output projection; inputs (B, N, d)."""
+    b, n_q, d = query_shape
+    n_k = key_shape[1]
+    macs = b * n_q * d * d + 2 * b * n_k * d * d  # Q; K and V
+    macs += 2 * b * n_q * n_k * d  # Q Kᵀ and A V
+    macs += b * n_q * d * d  # W_O
+    return 2 * macs
+
+
+# torch's FlopCounterMode knows the CUDA attention kernels but not the CPU one, nor the fused
+# kernel of nn.MultiheadAttention (it would count nothing of an open_clip tower's attention)
+_EXTRA_FLOP_FORMULAS = {torch.ops.aten._native_multi_head_attention: _native_mha_flops}
 if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
     _EXTRA_FLOP_FORMULAS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
 
@@ -190,16 +206,17 @@ def formula_params(shape: ModelShape, heads: Sequence[Sequence[int]], *, merged_
 
 
 #: parameter groups of :func:`parameter_breakdown`, matched in this order on the parameter names of
-#: a model outside every family (a fused Hydra ViT); a family's model is sorted by its family
-#: (:data:`KIND_GROUPS`)
+#: a model outside every family: a fused Hydra model (HydraViT, HydraText, or HydraZeroShot, whose
+#: names start with ``visual.``), named as in :mod:`hydra_core.hydra.layers`. A family's model
+#: (timm, Hugging Face or open_clip names) is sorted by its family (:data:`KIND_GROUPS`).
 PARAMETER_GROUPS = (
-    ("embedding", r"patch_embed|stem|cls_token|reg_token|pos_embed"),
+    ("embedding", r"(^|\.)(patch_embed|stem|cls_token|reg_token|pos_embed|embeddings)($|\.)"),
     ("layer norms", r"norm"),
     ("attention weights", r"(qkv|proj)[._]weight"),
-    ("attention biases", r"(qkv|proj)[._]bias"),
+    ("attention biases", r"(qkv|proj)[._]bias|\.position_bias$"),
     ("MLP weights", r"fc[12][._]weight"),
-    ("MLP biases", r"fc[12][._]bias"),
-    ("classifier", r"^head"),
+    ("MLP biases", r"fc[12][._]bias|\.ls2$"),  # the MLP's layer scale, as a family counts it
+    ("classifier", r"(^|\.)(head|pooler|classifier)\."),
 )
 #: the family's parameter kind -> the group of :func:`parameter_breakdown`; attention and MLP
 #: parameters go to "... weights" when they are weight matrices, to "... biases" otherwise

@@ -18,7 +18,9 @@ The building blocks (grouped linear layers, stacked LayerNorms, the merged MLP, 
 the stem) are in :mod:`hydra_core.hydra.layers`. ``fuse_members`` builds a :class:`HydraViT` from
 (model, keep) pairs; ``save_hydra`` and ``load_hydra`` store it as safetensors with its
 :class:`HydraConfig` as JSON and rebuild it from the file alone. Both routes go through
-:func:`_assemble`, so a loaded model is the same module as the saved one.
+:func:`assemble_vit`, so a loaded model is the same module as the saved one. The members' parts
+are read as :class:`StemParts` and :class:`BlockParts`, so that other pre-norm ViTs map onto the
+same model: :mod:`hydra_core.hydra.fused_clip` fuses OpenCLIP image towers this way.
 The fused model is for inference: the members' dropout, drop-path and patch dropout are not kept.
 """
 
@@ -28,6 +30,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -64,10 +67,17 @@ from hydra_core.models.adapter import (
     head_layout,
 )
 
+if TYPE_CHECKING:
+    from hydra_core.hydra.fused_clip import HydraZeroShot
+
 FORMAT = "hydra-fused"
 FORMAT_VERSION = 1
 #: the family whose members fuse into a HydraText (models.text.TEXT's name)
 TEXT_FAMILY = "text"
+#: the family of OpenCLIP image towers, which fuse through :mod:`hydra_core.hydra.fused_clip`
+CLIP_FAMILY = "openclip"
+#: the header entry (and tensor name prefix) of a zero-shot head saved with its image tower
+ZERO_SHOT_ENTRY = "zero_shot"
 POOLS = ("token", "avg", "max", "avgmax")
 
 
@@ -135,7 +145,8 @@ class HydraConfig:
 
 
 class HydraViT(nn.Module):
-    """M head-pruned ViT members fused into one model; ``forward(images)`` gives (B, M, C) logits.
+    """M head-pruned ViT members fused into one model; ``forward(images)`` gives (B, M, C): the
+    members' logits (for OpenCLIP image towers, their image embeddings, C = D).
 
     Attributes:
         num_members: M.
@@ -204,62 +215,72 @@ class HydraViT(nn.Module):
 # Fusing members.
 
 
-def fuse_members(members: Sequence[tuple[nn.Module, torch.Tensor]]) -> HydraViT | HydraText:
-    """Fuse M (model, keep) pairs into one :class:`HydraViT` (or, for text classifiers, one
-    :class:`~hydra_core.hydra.fused_text.HydraText`: see :func:`fuse_text_members`).
+def fuse_members(
+    members: Sequence[tuple[nn.Module, torch.Tensor]],
+) -> HydraViT | HydraText | HydraZeroShot:
+    """Fuse M (model, keep) pairs into one model that runs every member in one pass.
 
-    Each model is a timm VisionTransformer - the same object M times for zero-shot members, or
-    separately fine-tuned (possibly already structurally pruned) models; ``keep`` is a head mask
-    validated against that model's own layout (True = kept). Members must agree on the architecture
-    (embedding width, depth, head dim, classes, pooling, prefix tokens, ...). MLPs are averaged over
-    members; when they are all identical, member 0's weights are taken as they are, so zero-shot
-    fusion reproduces every member's logits.
+    Each model is the same object M times for zero-shot members, or separately fine-tuned (possibly
+    already structurally pruned) models; ``keep`` is a head mask validated against that model's own
+    layout (True = kept). Members must be of one family and agree on the architecture (embedding
+    width, depth, head dim, outputs, pooling, prefix tokens, ...). MLPs are averaged over members;
+    when they are all identical, member 0's weights are taken as they are, so zero-shot fusion
+    reproduces every member's outputs. By family:
+
+    - timm VisionTransformers: a :class:`HydraViT` giving the members' logits (B, M, C).
+    - OpenCLIP image towers (``clip_model.visual``): a :class:`HydraViT` giving the members' image
+      embeddings (B, M, D); zero-shot classifiers
+      (:class:`~hydra_core.models.zero_shot.ZeroShotClassifier`, sharing their class embeddings
+      and logit scale): a :class:`~hydra_core.hydra.fused_clip.HydraZeroShot` giving the members'
+      zero-shot logits (B, M, C). See :func:`~hydra_core.hydra.fused_clip.fuse_clip_members`.
+    - Hugging Face text classifiers: a :class:`~hydra_core.hydra.fused_text.HydraText` giving the
+      members' logits (B, M, C); see :func:`~hydra_core.hydra.fused_text.fuse_text_members`.
     """
     members = list(members)
     if not members:
         raise ValueError("cannot fuse an empty list of members")
-    parsed = [_parse_member(i, m) for i, m in enumerate(members)]  # (model, keep, layout)
-    families = [family_of(model).name for model, _, _ in parsed]
+    pairs = [_as_pair(i, m) for i, m in enumerate(members)]
+    families = []
+    for i, (model, _) in enumerate(pairs):
+        try:
+            families.append(family_of(model).name)
+        except UnsupportedModelError as error:
+            raise UnsupportedModelError(f"member {i}: {error}") from None
     if any(f != families[0] for f in families):
         listing = ", ".join(f"member {i} is a {f} model" for i, f in enumerate(families))
         raise ValueError(f"members disagree on the model family: {listing}")
+    if families[0] == CLIP_FAMILY:
+        return _clip().fuse_clip_members(pairs)
+    parsed = [_parse_member(i, pair) for i, pair in enumerate(pairs)]  # (model, keep, layout)
     if families[0] == TEXT_FAMILY:
         return fuse_text_members([(model, keep) for model, keep, _ in parsed])
     specs = [_architecture(i, model, layout) for i, (model, _, layout) in enumerate(parsed)]
-    for key in specs[0]:
-        values = [spec[key] for spec in specs]
-        if any(v != values[0] for v in values):
-            listing = ", ".join(f"member {i} has {v!r}" for i, v in enumerate(values))
-            raise ValueError(f"members disagree on {key}: {listing}")
-    spec = specs[0]
-    heads = [
-        [keep[layer, :n].nonzero().flatten() for layer, n in enumerate(layout.num_heads)]
-        for _, keep, layout in parsed
-    ]  # per member and layer: kept head indices
-    config = HydraConfig(
-        num_members=len(parsed),
-        **{k: v for k, v in spec.items() if k != "mlp_hidden"},
-        kept_heads=tuple(tuple(tuple(h.tolist()) for h in member) for member in heads),
-    )
+    spec = agreed_architecture(specs)
+    heads = [kept_head_indices(keep, layout) for _, keep, layout in parsed]
     models = [model for model, _, _ in parsed]
-    tensors = _stem_tensors(models)
+    tensors = stem_tensors([_vit_stem(m) for m in models])
     for layer in range(spec["depth"]):
-        blocks = [m.blocks[layer] for m in models]
-        tensors.update(_block_tensors(layer, blocks, [h[layer] for h in heads], spec["head_dim"]))
-    tensors.update(_norm_tensors("norm", [m.norm for m in models]))
-    tensors.update(_norm_tensors("fc_norm", [m.fc_norm for m in models]))
-    head_w, head_b = stack_members(
-        [(m.head.weight.t(), _vector(m.head.bias, m.head.weight)) for m in models]
+        parts = [_vit_block(m.blocks[layer]) for m in models]
+        tensors.update(block_tensors(layer, parts, [h[layer] for h in heads], spec["head_dim"]))
+    tensors.update(norm_tensors("norm", [m.norm for m in models]))
+    tensors.update(norm_tensors("fc_norm", [m.fc_norm for m in models]))
+    tensors.update(
+        head_tensors([(m.head.weight.t(), _vector(m.head.bias, m.head.weight)) for m in models])
     )
-    tensors["head.weight"], tensors["head.bias"] = head_w, head_b[:, None]  # (S, d, C), (S, 1, C)
-    return _assemble(config, tensors)
+    return assemble_vit(hydra_config(spec, heads), tensors)
 
 
-def _parse_member(index: int, member: object) -> tuple[nn.Module, torch.Tensor, HeadLayout]:
+def _as_pair(index: int, member: object) -> tuple[nn.Module, object]:
     pair = isinstance(member, (tuple, list)) and len(member) == 2
     if not pair or not isinstance(member[0], nn.Module):
         raise TypeError(f"member {index} must be a (model, keep) pair, got {type(member).__name__}")
-    model, keep = member
+    return member[0], member[1]
+
+
+def _parse_member(
+    index: int, pair: tuple[nn.Module, object]
+) -> tuple[nn.Module, torch.Tensor, HeadLayout]:
+    model, keep = pair
     try:
         layout = head_layout(model)
         keep = as_keep_mask(layout, keep)
@@ -268,20 +289,60 @@ def _parse_member(index: int, member: object) -> tuple[nn.Module, torch.Tensor, 
     return model, keep, layout
 
 
+def agreed_architecture(specs: Sequence[dict]) -> dict:
+    """The members' architecture (:func:`_architecture`'s dict); a ValueError naming the first
+    entry the members disagree on, with every member's value."""
+    for key in specs[0]:
+        values = [spec[key] for spec in specs]
+        if any(v != values[0] for v in values):
+            listing = ", ".join(f"member {i} has {v!r}" for i, v in enumerate(values))
+            raise ValueError(f"members disagree on {key}: {listing}")
+    return specs[0]
+
+
+def kept_head_indices(keep: torch.Tensor, layout: HeadLayout) -> list[torch.Tensor]:
+    """Per layer, the indices of the heads a validated mask keeps (in the model's own numbering)."""
+    return [keep[layer, :n].nonzero().flatten() for layer, n in enumerate(layout.num_heads)]
+
+
+def hydra_config(spec: dict, heads: Sequence[Sequence[torch.Tensor]]) -> HydraConfig:
+    """The :class:`HydraConfig` of M members: their agreed architecture (entries that are not
+    config fields, such as ``mlp_hidden``, are only checked, not stored) and each member's kept
+    heads per layer."""
+    names = {f.name for f in fields(HydraConfig)}
+    return HydraConfig(
+        num_members=len(heads),
+        **{k: v for k, v in spec.items() if k in names},
+        kept_heads=tuple(tuple(tuple(h.tolist()) for h in member) for member in heads),
+    )
+
+
 def check_fusable(model: nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` saying why members of ``model`` cannot be fused, so
     that a user learns it when choosing the model, not at the last step."""
-    if family_of(model).name == TEXT_FAMILY:
+    family = family_of(model).name
+    if family == TEXT_FAMILY:
         check_text_fusable(model)
-        return
-    _architecture(None, model, head_layout(model))
+    elif family == CLIP_FAMILY:
+        _clip().check_clip_fusable(model)
+    else:
+        _architecture(None, model, head_layout(model))
+
+
+def _clip():
+    """:mod:`hydra_core.hydra.fused_clip`, which builds on this module (so it is imported here
+    when first needed, not at the top)."""
+    from hydra_core.hydra import fused_clip
+
+    return fused_clip
 
 
 def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> dict:
     """What members must agree on, read from a timm VisionTransformer; refuses the unsupported."""
 
+    where = "this model" if index is None else f"member {index}"
+
     def refuse(what: str) -> UnsupportedModelError:
-        where = "this model" if index is None else f"member {index}"
         return UnsupportedModelError(
             f"{where} cannot be fused: {what}; Hydra fusion supports timm "
             "VisionTransformers (Conv2d patch embedding, Block, Mlp)"
@@ -311,7 +372,7 @@ def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> di
         raise refuse("the classifier head is not a Linear layer (num_classes=0?)")
     acts, hidden, eps = set(), set(), set()
     for norm in (pe.norm, model.norm_pre, model.norm, model.fc_norm):
-        eps |= _norm_eps(index, norm)
+        eps |= norm_eps(where, norm)
     for layer, block in enumerate(model.blocks):
         for name in ("q_norm", "k_norm"):
             if not isinstance(getattr(block.attn, name, nn.Identity()), nn.Identity):
@@ -323,12 +384,12 @@ def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> di
         linear = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("fc1", "fc2"))
         if not linear or not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
             raise refuse(f"block {layer}: the MLP is a {type(mlp).__name__}, not timm's Mlp")
-        acts.add(_activation_name(index, mlp.act))
+        acts.add(activation_name(where, mlp.act))
         hidden.add(mlp.fc1.out_features)
         for norm in (block.norm1, block.norm2):
             if not isinstance(norm, nn.LayerNorm):
                 raise refuse(f"block {layer} uses {type(norm).__name__}; expected LayerNorm")
-            eps |= _norm_eps(index, norm)
+            eps |= norm_eps(where, norm)
     for name, values in (("MLP activations", acts), ("MLP widths", hidden), ("LayerNorm eps", eps)):
         if len(values) > 1:
             raise refuse(f"layers differ in {name} ({sorted(values)})")
@@ -354,17 +415,19 @@ def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> di
     }
 
 
-def _norm_eps(index: int, norm: nn.Module) -> set[float]:
+def norm_eps(where: str, norm: nn.Module) -> set[float]:
+    """The epsilon of a LayerNorm (as a set, to collect a model's), none for an Identity."""
     if isinstance(norm, nn.Identity):
         return set()
     if not isinstance(norm, nn.LayerNorm):
         raise UnsupportedModelError(
-            f"member {index}: a {type(norm).__name__} norm is not supported (LayerNorm only)"
+            f"{where}: a {type(norm).__name__} norm is not supported (LayerNorm only)"
         )
     return {float(norm.eps)}
 
 
-def _activation_name(index: int, act: nn.Module) -> str:
+def activation_name(where: str, act: nn.Module) -> str:
+    """The key of :data:`~hydra_core.hydra.layers.ACTIVATIONS` computing what ``act`` does."""
     if isinstance(act, nn.GELU):
         return "gelu" if act.approximate == "none" else "gelu_tanh"
     known = (
@@ -378,7 +441,7 @@ def _activation_name(index: int, act: nn.Module) -> str:
         if isinstance(act, kind):
             return name
     raise UnsupportedModelError(
-        f"member {index}: MLP activation {type(act).__name__} is not "
+        f"{where}: MLP activation {type(act).__name__} is not "
         f"supported (supported: {', '.join(ACTIVATIONS)})"
     )
 
@@ -403,7 +466,8 @@ def _layer_norm(norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     return norm.weight.detach(), _vector(norm.bias, norm.weight)
 
 
-def _norm_tensors(name: str, norms: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+def norm_tensors(name: str, norms: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """The members' LayerNorms (or Identities, then nothing) stacked as ``{name}.weight/bias``."""
     parts = [_layer_norm(n) for n in norms]
     if all(p is None for p in parts):
         return {}
@@ -413,49 +477,123 @@ def _norm_tensors(name: str, norms: Sequence[nn.Module]) -> dict[str, torch.Tens
     return {f"{name}.weight": weight, f"{name}.bias": bias}
 
 
-def _stem_tensors(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class StemParts:
+    """What one member's stem is made of, whatever its family calls it.
+
+    Args:
+        patch_weight: (d, C, p_h, p_w), the patch embedding's conv weight; patch_bias (d,) or None.
+        cls_token: (1, d) or None; reg_token: (R, d) or None.
+        pos_embed: (N_pos, d) or None.
+        patch_norm, norm_pre: LayerNorms or Identities.
+    """
+
+    patch_weight: torch.Tensor
+    patch_bias: torch.Tensor | None
+    cls_token: torch.Tensor | None
+    reg_token: torch.Tensor | None
+    pos_embed: torch.Tensor | None
+    patch_norm: nn.Module
+    norm_pre: nn.Module
+
+
+def _vit_stem(model: nn.Module) -> StemParts:
+    tokens = [_param(model, n) for n in ("cls_token", "reg_token", "pos_embed")]
+    cls_token, reg_token, pos_embed = (None if t is None else t[0] for t in tokens)  # batch axis
+    conv = model.patch_embed.proj
+    return StemParts(
+        patch_weight=conv.weight.detach(),
+        patch_bias=_param(conv, "bias"),
+        cls_token=cls_token,
+        reg_token=reg_token,
+        pos_embed=pos_embed,
+        patch_norm=model.patch_embed.norm,
+        norm_pre=model.norm_pre,
+    )
+
+
+def stem_tensors(stems: Sequence[StemParts]) -> dict[str, torch.Tensor]:
     """Patch embedding, prefix tokens, position embedding and the stem's norms, stacked. The stem is
     shared only as a whole: if any part differs between members, every part is per member."""
     names = ("patch_weight", "patch_bias", "cls_token", "reg_token", "pos_embed")
-    per_member = []
-    for m in models:
-        tokens = [_param(m, n) for n in ("cls_token", "reg_token", "pos_embed")]
-        tokens = [None if t is None else t[0] for t in tokens]  # drop the leading batch axis
-        conv = m.patch_embed.proj
-        per_member.append((_param(conv, "weight"), _param(conv, "bias"), *tokens))
+    per_member = [tuple(getattr(s, n) for n in names) for s in stems]
     stacked = zip(names, stack_members(per_member), strict=True)
     tensors = {f"stem.{n}": t for n, t in stacked if t is not None}
-    tensors.update(_norm_tensors("stem.patch_norm", [m.patch_embed.norm for m in models]))
-    tensors.update(_norm_tensors("stem.norm_pre", [m.norm_pre for m in models]))
+    tensors.update(norm_tensors("stem.patch_norm", [s.patch_norm for s in stems]))
+    tensors.update(norm_tensors("stem.norm_pre", [s.norm_pre for s in stems]))
     if len({t.shape[0] for t in tensors.values()}) > 1:
-        tensors = {k: t.expand(len(models), *t.shape[1:]).clone() for k, t in tensors.items()}
+        tensors = {k: t.expand(len(stems), *t.shape[1:]).clone() for k, t in tensors.items()}
     return tensors
 
 
-def _block_tensors(
-    layer: int, blocks: Sequence[nn.Module], heads: Sequence[torch.Tensor], dk: int
+@dataclass(frozen=True)
+class BlockParts:
+    """What one member's pre-norm block ``x + ls1 * W_O(attn(norm1(x)))``, then
+    ``x + ls2 * fc2(act(fc1(norm2(x))))``, is made of, whatever its family calls it.
+
+    Args:
+        num_heads: H, the heads the block has now.
+        qkv_weight: (3 * H * d_k, d), rows q | k | v, head-major within each; qkv_bias or None.
+        proj_weight: (d, H * d_k), W_O; proj_bias (d,) or None.
+        ls1, ls2: the layer scales (d,) of the attention and the MLP branch, or None.
+        norm1, norm2: the LayerNorms before the attention and before the MLP.
+        fc1, fc2: the MLP's linear layers.
+    """
+
+    num_heads: int
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    proj_weight: torch.Tensor
+    proj_bias: torch.Tensor | None
+    ls1: torch.Tensor | None
+    ls2: torch.Tensor | None
+    norm1: nn.Module
+    norm2: nn.Module
+    fc1: nn.Linear
+    fc2: nn.Linear
+
+
+def _vit_block(block: nn.Module) -> BlockParts:
+    a = block.attn
+    return BlockParts(
+        num_heads=int(a.num_heads),
+        qkv_weight=a.qkv.weight.detach(),
+        qkv_bias=_param(a.qkv, "bias"),
+        proj_weight=a.proj.weight.detach(),
+        proj_bias=_param(a.proj, "bias"),
+        ls1=block.ls1.gamma.detach() if isinstance(block.ls1, LayerScale) else None,
+        ls2=block.ls2.gamma.detach() if isinstance(block.ls2, LayerScale) else None,
+        norm1=block.norm1,
+        norm2=block.norm2,
+        fc1=block.mlp.fc1,
+        fc2=block.mlp.fc2,
+    )
+
+
+def block_tensors(
+    layer: int, blocks: Sequence[BlockParts], heads: Sequence[torch.Tensor], dk: int
 ) -> dict[str, torch.Tensor]:
     """One layer's fused weights from each member's block and kept heads."""
-    d = blocks[0].attn.proj.out_features
+    d = blocks[0].proj_weight.shape[0]
     h_max = max(len(h) for h in heads)
-    qkv_bias = any(b.attn.qkv.bias is not None for b in blocks)
-    proj_bias = any(b.attn.proj.bias is not None for b in blocks)
+    qkv_bias = any(b.qkv_bias is not None for b in blocks)
+    proj_bias = any(b.proj_bias is not None for b in blocks)
     attn, norm1, norm2, ls2 = [], [], [], []
     for block, kept in zip(blocks, heads, strict=True):
-        a, n, h = block.attn, int(block.attn.num_heads), len(kept)
+        n, h = block.num_heads, len(kept)
         # Q/K/V rows of the kept heads, zero-padded to h_max heads
-        qkv_w = a.qkv.weight.new_zeros(3, h_max, dk, d)
-        qkv_w[:, :h] = a.qkv.weight.detach().view(3, n, dk, d)[:, kept]
-        qkv_b = a.qkv.weight.new_zeros(3, h_max, dk)
-        if a.qkv.bias is not None:
-            qkv_b[:, :h] = a.qkv.bias.detach().view(3, n, dk)[:, kept]
+        qkv_w = block.qkv_weight.new_zeros(3, h_max, dk, d)
+        qkv_w[:, :h] = block.qkv_weight.reshape(3, n, dk, d)[:, kept]
+        qkv_b = block.qkv_weight.new_zeros(3, h_max, dk)
+        if block.qkv_bias is not None:
+            qkv_b[:, :h] = block.qkv_bias.reshape(3, n, dk)[:, kept]
         # W_O columns of the kept heads, padded; layer scale folded in: g(W z + b) = (gW) z + gb
-        proj_w = a.proj.weight.new_zeros(d, h_max, dk)
-        proj_w[:, :h] = a.proj.weight.detach().view(d, n, dk)[:, kept]
-        proj_b = _vector(a.proj.bias, a.proj.weight)
-        if isinstance(block.ls1, LayerScale):
-            proj_w = proj_w * block.ls1.gamma.detach()[:, None, None]
-            proj_b = proj_b * block.ls1.gamma.detach()
+        proj_w = block.proj_weight.new_zeros(d, h_max, dk)
+        proj_w[:, :h] = block.proj_weight.reshape(d, n, dk)[:, kept]
+        proj_b = _vector(block.proj_bias, block.proj_weight)
+        if block.ls1 is not None:
+            proj_w = proj_w * block.ls1[:, None, None]
+            proj_b = proj_b * block.ls1
         attn.append(
             (
                 qkv_w.reshape(3 * h_max * dk, d).t() if h_max else None,  # (d, 3*h_max*d_k)
@@ -466,7 +604,7 @@ def _block_tensors(
         )
         norm1.append(_layer_norm(block.norm1))
         norm2.append(_layer_norm(block.norm2))
-        ls2.append((block.ls2.gamma.detach() if isinstance(block.ls2, LayerScale) else None,))
+        ls2.append((block.ls2,))
     if len({g is None for (g,) in ls2}) > 1:
         raise UnsupportedModelError(
             f"block {layer}: some members scale their MLP output (layer scale) and some do not"
@@ -483,21 +621,32 @@ def _block_tensors(
     return {f"blocks.{layer}.{k}": v for k, v in tensors.items() if v is not None}
 
 
-def _merged_mlp(blocks: Sequence[nn.Module]) -> dict[str, torch.Tensor | None]:
+def _merged_mlp(blocks: Sequence[BlockParts]) -> dict[str, torch.Tensor | None]:
     """The paper's merged MLP: weights and biases averaged over members (member 0's if equal)."""
-    names = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
-    per_member = [tuple(_param(getattr(b.mlp, n[:3]), n[4:]) for n in names) for b in blocks]
+    per_member = [
+        (b.fc1.weight.detach(), _param(b.fc1, "bias"), b.fc2.weight.detach(), _param(b.fc2, "bias"))
+        for b in blocks
+    ]
     try:
         return merged_mlp_tensors(per_member)
     except ValueError as error:
         raise UnsupportedModelError(str(error)) from None
 
 
+def head_tensors(
+    per_member: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """The classifier from each member's (weight (d, C), bias (C,)), stacked for the head's
+    :class:`GroupedLinear`: (S, d, C) and (S, 1, C)."""
+    weight, bias = stack_members(list(per_member))
+    return {"head.weight": weight, "head.bias": bias[:, None]}
+
+
 # -------------------------------------------------------------------------------------------------
 # One constructor for both routes: fused from members, or read back from a file.
 
 
-def _assemble(config: HydraConfig, tensors: dict[str, torch.Tensor]) -> HydraViT:
+def assemble_vit(config: HydraConfig, tensors: dict[str, torch.Tensor]) -> HydraViT:
     """Build a :class:`HydraViT` from its description and its named tensors (a state dict)."""
     unused = set(tensors)
 
@@ -586,7 +735,7 @@ def _check_consistent(hydra: HydraViT) -> None:
 
 
 def save_hydra(
-    hydra: HydraViT | HydraText,
+    hydra: HydraViT | HydraText | HydraZeroShot,
     path: str | Path,
     *,
     preprocess: dict | None = None,
@@ -595,7 +744,11 @@ def save_hydra(
 ) -> None:
     """Write ``hydra`` as safetensors (atomically); the header's ``hydra`` entry (JSON) describes
     the model (format ``hydra-fused`` for a :class:`HydraViT`, ``hydra-fused-text`` for a
-    :class:`~hydra_core.hydra.fused_text.HydraText`).
+    :class:`~hydra_core.hydra.fused_text.HydraText`). A
+    :class:`~hydra_core.hydra.fused_clip.HydraZeroShot` is stored as its image tower (a
+    ``hydra-fused`` model) plus its zero-shot head: the class embeddings as the tensor
+    ``zero_shot.class_embeddings``, the logit scale, classes and prompt templates as the header's
+    ``zero_shot`` entry (JSON); ``classes`` defaults to its classes.
 
     Args:
         hydra: the fused model.
@@ -606,16 +759,25 @@ def save_hydra(
         source: the name of the model the members were pruned from.
         classes: class names, index = label.
     """
-    state = {k: v.detach().cpu().contiguous() for k, v in hydra.state_dict().items()}
-    header = {"hydra": json.dumps(hydra.config.to_json())}
+    model, extra, header = hydra, {}, {}
+    if isinstance(hydra, _clip().HydraZeroShot):
+        model = hydra.visual
+        extra, entry = hydra.file_parts()
+        header[ZERO_SHOT_ENTRY] = json.dumps(entry)
+        classes = classes or hydra.classes
+    state = {k: v.detach().cpu().contiguous() for k, v in {**model.state_dict(), **extra}.items()}
+    header["hydra"] = json.dumps(hydra.config.to_json())
     extras = {"preprocess": preprocess, "source": source, "classes": classes}
     header.update({k: json.dumps(list(v) if k == "classes" else v) for k, v in extras.items() if v})
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
 
 
-def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT | HydraText:
-    """Rebuild a :class:`HydraViT` or :class:`~hydra_core.hydra.fused_text.HydraText` (eval
-    mode) from a file written by :func:`save_hydra`."""
+def load_hydra(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> HydraViT | HydraText | HydraZeroShot:
+    """Rebuild a :class:`HydraViT`, :class:`~hydra_core.hydra.fused_text.HydraText` or
+    :class:`~hydra_core.hydra.fused_clip.HydraZeroShot` (eval mode) from a file written by
+    :func:`save_hydra`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -637,7 +799,7 @@ def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT
     if not isinstance(header, dict):
         raise ValueError(f"{path}: the 'hydra' header is not a JSON object")
     formats = {
-        FORMAT: (FORMAT_VERSION, HydraConfig, _assemble),
+        FORMAT: (FORMAT_VERSION, HydraConfig, assemble_vit),
         TEXT_FORMAT: (TEXT_FORMAT_VERSION, HydraTextConfig, assemble_text),
     }
     fmt, version = header.get("format"), header.get("version")
@@ -654,7 +816,19 @@ def load_hydra(path: str | Path, device: str | torch.device = "cpu") -> HydraViT
         config = config_class.from_json(header)
     except (ValueError, TypeError) as error:
         raise ValueError(f"{path}: the 'hydra' header is malformed ({error})") from None
+    head = {k: tensors.pop(k) for k in list(tensors) if k.startswith(f"{ZERO_SHOT_ENTRY}.")}
     try:
-        return assemble(config, tensors).eval()
+        model = assemble(config, tensors)
     except (KeyError, TypeError) as error:
         raise ValueError(f"{path}: the 'hydra' header is malformed ({error!r})") from None
+    if ZERO_SHOT_ENTRY not in meta:
+        if head:
+            raise ValueError(f"{path} holds zero-shot tensors but no 'zero_shot' header entry")
+        return model.eval()
+    if fmt != FORMAT:
+        raise ValueError(f"{path}: a zero-shot head needs an image model, not format {fmt!r}")
+    try:
+        entry = json.loads(meta[ZERO_SHOT_ENTRY])
+        return _clip().HydraZeroShot.from_file_parts(model, head, entry).eval()
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{path}: the 'zero_shot' header entry is malformed ({error})") from None

@@ -450,7 +450,9 @@ COVERAGE = (
     (
         "Table 3 (zero-shot CLIP)",
         "not",
-        "no package registry carries CLIP weights; the OpenCLIP family is a later issue",
+        "its own report, `report --task zero-shot --model openclip:...` (OpenCLIP image "
+        "tower); it needs CLIP weights, which no package registry carries, so it has not been "
+        "run here",
     ),
     ("Table 4 (zero-shot Taylor vs CircAvg)", "reproduced", "on this model; see its note"),
     (
