@@ -49,6 +49,8 @@ _EXPORTS = {
         "save_hydra",
     ),
     "hydra_core.hydra.fused_text": ("HydraText",),
+    "hydra_core.hydra.fused_clip": ("HydraZeroShot",),
+    "hydra_core.models.zero_shot": ("ZeroShotClassifier", "zero_shot_classifier"),
     "hydra_core.masks": (
         "MemberMask",
         "load_masks",

@@ -11,11 +11,13 @@ from hydra_core.hydra.cost import (
     measure_latency,
 )
 from hydra_core.hydra.fused import HydraViT, ensemble_probs, fuse_members, load_hydra, save_hydra
+from hydra_core.hydra.fused_clip import HydraZeroShot
 from hydra_core.hydra.fused_text import HydraText
 
 __all__ = [
     "HydraText",
     "HydraViT",
+    "HydraZeroShot",
     "VitShape",
     "cost_table",
     "count_macs",
