@@ -78,7 +78,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
         h.update(
-            tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             if tensor.numel()
             else b""
         )

@@ -18,7 +18,8 @@ from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
 from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.preprocess import input_format
-from hydra_core.models.registry import LoadedModel, load_model, parse_arch_kwargs
+from hydra_core.models.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
+from hydra_core.models.zero_shot import folder_classes
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
@@ -30,7 +31,8 @@ NOUNS = {"image": "images", "text": "sentences"}
 class SetupConfig:
     """The Setup page's choices; every analysis depends on all of them."""
 
-    model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", a timm or HF name, a path
+    model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", a timm or HF name, a path,
+    # or "openclip:..." (a zero-shot classifier of the ID set's classes)
     arch: str | None = None  # timm architecture of a checkpoint without its configuration
     arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
@@ -47,6 +49,8 @@ class SetupConfig:
     text_search_ood: tuple[str, ...] = TEXT_SEARCH_OOD  # text OOD sets that select heads
     id_file: str | None = None  # a CSV/JSONL of text,label instead of Rotten Tomatoes
     ood_files: tuple[str, ...] = ()  # extra OOD CSV/JSONL files, "near:" / "far:" / "search:"
+    # An OpenCLIP model's prompt templates: a set ("paper", "openai", "simple") or templates
+    prompts: tuple[str, ...] = ("paper",)
     device: str = "auto"
     precision: str = "fp32"  # "bf16" only on CUDA
 
@@ -102,10 +106,30 @@ def set_config(config: SetupConfig) -> None:
 
 @st.cache_resource(show_spinner="Loading the model...")
 def cached_model(
-    model: str, arch: str | None, dinov2_img_size: int, arch_kwargs: str = ""
+    model: str,
+    arch: str | None,
+    dinov2_img_size: int,
+    arch_kwargs: str = "",
+    classes: tuple[str, ...] | None = None,
+    prompts: tuple[str, ...] | None = None,
 ) -> LoadedModel:
+    """The model of a setup; ``classes`` and ``prompts`` for an OpenCLIP model only."""
+    if model.startswith(OPENCLIP_PREFIX):
+        return load_model(model, classes=classes, templates=prompts)
     options = {"img_size": dinov2_img_size} if model in ("dinov2-s", "dinov2") else {}
     return load_model(model, arch=arch, arch_kwargs=parse_arch_kwargs(arch_kwargs), **options)
+
+
+def setup_model(config: SetupConfig) -> LoadedModel:
+    """The model a setup names, loaded once per its arguments: an OpenCLIP model becomes a
+    zero-shot classifier of the ID set's classes (the class order given, else the ID folder's
+    class folders, else Fashion-MNIST's)."""
+    if config.model.startswith(OPENCLIP_PREFIX):
+        classes = config.classes or (folder_classes(config.id_folder) if config.id_folder else None)
+        return cached_model(
+            config.model, None, config.dinov2_img_size, "", classes, tuple(config.prompts)
+        )
+    return cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
 
 
 @st.cache_resource(show_spinner="Loading the data sets...")
@@ -159,7 +183,7 @@ def get_context() -> Context:
     image choices of the setup for an image model, its text choices for a text model."""
     config = get_config()
     device = resolve_device(config.device)
-    loaded = cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
+    loaded = setup_model(config)
     loaded.model.to(device)
     if loaded.modality == "text":
         # labels of an ID file of your own are matched to the model's class names unless the

@@ -13,14 +13,15 @@ from hydra_core.errors import InputError
 from hydra_core.evaluate import model_card
 from hydra_core.hydra.fused import check_fusable
 from hydra_core.models import hf
-from hydra_core.models.registry import BUILTIN_MODELS, chance_note, check_fit
+from hydra_core.models.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
+from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, PROMPT_SETS
 from hydra_ui.context import (
     NOUNS,
-    cached_model,
     disk_cache,
     get_config,
     get_context,
     set_config,
+    setup_model,
 )
 from hydra_ui.widgets import show_error, table_with_download
 
@@ -33,6 +34,7 @@ SOURCES = {
     "MiniLM sentiment (text)": "minilm-sentiment",
     "Hugging Face name (text, online)": "hf-name",
     "Hugging Face folder (text)": "hf-folder",
+    "OpenCLIP (zero-shot)": "openclip",
 }
 BUILT_IN = ("default", "dinov2-s", "minilm-sentiment")
 TEXT_SOURCES = ("minilm-sentiment", "hf-name", "hf-folder")
@@ -47,6 +49,8 @@ def source_of(model: str) -> str:
     """The Source a setup's model came from (a value of :data:`SOURCES`)."""
     if model in BUILT_IN:
         return model
+    if model.startswith(OPENCLIP_PREFIX):
+        return "openclip"
     if model.endswith((".safetensors", ".pt", ".pth", ".bin")):
         return "file"
     if hf.is_hf_folder(Path(model).expanduser()):
@@ -120,6 +124,52 @@ def text_model_fields(config, source: str) -> dict:
         key="setup_model_name",
     )
     return {"model": name.strip()}
+
+
+#: the prompt choices of an OpenCLIP model: label -> the set's name (None: templates of your own)
+PROMPT_CHOICES = {
+    f"paper: '{DEFAULT_TEMPLATE}'": "paper",
+    "openai: open_clip's 80 ImageNet templates (averaged)": "openai",
+    "simple: its 7 templates": "simple",
+    "my own templates": None,
+}
+
+
+def openclip_fields(config) -> dict:
+    """The open_clip model and the prompt templates of a zero-shot source; returns the setup
+    changes."""
+    own = config.model.startswith(OPENCLIP_PREFIX)
+    name = st.text_input(
+        "open_clip model: NAME/TAG, local-dir:PATH or hf-hub:ORG/REPO",
+        value=config.model.removeprefix(OPENCLIP_PREFIX) if own else "",
+        placeholder="ViT-B-32/laion2b_s34b_b79k  or  local-dir:/path/to/folder",
+        key="setup_openclip_name",
+    )
+    st.caption(
+        "Pretrained weights (NAME/TAG, hf-hub:) are downloaded from the Hugging Face hub: **this "
+        "needs the network**. Offline only a local folder works: local-dir:/path with "
+        "open_clip_config.json and the weights (e.g. a copy of the model's hub repository). No "
+        "CLIP weights ship with Hydra Lab or any package registry. The classes are the ID set's "
+        "(an image folder's class folders, '_' and '-' read as spaces), embedded by the text "
+        "tower in each prompt; heads are pruned in the image tower."
+    )
+    chosen = tuple(config.prompts)
+    current = next(
+        (i for i, v in enumerate(PROMPT_CHOICES.values()) if (v,) == chosen),
+        len(PROMPT_CHOICES) - 1,
+    )
+    label = st.radio("Prompts", list(PROMPT_CHOICES), index=current, key="setup_prompt_set")
+    templates = st.text_area(
+        "My own prompt templates, one per line ({label} marks the class name)",
+        value="\n".join(t for t in chosen if t not in PROMPT_SETS),
+        placeholder="a photo of a {label}.\na sketch of a {label}.",
+        help="Used when 'my own templates' is chosen above. A class's prompts are embedded by "
+        "the text tower, normalised and averaged.",
+        key="setup_prompts",
+    )
+    prompts = (PROMPT_CHOICES[label],) if PROMPT_CHOICES[label] else lines(templates)
+    name = name.strip().removeprefix(OPENCLIP_PREFIX)
+    return {"model": f"{OPENCLIP_PREFIX}{name}" if name else "", "prompts": prompts}
 
 
 def image_data_fields(config) -> dict:
@@ -274,6 +324,7 @@ def missing_name(source: str, model: str) -> str | None:
     if source in BUILT_IN or (model and source != "hf-folder"):
         return None
     what = {
+        "openclip": "an open_clip model name and tag, or local-dir:PATH",
         "timm": "a timm model name",
         "file": "a checkpoint path",
         "hf-name": "a Hugging Face model name",
@@ -306,6 +357,8 @@ noun = NOUNS["text" if text else "image"]
 with st.form("setup"):
     if text:
         model_changes = text_model_fields(config, source)
+    elif source == "openclip":
+        model_changes = openclip_fields(config)
     else:
         model_changes = image_model_fields(config)
         if source in BUILT_IN:
@@ -345,7 +398,7 @@ if applied:
     else:
         if source == "hf-folder":
             model_changes["model"] = model = str(Path(model).expanduser())
-        if text:  # a text model has no timm architecture
+        if text or source == "openclip":  # no timm architecture
             model_changes.update(arch=None, arch_kwargs="")
         chosen = config.replace(
             **model_changes,
@@ -359,9 +412,7 @@ if applied:
             check_choice(chosen, text)
             with show_error(f"Cannot use {model}"):
                 # Refused here rather than on the last page: every page analyses or fuses it.
-                loaded = cached_model(
-                    chosen.model, chosen.arch, chosen.dinov2_img_size, chosen.arch_kwargs
-                )
+                loaded = setup_model(chosen)
                 wanted = "text" if text else "image"
                 if loaded.modality != wanted:
                     raise InputError(
@@ -377,7 +428,8 @@ with show_error("Could not load the model or data"):
     context = get_context()
     own_data = config.id_file if context.is_text else config.id_folder
     notes = check_fit(context.loaded, context.benchmark.id_search, own_folder=own_data is not None)
-    if config.id_folder and not config.classes and not context.is_text:
+    zero_shot = context.loaded.is_zero_shot  # its classes are the folder's: no order to get wrong
+    if config.id_folder and not config.classes and not context.is_text and not zero_shot:
         notes.append(class_order_note(config.id_folder, context.benchmark.id_search.classes))
     if config.id_file and context.is_text and not (config.classes or context.loaded.classes):
         order = ", ".join(context.benchmark.id_search.classes or ())
@@ -396,6 +448,19 @@ with show_error("Could not load the model or data"):
     cols[3].metric("Parameters", f"{static['params'] / 1e6:.2f} M")
     cols[4].metric("Device", context.device.type)
     st.caption(f"{context.loaded.name}: {context.loaded.description}")
+    if zero_shot:
+        details = context.loaded.details
+        st.caption(
+            f"Zero-shot classifier of {details['classes']} classes "
+            f"({', '.join(context.loaded.classes or ())}); prompts {details['prompts']}; logits = "
+            f"{details['logit_scale']} x cosine; weights: {details['weights']}. Preprocessing: "
+            f"{details['preprocessing']}."
+        )
+        if details["weights"].startswith("RANDOM"):
+            st.warning(
+                "These weights are a random initialisation: every number below checks the "
+                "mechanics, none is a zero-shot result."
+            )
     if context.is_text:
         classes = ", ".join(context.loaded.classes or ()) or "not named in its config"
         st.caption(
@@ -416,7 +481,8 @@ with show_error("Could not load the model or data"):
     st.caption(
         f"ID accuracy 95% interval: [{lo:.2%}, {hi:.2%}] (bootstrap over the report {context.noun})"
     )
-    if own_data and (note := chance_note(card["id_accuracy"], context.loaded.num_outputs())):
+    outputs = context.loaded.num_outputs()
+    if own_data and (note := chance_note(card["id_accuracy"], outputs, zero_shot=zero_shot)):
         st.warning(note)
     groups = {s.name: s.group for s in context.benchmark.ood_report}
     rows = [

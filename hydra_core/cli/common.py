@@ -35,8 +35,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         default="default",
         help="'default', 'dinov2-s', 'minilm-sentiment' (the text default), a timm model name "
-        "(online), a Hugging Face text classifier by hub name (online; hf:NAME) or folder, or a "
-        "checkpoint file (default: %(default)s)",
+        "(online), a Hugging Face text classifier by hub name (online; hf:NAME) or folder, a "
+        "checkpoint file, or an OpenCLIP model as a zero-shot classifier of the ID classes: "
+        "openclip:NAME/TAG (e.g. openclip:ViT-B-32/laion2b_s34b_b79k) or openclip:hf-hub:ORG/REPO, "
+        "which download the weights and so need the network, or openclip:local-dir:PATH (a "
+        "folder with open_clip_config.json and the weights; works offline) (default: %(default)s)",
     )
     p.add_argument(
         "--arch",
@@ -50,8 +53,41 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="timm.create_model keyword arguments beside --arch, e.g. "
         '\'{"img_size": 32, "patch_size": 8, "init_values": 1e-5}\'',
     )
+    p.add_argument(
+        "--prompts",
+        nargs="+",
+        default=None,
+        metavar="SET_OR_TEMPLATE",
+        help="OpenCLIP models only: the prompt templates of the zero-shot classifier: a set, "
+        "paper ('A photo of a {label}.', the default), openai (open_clip's 80 ImageNet templates, "
+        "embeddings averaged per class) or simple (its 7), or templates of your own, each with "
+        "{label} where the class name goes",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
+
+
+def zero_shot_options(args: argparse.Namespace) -> dict:
+    """``classes`` and ``templates`` for :func:`~hydra_core.models.registry.load_model` of an
+    OpenCLIP model: the classes are --classes, else the --id-folder's class folders (sorted),
+    else Fashion-MNIST's; --prompts on any other model is refused."""
+    from hydra_core.models.registry import OPENCLIP_PREFIX
+    from hydra_core.models.zero_shot import folder_classes
+
+    prompts = getattr(args, "prompts", None)
+    if not args.model.startswith(OPENCLIP_PREFIX):
+        if prompts:
+            raise InputError(
+                f"--prompts applies to zero-shot OpenCLIP models (--model openclip:...), not to "
+                f"{args.model}"
+            )
+        return {}
+    given, folder = getattr(args, "classes", None), getattr(args, "id_folder", None)
+    if given:
+        classes = [c.strip() for c in given.split(",") if c.strip()]
+    else:
+        classes = folder_classes(folder) if folder else None
+    return {"classes": classes, "templates": prompts}
 
 
 def add_data_arguments(
@@ -108,7 +144,9 @@ def add_data_arguments(
         default=None,
         metavar="PATH",
         help="an ImageFolder of your own (one sub-folder per class, in the model's class order) "
-        "instead of Fashion-MNIST; split once into search and report halves",
+        "instead of Fashion-MNIST; split once into search and report halves. For an OpenCLIP "
+        "model its class folders are the zero-shot classes (in --classes order when given; '_' "
+        "and '-' become spaces in the prompts)",
     )
     p.add_argument(
         "--ood-folder",
@@ -173,7 +211,12 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     from hydra_core.models.preprocess import input_format
     from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
-    loaded = load_model(args.model, arch=args.arch, arch_kwargs=parse_arch_kwargs(args.arch_kwargs))
+    loaded = load_model(
+        args.model,
+        arch=args.arch,
+        arch_kwargs=parse_arch_kwargs(args.arch_kwargs),
+        **zero_shot_options(args),
+    )
     if not fused_ok:
         loaded.check_analysable()
     text = loaded.modality == "text"
@@ -226,7 +269,8 @@ def warn_near_chance(args: argparse.Namespace, loaded, accuracy: float) -> None:
     from hydra_core.models.registry import chance_note
 
     own = args.id_folder or getattr(args, "id_file", None)
-    if own and (note := chance_note(accuracy, loaded.num_outputs())):
+    zero_shot = loaded.is_zero_shot
+    if own and (note := chance_note(accuracy, loaded.num_outputs(), zero_shot=zero_shot)):
         warn(note)
 
 

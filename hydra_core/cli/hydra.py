@@ -23,6 +23,7 @@ from hydra_core.cli.common import (
     progress_bar,
     stage_bars,
 )
+from hydra_core.errors import InputError
 
 
 def _finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -314,9 +315,26 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
     p.add_argument(
         "--task",
-        choices=("image", "text"),
+        choices=("image", "text", "zero-shot"),
         default="image",
-        help="image: the default ViT (Tables 1, 4-12); text: Table 2 on minilm-sentiment",
+        help="image: the default ViT (Tables 1, 4-12); text: Table 2 on minilm-sentiment; "
+        "zero-shot: Table 3 on an OpenCLIP model (--model openclip:..., needs its weights: "
+        "online, or a local open_clip folder)",
+    )
+    p.add_argument(
+        "--id-folder",
+        default=None,
+        metavar="PATH",
+        help="zero-shot: an ImageFolder of your own as the ID set (its sub-folders are the "
+        "classes; default: Fashion-MNIST)",
+    )
+    p.add_argument(
+        "--prompts",
+        nargs="+",
+        default=None,
+        metavar="SET_OR_TEMPLATE",
+        help="zero-shot: prompt templates: paper (default, 'A photo of a {label}.'), openai, "
+        "simple, or your own templates containing {label}",
     )
     p.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT}[/text])")
 
@@ -339,6 +357,27 @@ def _report(args: argparse.Namespace) -> int:
         seeds=tuple(args.seeds) if args.seeds else None,
         removed_per_layer=args.removed_per_layer,
     )
+    if args.task != "zero-shot" and (args.id_folder or args.prompts):
+        raise InputError(
+            "--id-folder and --prompts apply to the zero-shot report (--task zero-shot)"
+        )
+    if args.task == "zero-shot":
+        from hydra_core.models.zero_shot import prompt_templates
+        from hydra_core.report.zero_shot import (
+            DEFAULT_ZERO_SHOT_OUT,
+            run_zero_shot_report,
+            zero_shot_config_from_args,
+        )
+
+        overrides.update(
+            id_folder=args.id_folder,
+            templates=prompt_templates(args.prompts),
+            removed_per_layer=args.removed_per_layer,
+        )
+        config = zero_shot_config_from_args(args.quick, **overrides)
+        out = args.out or DEFAULT_ZERO_SHOT_OUT
+        run_zero_shot_report(config, out, progress=stage_bars(), log=tqdm.write)
+        return 0
     if args.task == "text":
         from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
 

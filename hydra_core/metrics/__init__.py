@@ -25,6 +25,9 @@ each class, each OOD set within itself) and paired between systems on the same i
 data_b, strata=...)`` work for any statistic; ``classification_replicates``, ``ood_replicates``
 and ``mean_replicates`` compute the metrics above on all resamples at once (equal to the plain
 metrics on the resampled data).
+
+Temperature scaling (:mod:`hydra_core.metrics.temperature`): ``fit_temperature(logits, labels)``
+minimises the NLL of ``softmax(logits / T)`` over T > 0 on held-out data; ``apply_temperature``.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from hydra_core.metrics.scores import (
     neg_entropy,
     ood_score,
 )
+from hydra_core.metrics.temperature import apply_temperature, fit_temperature, temperature_nll
 
 MetricKind = Literal["classification", "ood", "diversity"]
 
@@ -120,6 +124,7 @@ __all__ = [
     "UndefinedMetricWarning",
     "accuracy",
     "adaptive_ece",
+    "apply_temperature",
     "aupr_in",
     "aupr_out",
     "auroc",
@@ -132,6 +137,7 @@ __all__ = [
     "diversity_metrics",
     "ece",
     "energy",
+    "fit_temperature",
     "fpr_at_95",
     "fpr_at_95_tpr_id",
     "max_logit",
@@ -150,4 +156,5 @@ __all__ = [
     "roc_curve_ood",
     "stratified_counts",
     "stratified_indices",
+    "temperature_nll",
 ]

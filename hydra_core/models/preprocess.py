@@ -46,14 +46,26 @@ def describe(preprocess: Callable[[torch.Tensor], torch.Tensor]) -> dict | None:
 
 def input_format(model: nn.Module) -> tuple[int, int]:
     """(channels, side) of a ViT's input images: 1 or 3 channels, the patch embedding's size
-    (a fused Hydra model states both in its ``config``)."""
+    (a fused Hydra model states both in its ``config``; an open_clip image tower, bare or in a
+    zero-shot classifier's ``visual``, its ``image_size`` and ``conv1``)."""
     config = getattr(model, "config", None)
     if hasattr(config, "in_chans") and hasattr(config, "img_size"):
         return (1 if config.in_chans == 1 else 3), int(config.img_size[0])
+    tower = _openclip_tower(model)
+    if tower is not None:
+        return (1 if tower.conv1.in_channels == 1 else 3), int(tower.image_size[0])
     patch_embed = getattr(model, "patch_embed", None)
     size = getattr(patch_embed, "img_size", None)
     channels = getattr(getattr(patch_embed, "proj", None), "in_channels", 3)
     return (1 if channels == 1 else 3), (int(size[0]) if size else 224)
+
+
+def _openclip_tower(model: nn.Module) -> nn.Module | None:
+    """The open_clip image tower of ``model`` (itself, or its ``visual``), else None."""
+    for candidate in (model, getattr(model, "visual", None)):
+        if hasattr(candidate, "conv1") and hasattr(candidate, "image_size"):
+            return candidate
+    return None
 
 
 def model_preprocess(
@@ -67,12 +79,24 @@ def model_preprocess(
     The size and channels come from the model (``patch_embed.img_size``, the patch projection's
     input channels), never from a pretrained config that the model may have been built apart
     from (``img_size=32`` on a 224 px architecture). The normalisation is ``mean``/``std`` when
-    given, else the model's timm ``pretrained_cfg``, else ImageNet's; statistics of three colour
-    channels are averaged for a one-channel model."""
+    given, else the model's timm ``pretrained_cfg`` (an open_clip image tower's
+    ``preprocess_cfg``, else CLIP's own statistics), else ImageNet's; statistics of three colour
+    channels are averaged for a one-channel model.
+
+    Images are resized to a square only where they are not one already; image folders are read at
+    the model's size (shorter side resized, bilinear, centre crop). open_clip's own transform
+    resizes the shorter side with bicubic interpolation (for most models) before the same crop."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     channels, size = input_format(model)
-    cfg = getattr(model, "pretrained_cfg", None) or {}
+    tower = _openclip_tower(model)
+    if tower is not None:
+        from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+
+        cfg = {"mean": OPENAI_DATASET_MEAN, "std": OPENAI_DATASET_STD}
+        cfg.update(getattr(tower, "preprocess_cfg", None) or {})
+    else:
+        cfg = getattr(model, "pretrained_cfg", None) or {}
     mean = _per_channel(
         mean if mean is not None else cfg.get("mean", IMAGENET_DEFAULT_MEAN), channels
     )

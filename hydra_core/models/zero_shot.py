@@ -9,18 +9,46 @@ again (OpenAI's prompt ensembling, as ``open_clip.build_zero_shot_classifier``).
 :class:`ZeroShotClassifier` holds the image tower (``visual``, an open_clip ``VisionTransformer``,
 whose heads Hydra Lab prunes) and the class embeddings as a buffer: the text tower is used once,
 to build them, and is not part of the classifier.
+
+Loading (:func:`open_openclip`, used by ``load_model("openclip:...")``): an open_clip model name
+with a pretrained tag (``ViT-B-32/laion2b_s34b_b79k``; weights from the Hugging Face hub, so
+online only) or a checkpoint file, ``hf-hub:org/repo`` (online), or ``local-dir:/path``: a folder
+with ``open_clip_config.json`` (``model_cfg`` and optionally ``preprocess_cfg``) and the weights
+(``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``), as open_clip 3.3 reads it;
+the only source that works offline. open_clip is imported here only when a model is opened.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hydra_core.cache import DiskCache, cache_key
+from hydra_core.errors import InputError
+
+#: version of the class embeddings' computation, part of their cache key
+EMBEDDINGS_VERSION = 1
 #: the paper's prompt (section 5.3)
 DEFAULT_TEMPLATE = "A photo of a {label}."
+#: named sets of prompt templates: the paper's one prompt, and open_clip's ImageNet sets (OpenAI's
+#: 80 templates of CLIP's prompt ensembling, and the 7 of its "simple" subset)
+PROMPT_SETS = ("paper", "openai", "simple")
+#: a key of open_clip_config.json saying its weights are a random initialisation (no zero-shot
+#: result): shown on the model card
+RANDOM_WEIGHTS_KEY = "random_weights"
+#: what to do without the network, in every message about a download
+OFFLINE_HINT = (
+    "downloading pretrained OpenCLIP weights needs the network (Hugging Face hub); offline, use "
+    "openclip:local-dir:/path with open_clip_config.json and the weights"
+)
 
 
 class ZeroShotClassifier(nn.Module):
@@ -65,9 +93,84 @@ class ZeroShotClassifier(nn.Module):
         return self.logits_from_embeddings(self.visual(images))
 
 
+def class_words(name: str) -> str:
+    """A class name as words for a prompt: underscores and hyphens of folder names become spaces
+    (``golden_retriever`` -> ``golden retriever``)."""
+    return re.sub(r"[_\-]+", " ", name).strip() or name
+
+
 def prompts(label: str, templates: Sequence[str]) -> list[str]:
-    """The prompts of one class: each template with ``{label}`` replaced by ``label``."""
-    return [template.replace("{label}", label) for template in templates]
+    """The prompts of one class: each template with ``{label}`` replaced by the class name as
+    words (:func:`class_words`)."""
+    words = class_words(label)
+    return [template.replace("{label}", words) for template in templates]
+
+
+def prompt_templates(prompts: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """Templates from a set name or the user's own.
+
+    Args:
+        prompts: None or ``"paper"``: the paper's :data:`DEFAULT_TEMPLATE`; ``"openai"``:
+            open_clip's ``OPENAI_IMAGENET_TEMPLATES`` (80); ``"simple"``: its
+            ``SIMPLE_IMAGENET_TEMPLATES`` (7); else template strings, each containing
+            ``{label}`` (a single string is one template).
+
+    Raises:
+        InputError: no templates, or a template without ``{label}``.
+    """
+    if prompts is None:
+        prompts = "paper"
+    given = (prompts,) if isinstance(prompts, str) else tuple(prompts)
+    if len(given) == 1 and given[0] in PROMPT_SETS:
+        return _prompt_set(given[0])
+    if not given:
+        raise InputError(
+            f"no prompt templates given: name a set ({', '.join(PROMPT_SETS)}) or give templates "
+            f"containing {{label}}, e.g. {DEFAULT_TEMPLATE!r}"
+        )
+    for template in given:
+        if not isinstance(template, str) or "{label}" not in template:
+            raise InputError(
+                f"prompt template {template!r} has no {{label}} where the class name goes: write "
+                f"e.g. {DEFAULT_TEMPLATE!r}, or name a set ({', '.join(PROMPT_SETS)})"
+            )
+    return given
+
+
+def _prompt_set(name: str) -> tuple[str, ...]:
+    if name == "paper":
+        return (DEFAULT_TEMPLATE,)
+    from open_clip import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
+
+    # open_clip's templates are functions of the class name: give them the placeholder
+    chosen = OPENAI_IMAGENET_TEMPLATES if name == "openai" else SIMPLE_IMAGENET_TEMPLATES
+    return tuple(template("{label}") for template in chosen)
+
+
+def describe_templates(templates: Sequence[str]) -> str:
+    """One line for a model card: the set's name, or the user's templates."""
+    templates = tuple(templates)
+    for name in PROMPT_SETS:
+        if templates == _prompt_set(name):
+            shown = repr(templates[0]) if len(templates) == 1 else f"{len(templates)} templates"
+            return f"{name}: {shown}"
+    shown = ", ".join(repr(t) for t in templates[:3]) + (", ..." if len(templates) > 3 else "")
+    return f"{len(templates)} of your own: {shown}"
+
+
+def folder_classes(folder: str | Path) -> tuple[str, ...]:
+    """The class names of an image folder: its sub-folders' names in sorted order, the labels
+    :func:`~hydra_core.data.generic.load_image_folder` gives them."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise InputError(f"image folder {path} does not exist (or is not a folder)")
+    names = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not names:
+        raise InputError(
+            f"{path} has no class sub-folders: a zero-shot classifier takes its classes from "
+            "them (one folder per class, named by the class, e.g. golden_retriever/)"
+        )
+    return tuple(names)
 
 
 @torch.no_grad()
@@ -99,3 +202,257 @@ def zero_shot_classifier(
     embeddings = class_embeddings(clip_model, tokenizer, classes, templates)
     scale = float(clip_model.logit_scale.detach().exp())
     return ZeroShotClassifier(clip_model.visual, embeddings, scale, classes, templates).eval()
+
+
+# --- opening open_clip models -----------------------------------------------------------------
+
+
+@dataclass
+class OpenClipModel:
+    """An open_clip model as loaded, with what the model card says about it.
+
+    Args:
+        clip: the open_clip ``CLIP`` (both towers), in eval mode, fp32.
+        tokenizer: its tokenizer (prompts -> token ids).
+        source: the source as given after ``openclip:``.
+        architecture: the model's name (``ViT-B-32``), or where its configuration came from
+            (``from /path``).
+        weights: where the weights came from.
+        random_weights: True where the folder's configuration says they are a random
+            initialisation (:data:`RANDOM_WEIGHTS_KEY`): no zero-shot result.
+    """
+
+    clip: nn.Module
+    tokenizer: Callable[[list[str]], torch.Tensor]
+    source: str
+    architecture: str
+    weights: str
+    random_weights: bool = False
+
+    @property
+    def logit_scale(self) -> float:
+        return float(self.clip.logit_scale.detach().exp())
+
+    @property
+    def preprocess_cfg(self) -> dict:
+        """open_clip's preprocessing settings of the image tower (size, mean, std, ...)."""
+        return dict(getattr(self.clip.visual, "preprocess_cfg", {}) or {})
+
+
+def open_openclip(source: str) -> OpenClipModel:
+    """Load an open_clip model and its tokenizer.
+
+    Args:
+        source: ``NAME/TAG`` (an open_clip model name and a pretrained tag, or a checkpoint
+            file's path as the part after the first "/"), ``hf-hub:ORG/REPO`` or
+            ``local-dir:PATH``. Tags and hub repositories need the network.
+
+    Raises:
+        InputError: an unknown name or tag, no tag (random weights give no zero-shot result), a
+            download that failed (offline), a folder without its configuration or weights,
+            weights that do not fit, an image tower other than open_clip's VisionTransformer.
+    """
+    import open_clip
+
+    if not source.strip():
+        raise InputError(
+            "openclip: names no model: give openclip:NAME/TAG (e.g. "
+            "openclip:ViT-B-32/laion2b_s34b_b79k), openclip:hf-hub:ORG/REPO or "
+            "openclip:local-dir:PATH"
+        )
+    if source.startswith("local-dir:"):
+        opened = _open_local_dir(Path(source.removeprefix("local-dir:")).expanduser(), source)
+    elif source.startswith("hf-hub:"):
+        opened = _open_hub(source.removeprefix("hf-hub:"), source)
+    else:
+        opened = _open_named(source)
+    visual = opened.clip.visual
+    if not isinstance(visual, open_clip.transformer.VisionTransformer):
+        raise InputError(
+            f"openclip:{source} has a {type(visual).__name__} image tower: Hydra Lab prunes the "
+            "heads of open_clip's own VisionTransformer (ViT-B-32, ViT-L-14, ...); choose such "
+            "a model"
+        )
+    opened.clip.eval()
+    return opened
+
+
+def _open_named(source: str) -> OpenClipModel:
+    """``NAME/TAG`` or ``NAME/PATH``: a built-in open_clip architecture and its weights."""
+    import open_clip
+
+    name, _, pretrained = source.partition("/")
+    models = open_clip.list_models()
+    if name not in models:
+        close = difflib.get_close_matches(name, models, n=5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise InputError(
+            f"unknown open_clip model {name!r} in openclip:{source}{hint} (open_clip.list_models() "
+            "names them all; the part after the first '/' is the pretrained tag)"
+        )
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if not pretrained:
+        example = f"openclip:{name}/{tags[0]}" if tags else "openclip:NAME/TAG"
+        raise InputError(
+            f"openclip:{source} names no pretrained weights, and random weights give no "
+            f"zero-shot result: add a tag, e.g. {example} ({_tag_list(name, tags)}), or a "
+            "checkpoint file after the '/'"
+        )
+    tag_cfg = open_clip.get_pretrained_cfg(name, pretrained)
+    if tag_cfg:
+        from open_clip.pretrained import download_pretrained
+
+        try:
+            checkpoint = download_pretrained(tag_cfg)
+        except Exception as exc:
+            raise InputError(
+                f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+            ) from exc
+        clip = _create(
+            name,
+            f"openclip:{source}",
+            pretrained=checkpoint,
+            # what the tag says beside its weights: its activation and normalisation
+            force_quick_gelu=bool(tag_cfg.get("quick_gelu")),
+            force_preprocess_cfg={k: tag_cfg[k] for k in _TAG_PREPROCESS if k in tag_cfg},
+        )
+        weights = f"pretrained {pretrained} (Hugging Face hub)"
+    else:
+        path = Path(pretrained).expanduser()
+        if not path.is_file():
+            raise InputError(
+                f"{pretrained!r} is neither a pretrained tag of open_clip {name} nor a checkpoint "
+                f"file; {_tag_list(name, tags)}"
+            )
+        clip = _create(name, f"openclip:{source}", pretrained=str(path))
+        weights = f"checkpoint {path}"
+    return OpenClipModel(clip, open_clip.get_tokenizer(name), source, name, weights)
+
+
+#: the preprocessing settings a pretrained tag carries (open_clip's PreprocessCfg keys)
+_TAG_PREPROCESS = ("mean", "std", "interpolation", "resize_mode")
+
+
+def _open_hub(repo: str, source: str) -> OpenClipModel:
+    """``hf-hub:ORG/REPO``: configuration and weights from a Hugging Face repository."""
+    import open_clip
+    from open_clip.pretrained import download_pretrained_from_hf
+
+    try:
+        # open_clip would fall back to random weights (with a log line) where this fails
+        download_pretrained_from_hf(repo)
+    except Exception as exc:
+        raise InputError(
+            f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+        ) from exc
+    clip = _create(source, f"openclip:{source}")
+    return OpenClipModel(
+        clip, open_clip.get_tokenizer(source), source, repo, f"Hugging Face hub {repo}"
+    )
+
+
+def _open_local_dir(path: Path, source: str) -> OpenClipModel:
+    """``local-dir:PATH``: open_clip_config.json and a weights file in a folder."""
+    import open_clip
+    from open_clip.factory import _find_checkpoint_in_dir
+
+    layout = (
+        'a folder with open_clip_config.json ({"model_cfg": ..., "preprocess_cfg": ...}) and '
+        "the weights (open_clip_model.safetensors or open_clip_pytorch_model.bin), as a model's "
+        "Hugging Face repository holds them"
+    )
+    if not path.is_dir():
+        raise InputError(f"{path} is not a folder: openclip:local-dir: needs {layout}")
+    config_path = path / "open_clip_config.json"
+    if not config_path.is_file():
+        raise InputError(f"{path} has no open_clip_config.json: openclip:local-dir: needs {layout}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, OSError) as exc:
+        raise InputError(f"cannot read {config_path} as JSON ({_first_line(exc)})") from exc
+    if not isinstance(config, dict) or "model_cfg" not in config:
+        raise InputError(
+            f"{config_path} has no 'model_cfg': open_clip needs the architecture there "
+            "(embed_dim, vision_cfg, text_cfg), as in a model's Hugging Face repository"
+        )
+    weights = _find_checkpoint_in_dir(path)
+    if weights is None:
+        raise InputError(
+            f"{path} holds no weights (*.safetensors, *.bin, *.pth): random weights give no "
+            "zero-shot result; put open_clip_model.safetensors or open_clip_pytorch_model.bin "
+            "beside open_clip_config.json"
+        )
+    spec = f"local-dir:{path}"
+    clip = _create(spec, f"openclip:{source}")
+    return OpenClipModel(
+        clip,
+        open_clip.get_tokenizer(spec),
+        source,
+        f"from {path}",
+        Path(weights).name,
+        random_weights=bool(config.get(RANDOM_WEIGHTS_KEY, False)),
+    )
+
+
+def _create(name: str, what: str, **kwargs) -> nn.Module:
+    """``open_clip.create_model`` whose failures (weights that do not fit the architecture, a
+    file that is not a checkpoint) are one line naming ``what``."""
+    import open_clip
+
+    try:
+        return open_clip.create_model(name, **kwargs)
+    except Exception as exc:
+        raise InputError(
+            f"cannot load {what}: {_first_line(exc)}; the weights must be those of the "
+            "architecture named (open_clip's load_state_dict is strict)"
+        ) from exc
+
+
+def _tag_list(name: str, tags: Sequence[str]) -> str:
+    if not tags:
+        return f"open_clip has no pretrained tags for {name}"
+    shown = ", ".join(tags[:8]) + (f", ... ({len(tags)} in all)" if len(tags) > 8 else "")
+    return f"tags of {name}: {shown}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def openclip_classifier(
+    opened: OpenClipModel,
+    classes: Sequence[str],
+    templates: Sequence[str] = (DEFAULT_TEMPLATE,),
+    *,
+    cache: DiskCache | None = None,
+) -> ZeroShotClassifier:
+    """The zero-shot classifier of an opened model: its image tower (shared, not copied) and the
+    class embeddings, computed once per model, classes and templates and then read from ``cache``
+    (key: the source, the text tower's weights, the tokenizer, the classes and the templates)."""
+    classes, templates = tuple(classes), tuple(templates)
+    if not classes:
+        raise InputError("a zero-shot classifier needs at least one class name")
+    tokenizer = opened.tokenizer
+    # what the embeddings depend on: the text tower's weights (everything outside ``visual``)
+    text_weights = {
+        k: v for k, v in opened.clip.state_dict().items() if not k.startswith("visual.")
+    }
+    key = cache_key(
+        "zero-shot-classes",
+        EMBEDDINGS_VERSION,
+        opened.source,
+        text_weights,
+        type(tokenizer).__name__,
+        getattr(tokenizer, "context_length", None),
+        list(classes),
+        list(templates),
+    )
+
+    def compute() -> torch.Tensor:
+        return class_embeddings(opened.clip, tokenizer, classes, templates).cpu()
+
+    cache = cache if cache is not None else DiskCache()
+    embeddings = cache.get_or_compute("zero-shot-classes", key, compute)
+    return ZeroShotClassifier(
+        opened.clip.visual, embeddings, opened.logit_scale, classes, templates
+    ).eval()

@@ -1,0 +1,635 @@
+"""The zero-shot report: the paper's Table 3 (section 5.3, OpenCLIP ViT-B/32 zero-shot) on an
+OpenCLIP model the user names.
+
+``python -m hydra_core report --task zero-shot --model openclip:ViT-B-32/laion2b_s34b_b79k``
+writes ``report.md``, ``report.json`` and one CSV per table into ``docs/report/zero-shot``. No
+package registry carries CLIP weights, so this report runs only where the model can be loaded:
+online (the weights come from the Hugging Face hub) or from a local open_clip folder
+(``openclip:local-dir:/path``). Nothing of it is committed unless it was run on real weights.
+
+The classifier is zero-shot: the ID set's class names in the prompt "A photo of a {label}." (or
+the templates given), embedded by the text tower; logits = logit scale x cosine. Heads are pruned
+in the image tower only (the paper's Table 3 prunes both towers; its Appendix E.3.2 reports the
+image tower alone, which is what is compared here). Nothing is trained. The systems:
+
+- **Single**: the zero-shot classifier as loaded.
+- **Temperature Scaling**: the single model's logits divided by one temperature, fitted on the ID
+  *search* images (NLL; the paper fits it on a small part of ImageNet's training set), so it
+  changes calibration, not the predicted classes (the maximum softmax probability, the OOD
+  score, is not a monotone function of the temperature, so its AUROC may move a little).
+- **Taylor**: layer-wise Taylor pruning (D.1.1), ``removed_per_layer`` heads of every layer
+  (default 2 of 12: the paper's 10 heads kept).
+- **CircAvg**: the greedy circuit of S_avg = (accuracy + AUROC) / 2 (Algorithm 1) on the search
+  split, removing as many heads in all.
+- **Hydra (Taylor)**, **Hydra (Circ)**: M members drawn from the least useful heads of the Taylor
+  or CircAvg ranking (as the image report), fused into one model.
+
+The protocol is the image report's: heads are selected (and the temperature fitted) on the search
+split, every number comes from the report split with its 95% bootstrap interval, and differences
+to the single model use paired resamples.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from hydra_core.cache import DiskCache
+from hydra_core.errors import InputError
+from hydra_core.evaluate import evaluate_model, resolve_device
+from hydra_core.hydra.members import (
+    circuit_member,
+    member_overlap,
+    taylor_member,
+    taylor_ranking,
+)
+from hydra_core.hydra.systems import (
+    SystemInfo,
+    SystemsReport,
+    evaluate_systems,
+    machine_description,
+    system_name,
+)
+from hydra_core.masks import save_masks
+from hydra_core.models.adapter import head_layout
+from hydra_core.models.zero_shot import DEFAULT_TEMPLATE
+from hydra_core.paths import REPO_DIR
+from hydra_core.report.markdown import markdown_table
+from hydra_core.report.run import (
+    Budgets,
+    _members,
+    _nan_to_none,
+    _records,
+    _Stages,
+)
+from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
+from hydra_core.report.text import (
+    _PERCENT,
+    _circuit_table,
+    _metric,
+    _paper_frame,
+    _pick,
+    _signed,
+    _verdict,
+    _verdict_counts,
+)
+from hydra_core.types import Log, StageProgress
+
+DEFAULT_ZERO_SHOT_OUT = REPO_DIR / "docs" / "report" / "zero-shot"
+DEFAULT_COMMAND = "python -m hydra_core report --task zero-shot --model openclip:..."
+
+SINGLE = "single"
+TEMPERATURE = "Temperature Scaling"
+TAYLOR = "Taylor"
+CIRCAVG = "CircAvg"
+
+
+@dataclass(frozen=True)
+class ZeroShotReportConfig:
+    """What the zero-shot report runs.
+
+    Args:
+        model: an OpenCLIP source (``openclip:NAME/TAG``, ``openclip:hf-hub:ORG/REPO`` or
+            ``openclip:local-dir:PATH``); there is no offline default.
+        templates: prompt templates, ``{label}`` marking the class name.
+        id_folder: an ImageFolder of the user's own as the ID set (its sub-folders are the
+            classes); None: Fashion-MNIST, the default ID set.
+        n_search, n_report, ood, search_ood: the data, as for the image report.
+        removed_per_layer: heads Taylor removes per layer; every circuit and member removes as
+            many in all (default 2 of 12 per layer, the paper's 10 kept).
+        pool_fraction, seeds, taylor_samples: members, as for the image report.
+        device, batch_size, latency_batch, latency_repeats: where and how to predict and time.
+    """
+
+    model: str = ""
+    templates: tuple[str, ...] = (DEFAULT_TEMPLATE,)
+    id_folder: str | None = None
+    n_search: int | None = 256
+    n_report: int | None = None
+    ood: tuple[str, ...] | None = None
+    search_ood: tuple[str, ...] | None = None
+    removed_per_layer: int | None = 2
+    pool_fraction: float = 2 / 3
+    seeds: tuple[int, ...] = (0, 1, 2)
+    taylor_samples: int | None = 256
+    device: str = "auto"
+    batch_size: int = 64
+    latency_batch: int = 32
+    latency_repeats: int = 20
+
+    @classmethod
+    def quick(cls, **overrides) -> ZeroShotReportConfig:
+        """Small subsets: every section in a couple of minutes on a small model."""
+        settings = dict(n_search=32, n_report=64, taylor_samples=32, latency_repeats=3)
+        settings.update(overrides)
+        return cls(**settings)
+
+
+def zero_shot_config_from_args(quick: bool, **overrides) -> ZeroShotReportConfig:
+    """The configuration the CLI builds: ``--quick`` or the defaults, with the given options."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return ZeroShotReportConfig.quick(**given) if quick else ZeroShotReportConfig(**given)
+
+
+class TemperatureScaled(nn.Module):
+    """A classifier whose logits are divided by a fitted temperature (Guo et al., 2017)."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x) / self.temperature
+
+
+def run_zero_shot_report(
+    config: ZeroShotReportConfig,
+    out: str | Path = DEFAULT_ZERO_SHOT_OUT,
+    *,
+    cache: DiskCache | None = None,
+    progress: StageProgress | None = None,
+    log: Log = print,
+) -> dict:
+    """Run the zero-shot report and write ``report.md``, ``report.json`` and the CSVs into
+    ``out``; returns ``report.json``'s content."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.inputs import search_inputs
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = cache or DiskCache()
+    stages = _Stages(log)
+    started = time.perf_counter()
+    created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    device = resolve_device(config.device)
+
+    with stages("load model and data"):
+        loaded, benchmark = _load(config)
+        model = loaded.model.to(device).eval()
+        inputs = search_inputs(loaded.preprocess, benchmark).to(device)
+    layout = head_layout(model)
+    budgets = Budgets.of(layout, config)
+    seeds = list(config.seeds)
+
+    with stages(f"greedy search CircAvg ({budgets.budget} steps)"):
+        on_step = None
+        if progress is not None:
+            on_step = lambda step: progress("greedy CircAvg", step.step + 1, budgets.budget)  # noqa: E731
+        circuit = greedy_circuit(
+            model,
+            inputs.id_x,
+            inputs.id_y,
+            inputs.ood_x,
+            objective="avg",
+            budget=budgets.budget,
+            batch_size=config.batch_size,
+            cache=cache,
+            progress=on_step,
+        )
+    with stages("Taylor scores and layer-wise pruning"):
+        options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
+        taylor = taylor_member(model, inputs, per_layer=budgets.removed_per_layer, **options)
+        taylor_rank = taylor_ranking(model, inputs, **options)
+    circavg = circuit_member(circuit.ranking(), layout, budget=budgets.budget, ranking_name=CIRCAVG)
+    members = _members(circuit.ranking(), taylor_rank, layout, budgets, seeds)
+    save_masks(
+        out / "members.json",
+        [taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]],
+        loaded.identity(),
+    )
+
+    with stages("fit the temperature on the ID search images"):
+        temperature = _fit_temperature(model, inputs.id_x, inputs.id_y, config.batch_size)
+    common = dict(device=device, cache=cache, progress=progress, batch_size=config.batch_size)
+    with stages("evaluate every system"):
+        systems = evaluate_systems(
+            loaded,
+            benchmark,
+            members[HYDRA_CIRC],
+            label=HYDRA_CIRC,
+            pruned={TAYLOR: taylor.keep, CIRCAVG: circavg.keep},
+            latency=False,
+            **common,
+        )
+        systems = systems.merge(
+            evaluate_systems(
+                loaded,
+                benchmark,
+                members[HYDRA_TAYLOR],
+                label=HYDRA_TAYLOR,
+                latency=False,
+                **common,
+            )
+        )
+        scaled = TemperatureScaled(model, temperature)
+        evaluation = evaluate_model(
+            scaled,
+            loaded.preprocess,
+            benchmark.id_report,
+            benchmark.ood_report,
+            name=TEMPERATURE,
+            device=device,
+            cache=cache,
+            batch_size=config.batch_size,
+        )
+        systems.add_system(
+            TEMPERATURE, evaluation, SystemInfo("single", str(layout.total_heads), models=[model])
+        )
+    with stages("cost and latency"):
+        images = loaded.preprocess(benchmark.id_report.inputs[: config.latency_batch]).to(device)
+        names = [
+            SINGLE,
+            TAYLOR,
+            CIRCAVG,
+            system_name(HYDRA_CIRC, "unfused"),
+            fused(HYDRA_CIRC),
+            fused(HYDRA_TAYLOR),
+        ]
+        systems.measure(
+            images, systems=[n for n in names if n in systems.info], repeats=config.latency_repeats
+        )
+    with stages("bootstrap intervals"):
+        tables = zero_shot_tables(systems, circuit)
+    setup = _setup(
+        config,
+        loaded,
+        benchmark,
+        budgets,
+        device,
+        stages.seconds,
+        created,
+        members,
+        temperature,
+        time.perf_counter() - started,
+    )
+    return _write(out, tables, setup, systems, log)
+
+
+def _load(config: ZeroShotReportConfig):
+    """The zero-shot classifier (classes: the ID set's) and the benchmark; refuses a model that
+    is not an OpenCLIP source."""
+    from hydra_core.data.benchmark import default_benchmark, folder_benchmark
+    from hydra_core.models.preprocess import input_format
+    from hydra_core.models.registry import load_model
+    from hydra_core.models.zero_shot import folder_classes
+
+    if not config.model.startswith("openclip:"):
+        raise InputError(
+            f"--task zero-shot needs an OpenCLIP model (--model openclip:NAME/TAG, e.g. "
+            f"openclip:ViT-B-32/laion2b_s34b_b79k, or openclip:local-dir:PATH); got "
+            f"{config.model or 'none'!r}"
+        )
+    data = dict(
+        n_search=config.n_search,
+        n_report=config.n_report,
+        ood=list(config.ood) if config.ood else None,
+        search_ood=list(config.search_ood) if config.search_ood else None,
+    )
+    if config.id_folder is None:
+        benchmark = default_benchmark(**data)
+        loaded = load_model(
+            config.model, classes=benchmark.id_search.classes, templates=config.templates
+        )
+        return loaded, benchmark
+    loaded = load_model(
+        config.model, classes=folder_classes(config.id_folder), templates=config.templates
+    )
+    channels, size = input_format(loaded.model)
+    benchmark = folder_benchmark(id_folder=config.id_folder, size=size, channels=channels, **data)
+    return loaded, benchmark
+
+
+@torch.inference_mode()
+def _fit_temperature(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int
+) -> float:
+    """The temperature minimising the NLL of the model's logits on these images."""
+    from hydra_core.metrics.temperature import fit_temperature
+
+    logits = torch.cat(
+        [model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
+    )
+    return fit_temperature(logits.float().cpu(), labels.cpu())
+
+
+# --- tables ---------------------------------------------------------------------------------------
+
+#: the rows of Table 3, in the paper's order (Hydra (Taylor) is not in the paper's table)
+MAIN_ROWS = (SINGLE, TEMPERATURE, TAYLOR, CIRCAVG, fused(HYDRA_TAYLOR), fused(HYDRA_CIRC))
+MAIN_COLUMNS = (
+    "accuracy",
+    "brier",
+    "nll",
+    "ece",
+    "adaptive_ece",
+    "all_auroc",
+    "all_fpr95",
+    "all_aupr_in",
+    "all_aupr_out",
+)
+DIFFERENCES = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "all_fpr95")
+
+#: the paper's Table 3 (OpenCLIP ViT-B/32, nine data sets averaged; ImageNet-1k OOD; ECE and aECE
+#: in percent there, as fractions here; both towers pruned), the rows Hydra Lab runs
+PAPER_TABLE3 = (
+    ("Single", "12", 73.65, 0.36, 0.98, 0.0868, 0.0857, 70.76, 75.20, 37.73),
+    ("Temperature Scaling", "12", 73.65, 0.36, 0.90, 0.0403, 0.0380, 70.76, 75.20, 37.73),
+    ("Taylor", "10", 60.75, 0.53, 1.65, 0.1376, 0.1367, 67.44, 79.41, 33.64),
+    ("CircAvg", "10", 71.91, 0.38, 0.99, 0.0400, 0.0411, 76.88, 68.26, 47.64),
+    ("Hydra (Circ)", "10x3", 74.00, 0.36, 0.93, 0.0349, 0.0335, 76.82, 68.05, 47.85),
+)
+PAPER_COLUMNS = (
+    "system",
+    "heads",
+    "accuracy",
+    "brier",
+    "nll",
+    "ece",
+    "adaptive_ece",
+    "all_auroc",
+    "all_fpr95",
+    "all_aupr_out",
+)
+#: our systems by the paper's row name
+OURS = {
+    "Single": SINGLE,
+    "Temperature Scaling": TEMPERATURE,
+    "Taylor": TAYLOR,
+    "CircAvg": CIRCAVG,
+    "Hydra (Taylor)": fused(HYDRA_TAYLOR),
+    "Hydra (Circ)": fused(HYDRA_CIRC),
+}
+#: the statements Table 3 makes about pairs of its rows: (claim, system, reference, column)
+CLAIMS = (
+    ("Temperature Scaling lowers NLL", "Temperature Scaling", "Single", "nll"),
+    ("Temperature Scaling lowers ECE", "Temperature Scaling", "Single", "ece"),
+    ("Taylor lowers accuracy", "Taylor", "Single", "accuracy"),
+    ("Taylor lowers OOD AUROC", "Taylor", "Single", "all_auroc"),
+    ("CircAvg lowers accuracy", "CircAvg", "Single", "accuracy"),
+    ("CircAvg beats Taylor on accuracy", "CircAvg", "Taylor", "accuracy"),
+    ("CircAvg lowers ECE", "CircAvg", "Single", "ece"),
+    ("CircAvg raises OOD AUROC", "CircAvg", "Single", "all_auroc"),
+    ("CircAvg lowers FPR95", "CircAvg", "Single", "all_fpr95"),
+    ("Hydra (Circ) raises accuracy", "Hydra (Circ)", "Single", "accuracy"),
+    ("Hydra (Circ) lowers NLL", "Hydra (Circ)", "Single", "nll"),
+    ("Hydra (Circ) lowers ECE", "Hydra (Circ)", "Single", "ece"),
+    ("Hydra (Circ) raises OOD AUROC", "Hydra (Circ)", "Single", "all_auroc"),
+    ("Hydra (Circ) lowers FPR95", "Hydra (Circ)", "Single", "all_fpr95"),
+    ("Hydra (Circ) beats Temperature Scaling on ECE", "Hydra (Circ)", "Temperature Scaling", "ece"),
+    (
+        "Hydra (Circ) beats Temperature Scaling on AUROC",
+        "Hydra (Circ)",
+        "Temperature Scaling",
+        "all_auroc",
+    ),
+)
+
+
+def paper_table3() -> pd.DataFrame:
+    """The paper's Table 3 rows Hydra Lab runs, in its units (ECE as a fraction)."""
+    return pd.DataFrame(PAPER_TABLE3, columns=PAPER_COLUMNS)
+
+
+def zero_shot_tables(systems: SystemsReport, circuit) -> dict[str, pd.DataFrame]:
+    """Every table of the zero-shot report, by CSV name (the bootstrap intervals are computed
+    here)."""
+    summary = systems.summary()
+    rows = summary.set_index("system")
+    main = rows.loc[[r for r in MAIN_ROWS if r in rows.index]].reset_index()
+    table = systems.table()
+    return {
+        "table3_systems": _pick(main, ["system", "kind", "heads", *MAIN_COLUMNS]),
+        "near_far": _pick(main, ["system", "heads", *NEAR_FAR]),
+        "per_set": table[table["group"] != "id"].drop(columns=["kind"]).reset_index(drop=True),
+        "differences_to_single": systems.differences(SINGLE, list(DIFFERENCES)),
+        "paper_table3": paper_table3(),
+        "paper_claims": _claims(systems),
+        "circuit": _circuit_table(circuit),
+        "table7_cost": systems.cost.reset_index(),
+        "summary_all_systems": summary,
+        "all_sets": table,
+    }
+
+
+def _claims(systems: SystemsReport) -> pd.DataFrame:
+    """Each statement of :data:`CLAIMS` against our paired difference and its 95% interval."""
+    numbers = paper_table3().set_index("system")
+    rows = []
+    for claim, system, reference, column in CLAIMS:
+        paper = float(numbers.loc[system, column] - numbers.loc[reference, column])
+        row = {"claim": claim, "metric": column, "paper_difference": round(paper, 4)}
+        a, b = OURS[system], OURS[reference]
+        if a not in systems.info or b not in systems.info:
+            row.update(ours=math.nan, ours_lo=math.nan, ours_hi=math.nan, verdict="–")
+        else:
+            metric, which = _metric(column)
+            d = systems.difference(a, b, metric, which)
+            scale = 100 if metric in _PERCENT else 1
+            row.update(ours=scale * d.value, ours_lo=scale * d.lo, ours_hi=scale * d.hi)
+            row["verdict"] = _verdict(paper, d.value, d.lo, d.hi)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- setup and files ------------------------------------------------------------------------------
+
+
+def _setup(
+    config: ZeroShotReportConfig,
+    loaded,
+    benchmark,
+    budgets: Budgets,
+    device: torch.device,
+    seconds: Mapping[str, float],
+    created: str,
+    members: Mapping[str, Sequence],
+    temperature: float,
+    total: float,
+) -> dict:
+    """The run's description (``report.json``'s ``setup``)."""
+    data = benchmark.describe()
+    return {
+        "created": created,
+        "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
+        "task": "zero-shot",
+        "protocol": {
+            "name": benchmark.protocol,
+            "note": benchmark.protocol_note(),
+            "search_ood": benchmark.search_names(),
+            "report_ood": benchmark.report_names(),
+            "id_search_n": len(benchmark.id_search),
+            "id_report_n": len(benchmark.id_report),
+            "report_n": {s.name: len(s) for s in benchmark.ood_report},
+            "seeds": {"pruning": list(config.seeds), "bootstrap": {"n_boot": 1000, "seed": 0}},
+        },
+        "model": loaded.card(),
+        "model_description": loaded.description,
+        "classes": list(loaded.classes or ()),
+        "templates": list(config.templates),
+        "temperature": temperature,
+        "data": data.drop(columns="description").to_dict(orient="records"),
+        "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
+        "budgets": asdict(budgets),
+        "members": len(config.seeds),
+        "member_overlap": {
+            label: member_overlap(ms)["mean_pairwise_jaccard"] for label, ms in members.items()
+        },
+        "config": asdict(config),
+        "device": str(device),
+        "machine": machine_description(device),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "total_seconds": round(total, 1),
+    }
+
+
+def _write(
+    out: Path, tables: Mapping[str, pd.DataFrame], setup: dict, systems: SystemsReport, log: Log
+) -> dict:
+    """Every file of the report: one CSV per table, report.json, report.md; returns the JSON."""
+    payload = {
+        "setup": setup,
+        **{k: _records(v) for k, v in tables.items()},
+        "systems": systems.to_json()["systems"],
+    }
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    payload = _nan_to_none(payload)
+    (out / "report.json").write_text(json.dumps(payload, indent=1))
+    (out / "report.md").write_text(zero_shot_markdown(tables, setup))
+    log(f"[report] wrote {out} in {setup['total_seconds'] / 60:.1f} minutes")
+    return payload
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+
+
+def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
+    """``report.md`` from the tables and the setup."""
+    model, b = setup["model"], setup["budgets"]
+    p = setup["protocol"]
+    kept = model["heads"] - b["removed_per_layer"]
+    circuit = tables["circuit"].iloc[0]
+    lines = [
+        "# Hydra Ensembles, zero-shot CLIP: the paper's Table 3",
+        "",
+        f"Generated {setup['created']} by `{setup['command'] or DEFAULT_COMMAND}` in "
+        f"{setup['total_seconds'] / 60:.1f} minutes on {setup['machine']} ({setup['device']}). "
+        "Every number below was measured by this run, except the paper's, which are labelled.",
+        "",
+        *_random_weights_warning(model),
+        "## Setup",
+        "",
+        f"- **Model**: `{model['name']}`: {setup['model_description']}; image tower "
+        f"{model['layers']} layers x {model['heads']} heads (head dim {model['head_dim']}, width "
+        f"{model['embed_dim']}).",
+        f"- **Classifier**: zero-shot, {len(setup['classes'])} classes from the ID set, "
+        f"prompt templates {', '.join(repr(t) for t in setup['templates'])}; logits = logit "
+        "scale x cosine of the image and class embeddings. Heads are pruned in the image tower "
+        "only; the paper's Table 3 prunes both towers (its Appendix E.3.2 has the image tower "
+        "alone). Nothing is trained.",
+        f"- **Data**: heads are selected, and the temperature ({setup['temperature']:.4f}) is "
+        f"fitted, on {p['id_search_n']:,} ID search images and the search OOD set(s) "
+        f"{', '.join(p['search_ood'])}; every table is computed on {p['id_report_n']:,} ID report "
+        f"images and the report OOD sets {', '.join(p['report_ood'])}, with 95% bootstrap "
+        "intervals (value [lo, hi]) and paired intervals for differences.",
+        f"- **Budgets**: every pruned model and member removes {b['budget']} of {b['total']} "
+        f"heads; Taylor {b['removed_per_layer']} per layer ({kept} of {model['heads']} kept, the "
+        f"paper's 10 of 12); CircAvg the greedy S_avg circuit; members draw from the "
+        f"{b['pool']} least useful heads of each ranking, seeds "
+        f"{setup['protocol']['seeds']['pruning']}.",
+        "",
+        "## Table 3 - every system",
+        "",
+        markdown_table(tables["table3_systems"]),
+        "",
+        "The paper's Table 3 (OpenCLIP ViT-B/32, nine data sets averaged, ImageNet-1k as the OOD "
+        "set, both towers pruned; ECE as a fraction here), for reference:",
+        "",
+        markdown_table(_paper_frame(tables["paper_table3"])),
+        "",
+        "## Differences to the single model",
+        "",
+        markdown_table(tables["differences_to_single"]),
+        "",
+        "## Agreements and disagreements with the paper",
+        "",
+        "*agrees*: same direction as the paper's difference, our interval excludes 0; "
+        "*disagrees*: opposite direction, interval excludes 0; *n.s.*: our interval contains 0.",
+        "",
+        markdown_table(_claims_shown(tables["paper_claims"])),
+        "",
+        *_verdict_counts(
+            tables["paper_claims"]
+            .rename(columns={"verdict": "zero_shot_verdict"})
+            .assign(fine_tuned_verdict="–")
+        ),
+        "",
+        "## The CircAvg circuit",
+        "",
+        f"On the search split it moved accuracy from {100 * circuit['dense_search_accuracy']:.2f} "
+        f"to {100 * circuit['search_accuracy']:.2f} and AUROC from "
+        f"{100 * circuit['dense_search_auroc']:.2f} to {100 * circuit['search_auroc']:.2f} "
+        f"({circuit['seconds']:.0f} s); removed in order: {circuit['removed']}.",
+        "",
+        "## Near and far OOD",
+        "",
+        markdown_table(tables["near_far"]),
+        "",
+        "## Cost",
+        "",
+        markdown_table(tables["table7_cost"]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _random_weights_warning(model: Mapping) -> list[str]:
+    """A warning at the top when the model card says its weights are random."""
+    weights = str(model.get("weights", ""))
+    if "random" not in weights.lower():
+        return []
+    return [
+        f"**The weights of this model are random ({weights}): no number in this report is a "
+        "zero-shot result. Such a run checks that the pipeline works; only a run on pretrained "
+        "weights says anything about the paper.**",
+        "",
+    ]
+
+
+def _claims_shown(claims: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "paper says": claims["claim"],
+            "paper": [f"{v:+.4g}" for v in claims["paper_difference"]],
+            "ours": [
+                _signed(r["metric"], r["ours"], r["ours_lo"], r["ours_hi"])
+                for _, r in claims.iterrows()
+            ],
+            "verdict": claims["verdict"],
+        }
+    )
+
+
+__all__ = [
+    "DEFAULT_ZERO_SHOT_OUT",
+    "TemperatureScaled",
+    "ZeroShotReportConfig",
+    "run_zero_shot_report",
+    "zero_shot_config_from_args",
+    "zero_shot_markdown",
+    "zero_shot_tables",
+]

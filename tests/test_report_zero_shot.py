@@ -1,0 +1,99 @@
+"""``report --task zero-shot``: the paper's Table 3 rows on an OpenCLIP model, run end to end in
+``--quick`` mode on a tiny random model saved as an open_clip folder (no CLIP weights exist
+offline), and the parts that hold for any weights: temperature scaling keeps the predictions, the
+claims' verdicts, the random-weights warning, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from hydra_core.cli import main
+from hydra_core.report.zero_shot import (
+    CLAIMS,
+    MAIN_ROWS,
+    OURS,
+    TemperatureScaled,
+    ZeroShotReportConfig,
+    paper_table3,
+    run_zero_shot_report,
+)
+from tests.conftest import clip_images, make_tiny_zero_shot
+from tests.test_clip_loading import save_tiny_clip
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """One quick run (shared by the tests below): its JSON and its output folder."""
+    root = tmp_path_factory.mktemp("zero-shot")
+    folder = save_tiny_clip(root / "model")
+    config = ZeroShotReportConfig.quick(
+        model=f"openclip:local-dir:{folder}", n_search=24, n_report=40, latency_repeats=2
+    )
+    from hydra_core.cache import DiskCache
+
+    payload = run_zero_shot_report(
+        config, root / "out", cache=DiskCache(root / "cache"), log=lambda _: None
+    )
+    return payload, root / "out"
+
+
+def test_every_table_and_file_is_written(report):
+    payload, out = report
+    for name in ("table3_systems", "differences_to_single", "paper_claims", "table7_cost"):
+        assert (out / f"{name}.csv").is_file()
+    assert json.loads((out / "report.json").read_text())["setup"]["task"] == "zero-shot"
+    systems = [row["system"] for row in payload["table3_systems"]]
+    assert systems == list(MAIN_ROWS)
+
+
+def test_the_report_says_the_weights_are_random(report):
+    _, out = report
+    text = (out / "report.md").read_text()
+    assert "no number in this report is a zero-shot result" in text
+    for section in ("## Table 3", "## Agreements and disagreements", "## The CircAvg circuit"):
+        assert section in text
+
+
+def test_temperature_scaling_keeps_the_predictions(report):
+    payload, _ = report
+    rows = {r["system"]: r for r in payload["table3_systems"]}
+    single, scaled = rows["single"], rows["Temperature Scaling"]
+    assert scaled["accuracy"]["value"] == pytest.approx(single["accuracy"]["value"])
+    assert payload["setup"]["temperature"] > 0
+    model = make_tiny_zero_shot()
+    x = clip_images(4)
+    assert torch.allclose(TemperatureScaled(model, 2.0)(x), model(x) / 2.0)
+
+
+def test_claims_compare_the_papers_differences_with_ours(report):
+    payload, _ = report
+    claims = pd.DataFrame(payload["paper_claims"])
+    assert len(claims) == len(CLAIMS)
+    paper = paper_table3().set_index("system")
+    first = claims.iloc[0]
+    _, system, reference, column = CLAIMS[0]
+    expected = paper.loc[system, column] - paper.loc[reference, column]
+    assert first["paper_difference"] == pytest.approx(expected, abs=1e-4)
+    assert set(claims["verdict"]) <= {
+        "agrees",
+        "disagrees",
+        "same direction, n.s.",
+        "opposite direction, n.s.",
+        "no difference",
+        "–",
+    }
+    assert set(OURS) >= {s for _, s, _, _ in CLAIMS}
+
+
+def test_the_cli_refuses_a_model_that_is_not_openclip(capsys):
+    assert main(["report", "--task", "zero-shot", "--quick", "--model", "default"]) == 2
+    assert "needs an OpenCLIP model" in capsys.readouterr().err
+
+
+def test_zero_shot_options_are_refused_on_other_tasks(capsys):
+    assert main(["report", "--task", "text", "--prompts", "openai"]) == 2
+    assert "--task zero-shot" in capsys.readouterr().err
