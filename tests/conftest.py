@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
@@ -176,21 +179,22 @@ def make_tiny_clip(
     """A randomly initialised open_clip ``CLIP`` (image tower ``layers`` x ``heads``, 17 tokens at
     the defaults; a one-layer text tower with open_clip's own tokenizer vocabulary), in eval mode,
     with every parameter perturbed so that norms, layer scales and biases are not trivial."""
-    from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg
+    from open_clip.model import CLIP
 
     torch.manual_seed(seed)
-    vision = CLIPVisionCfg(
+    cfg = tiny_clip_config(
+        layer_scale=layer_scale,
+        pool=pool,
+        final_ln_after_pool=final_ln_after_pool,
+        quick_gelu=quick_gelu,
         layers=layers,
         width=width,
-        head_width=width // heads,
-        patch_size=patch_size,
+        heads=heads,
         image_size=image_size,
-        ls_init_value=0.5 if layer_scale else None,
-        pool_type=pool,
-        final_ln_after_pool=final_ln_after_pool,
+        patch_size=patch_size,
+        embed_dim=embed_dim,
     )
-    text = CLIPTextCfg(context_length=16, vocab_size=49408, width=32, heads=2, layers=1)
-    model = CLIP(embed_dim, vision, text, quick_gelu=quick_gelu)
+    model = CLIP(**cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.startswith("visual.") and "class_embedding" not in name:
@@ -214,3 +218,74 @@ def clip_images(n: int = 6, size: int = 32, seed: int = 0) -> torch.Tensor:
     """Preprocessed (float) images for the tiny CLIP models."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 3, size, size, generator=g)
+
+
+#: preprocessing a saved tiny model declares (not open_clip's defaults, so that it is seen read)
+PREPROCESS_CFG = {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}
+
+
+def tiny_clip_config(
+    *,
+    layer_scale: bool = False,
+    pool: str = "tok",
+    final_ln_after_pool: bool = False,
+    quick_gelu: bool = False,
+    layers: int = 3,
+    width: int = 64,
+    heads: int = 4,
+    image_size: int = 32,
+    patch_size: int = 8,
+    embed_dim: int = 32,
+    **_,
+) -> dict:
+    """The ``model_cfg`` of open_clip_config.json that builds :func:`make_tiny_clip` with these
+    settings."""
+    return {
+        "embed_dim": embed_dim,
+        "quick_gelu": quick_gelu,
+        "vision_cfg": {
+            "layers": layers,
+            "width": width,
+            "head_width": width // heads,
+            "patch_size": patch_size,
+            "image_size": image_size,
+            "ls_init_value": 0.5 if layer_scale else None,
+            "pool_type": pool,
+            "final_ln_after_pool": final_ln_after_pool,
+        },
+        "text_cfg": {
+            "context_length": 16,
+            "vocab_size": 49408,
+            "width": 32,
+            "heads": 2,
+            "layers": 1,
+        },
+    }
+
+
+def save_tiny_clip(
+    folder: Path,
+    *,
+    weights: str = "open_clip_model.safetensors",
+    random_weights: bool = True,
+    preprocess_cfg: dict | None = None,
+    **kwargs,
+) -> Path:
+    """:func:`make_tiny_clip` (``kwargs``) saved as an open_clip folder: open_clip_config.json
+    (``model_cfg``, ``preprocess_cfg``, and ``random_weights``: these weights are random) and
+    the weights as ``weights`` (safetensors, or a torch state dict for .bin/.pth), the names
+    open_clip's ``_find_checkpoint_in_dir`` looks for. Returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_cfg": tiny_clip_config(**kwargs),
+        "preprocess_cfg": PREPROCESS_CFG if preprocess_cfg is None else preprocess_cfg,
+    }
+    if random_weights:
+        config["random_weights"] = True
+    (folder / "open_clip_config.json").write_text(json.dumps(config, indent=2))
+    state = make_tiny_clip(**kwargs).state_dict()
+    if weights.endswith(".safetensors"):
+        save_file(state, str(folder / weights))
+    else:
+        torch.save(state, folder / weights)
+    return folder

@@ -18,8 +18,8 @@ from hydra_core.models.registry import load_model
 from hydra_core.models.zero_shot import folder_classes
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
+from tests.conftest import save_tiny_clip
 from tests.test_app_pages import array, button, figures, finish_job, open_page
-from tests.test_clip_loading import save_tiny_clip
 
 CLASS_FOLDERS = ("sea-lion", "cat", "golden_retriever")
 N_SEARCH, N_REPORT = 16, 16

@@ -13,7 +13,7 @@ from PIL import Image
 
 from hydra_core.cli import build_parser, main
 from hydra_core.cli.common import zero_shot_options
-from tests.test_clip_loading import save_tiny_clip
+from tests.conftest import save_tiny_clip
 
 CLASS_FOLDERS = ("golden_retriever", "sea-lion", "cat")
 

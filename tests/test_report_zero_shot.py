@@ -21,8 +21,7 @@ from hydra_core.report.zero_shot import (
     paper_table3,
     run_zero_shot_report,
 )
-from tests.conftest import clip_images, make_tiny_zero_shot
-from tests.test_clip_loading import save_tiny_clip
+from tests.conftest import clip_images, make_tiny_zero_shot, save_tiny_clip
 
 
 @pytest.fixture(scope="module")

@@ -759,6 +759,13 @@ def _setup(
             }
             for k, v in overlap.items()
         },
+        **run_facts(device, seconds, total),
+    }
+
+
+def run_facts(device: torch.device, seconds: Mapping[str, float], total: float) -> dict:
+    """Where and how long a report ran: the entries every report's ``setup`` ends with."""
+    return {
         "device": str(device),
         "machine": machine_description(device),
         "platform": platform.platform(),

@@ -66,7 +66,6 @@ import copy
 import datetime as _dt
 import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -97,12 +96,12 @@ from hydra_core.hydra.members import (
     taylor_member,
     taylor_ranking,
 )
-from hydra_core.hydra.systems import SystemInfo, SystemsReport, machine_description
+from hydra_core.hydra.systems import SystemInfo, SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts, save_masks
 from hydra_core.models.adapter import family_of, head_layout, prune_heads
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import Budgets, _members, _nan_to_none, _records, _Stages
+from hydra_core.report.run import Budgets, _members, _nan_to_none, _records, _Stages, run_facts
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -992,9 +991,15 @@ def _deep_ensemble(
 
 
 def _write(
-    out: Path, tables: Mapping[str, pd.DataFrame], setup: dict, systems: SystemsReport, log: Log
+    out: Path,
+    tables: Mapping[str, pd.DataFrame],
+    setup: dict,
+    systems: SystemsReport,
+    log: Log,
+    markdown: Callable[[Mapping[str, pd.DataFrame], dict], str] | None = None,
 ) -> dict:
-    """Every file of the report: one CSV per table, report.json, report.md; returns the JSON."""
+    """Every file of the report: one CSV per table, report.json, report.md (``markdown``, the
+    text report's by default); returns the JSON."""
     payload = {
         "setup": setup,
         **{k: _records(v) for k, v in tables.items()},
@@ -1004,7 +1009,7 @@ def _write(
         table.to_csv(out / f"{name}.csv", index=False)
     payload = _nan_to_none(payload)
     (out / "report.json").write_text(json.dumps(payload, indent=1))
-    (out / "report.md").write_text(text_markdown(tables, setup))
+    (out / "report.md").write_text((markdown or text_markdown)(tables, setup))
     log(f"[report] wrote {out} in {setup['total_seconds'] / 60:.1f} minutes")
     return payload
 
@@ -1545,12 +1550,7 @@ def _setup(
             }
             for k, v in overlap.items()
         },
-        "device": str(device),
-        "machine": machine_description(device),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "total_seconds": round(total, 1),
+        **run_facts(device, seconds, total),
     }
 
 

@@ -32,9 +32,7 @@ to the single model use paired resamples.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -58,7 +56,6 @@ from hydra_core.hydra.systems import (
     SystemInfo,
     SystemsReport,
     evaluate_systems,
-    machine_description,
     system_name,
 )
 from hydra_core.masks import save_masks
@@ -66,13 +63,7 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import (
-    Budgets,
-    _members,
-    _nan_to_none,
-    _records,
-    _Stages,
-)
+from hydra_core.report.run import Budgets, _members, _Stages, run_facts
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
 from hydra_core.report.text import (
     _PERCENT,
@@ -84,6 +75,7 @@ from hydra_core.report.text import (
     _verdict,
     _verdict_counts,
 )
+from hydra_core.report.text import _write as write_report
 from hydra_core.types import Log, StageProgress
 
 DEFAULT_ZERO_SHOT_OUT = REPO_DIR / "docs" / "report" / "zero-shot"
@@ -487,31 +479,15 @@ def _setup(
             label: member_overlap(ms)["mean_pairwise_jaccard"] for label, ms in members.items()
         },
         "config": asdict(config),
-        "device": str(device),
-        "machine": machine_description(device),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "total_seconds": round(total, 1),
+        **run_facts(device, seconds, total),
     }
 
 
 def _write(
     out: Path, tables: Mapping[str, pd.DataFrame], setup: dict, systems: SystemsReport, log: Log
 ) -> dict:
-    """Every file of the report: one CSV per table, report.json, report.md; returns the JSON."""
-    payload = {
-        "setup": setup,
-        **{k: _records(v) for k, v in tables.items()},
-        "systems": systems.to_json()["systems"],
-    }
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    payload = _nan_to_none(payload)
-    (out / "report.json").write_text(json.dumps(payload, indent=1))
-    (out / "report.md").write_text(zero_shot_markdown(tables, setup))
-    log(f"[report] wrote {out} in {setup['total_seconds'] / 60:.1f} minutes")
-    return payload
+    """Every file of the report (as the text report writes them): CSVs, report.json, report.md."""
+    return write_report(out, tables, setup, systems, log, zero_shot_markdown)
 
 
 # --- Markdown -------------------------------------------------------------------------------------
