@@ -317,3 +317,31 @@ def test_bad_options_are_refused_before_loading(tmp_path, kwargs, message):
 def test_prompts_and_classes_are_refused_on_other_models(kwargs):
     with pytest.raises(InputError, match="apply to zero-shot OpenCLIP models"):
         load_model("default", **kwargs)
+
+
+@pytest.mark.parametrize("templates", ["paper", "simple"])
+def test_zero_shot_logits_equal_open_clips_own_computation(templates):
+    """Our classifier against open_clip's own zero-shot recipe: ``encode_image`` and the class
+    weights of ``open_clip.build_zero_shot_classifier`` (prompt ensembling), normalised, times
+    ``logit_scale.exp()``."""
+    from hydra_core.models.zero_shot import zero_shot_classifier
+
+    clip = make_tiny_clip(layer_scale=True)
+    tokenizer = open_clip.SimpleTokenizer(context_length=16)
+    chosen = prompt_templates(templates)
+    ours = zero_shot_classifier(clip, tokenizer, CLIP_CLASSES, chosen)
+    x = clip_images(5)
+    with torch.no_grad():
+        weights = open_clip.build_zero_shot_classifier(
+            clip,
+            tokenizer=tokenizer,
+            classnames=CLIP_CLASSES,
+            templates=[lambda c, t=t: t.replace("{label}", c) for t in chosen],
+            num_classes_per_batch=2,
+            device="cpu",
+            use_tqdm=False,
+        )  # (D, C)
+        image = clip.encode_image(x, normalize=True)
+        expected = clip.logit_scale.exp() * image @ weights
+        got = ours(x)
+    assert torch.allclose(got, expected, atol=1e-5)
