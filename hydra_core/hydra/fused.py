@@ -27,10 +27,9 @@ The fused model is for inference: the members' dropout, drop-path and patch drop
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -66,9 +65,6 @@ from hydra_core.models.adapter import (
     family_of,
     head_layout,
 )
-
-if TYPE_CHECKING:
-    from hydra_core.hydra.fused_clip import HydraZeroShot
 
 FORMAT = "hydra-fused"
 FORMAT_VERSION = 1
@@ -217,7 +213,7 @@ class HydraViT(nn.Module):
 
 def fuse_members(
     members: Sequence[tuple[nn.Module, torch.Tensor]],
-) -> HydraViT | HydraText | HydraZeroShot:
+) -> HydraViT | HydraText | nn.Module:
     """Fuse M (model, keep) pairs into one model that runs every member in one pass.
 
     Each model is the same object M times for zero-shot members, or separately fine-tuned (possibly
@@ -250,7 +246,7 @@ def fuse_members(
         listing = ", ".join(f"member {i} is a {f} model" for i, f in enumerate(families))
         raise ValueError(f"members disagree on the model family: {listing}")
     if families[0] == CLIP_FAMILY:
-        return _clip().fuse_clip_members(pairs)
+        return _clip().fuse(pairs)
     parsed = [_parse_member(i, pair) for i, pair in enumerate(pairs)]  # (model, keep, layout)
     if families[0] == TEXT_FAMILY:
         return fuse_text_members([(model, keep) for model, keep, _ in parsed])
@@ -324,17 +320,33 @@ def check_fusable(model: nn.Module) -> None:
     if family == TEXT_FAMILY:
         check_text_fusable(model)
     elif family == CLIP_FAMILY:
-        _clip().check_clip_fusable(model)
+        _clip().check(model)
     else:
         _architecture(None, model, head_layout(model))
 
 
-def _clip():
-    """:mod:`hydra_core.hydra.fused_clip`, which builds on this module (so it is imported here
-    when first needed, not at the top)."""
-    from hydra_core.hydra import fused_clip
+class _ClipFusion:
+    """What :mod:`hydra_core.hydra.fused_clip` provides to this module: it builds on this module,
+    so it is not imported here; it registers itself when imported, which ``hydra_core.hydra``
+    does whenever this module is imported (a package runs its ``__init__`` first)."""
 
-    return fused_clip
+    fuse: Callable | None = None  # fuse_clip_members
+    check: Callable | None = None  # check_clip_fusable
+    head_type: type | None = None  # HydraZeroShot
+
+
+_CLIP = _ClipFusion()
+
+
+def register_clip_fusion(fuse: Callable, check: Callable, head_type: type) -> None:
+    """Called by :mod:`hydra_core.hydra.fused_clip` when it is imported."""
+    _CLIP.fuse, _CLIP.check, _CLIP.head_type = fuse, check, head_type
+
+
+def _clip() -> _ClipFusion:
+    if _CLIP.fuse is None:
+        raise RuntimeError("hydra_core.hydra.fused_clip has not registered its fusion")
+    return _CLIP
 
 
 def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> dict:
@@ -735,7 +747,7 @@ def _check_consistent(hydra: HydraViT) -> None:
 
 
 def save_hydra(
-    hydra: HydraViT | HydraText | HydraZeroShot,
+    hydra: HydraViT | HydraText | nn.Module,
     path: str | Path,
     *,
     preprocess: dict | None = None,
@@ -760,7 +772,7 @@ def save_hydra(
         classes: class names, index = label.
     """
     model, extra, header = hydra, {}, {}
-    if isinstance(hydra, _clip().HydraZeroShot):
+    if _CLIP.head_type is not None and isinstance(hydra, _CLIP.head_type):
         model = hydra.visual
         extra, entry = hydra.file_parts()
         header[ZERO_SHOT_ENTRY] = json.dumps(entry)
@@ -774,7 +786,7 @@ def save_hydra(
 
 def load_hydra(
     path: str | Path, device: str | torch.device = "cpu"
-) -> HydraViT | HydraText | HydraZeroShot:
+) -> HydraViT | HydraText | nn.Module:
     """Rebuild a :class:`HydraViT`, :class:`~hydra_core.hydra.fused_text.HydraText` or
     :class:`~hydra_core.hydra.fused_clip.HydraZeroShot` (eval mode) from a file written by
     :func:`save_hydra`."""
@@ -829,6 +841,6 @@ def load_hydra(
         raise ValueError(f"{path}: a zero-shot head needs an image model, not format {fmt!r}")
     try:
         entry = json.loads(meta[ZERO_SHOT_ENTRY])
-        return _clip().HydraZeroShot.from_file_parts(model, head, entry).eval()
+        return _clip().head_type.from_file_parts(model, head, entry).eval()
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"{path}: the 'zero_shot' header entry is malformed ({error})") from None

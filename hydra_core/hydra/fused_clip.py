@@ -54,6 +54,7 @@ from hydra_core.hydra.fused import (
     kept_head_indices,
     norm_eps,
     norm_tensors,
+    register_clip_fusion,
     stem_tensors,
 )
 from hydra_core.models.adapter import HeadLayout, UnsupportedModelError, as_keep_mask, head_layout
@@ -378,3 +379,6 @@ def _block(block: nn.Module) -> BlockParts:
         fc1=block.mlp.c_fc,
         fc2=block.mlp.c_proj,
     )
+
+
+register_clip_fusion(fuse_clip_members, check_clip_fusable, HydraZeroShot)
