@@ -7,18 +7,17 @@ What a step computes, per layer l and chunk of samples:
 - shared by the candidates of layer l: the kept heads' outputs Z_l, the projected attention
   output A_l = proj(Z_l) and the residual after it; candidate h's residual is that minus head h's
   share Z_l^(h) W_O^(h)T (the attention output decomposes over heads, paper Appendix D.1.2);
-- for a standard pre-LN block (LayerNorm, a two-layer MLP, optional layer scale: timm's Block, or
-  what the family's ``pre_norm_parts`` describes, as OpenCLIP's) the MLP's first matmul is shared
+- for a standard pre-LN block (LayerNorm, a two-layer MLP, optional layer scale, as the family's
+  ``pre_norm_parts`` describes it: timm's Block, OpenCLIP's) the MLP's first matmul is shared
   too: fc1(norm2(u - delta_h)) = (F - Z_h M_h + mean(delta_h) s) / std(u - delta_h) + b', where
   F = W1 gamma centre(u) is computed once per chunk and M_h = W_O^(h)T W1 gamma is a (d_k, hidden)
   matrix fixed per head, so a candidate costs a rank-d_k update instead of a full fc1;
 - candidates x samples stacked along the batch axis, in passes of a bounded number of token rows
   (operands stay in the CPU cache); heads already removed are cut out structurally
   (:func:`prune_attention`), so they cost nothing in later layers;
-- in the last block with class-token pooling only the CLS row: its query, its attention over all
-  tokens with W_K and W_V folded onto the query side (scores q W_K n_k^T and values
-  W_V sum_k a_k n_k need the normalised tokens n_k, not their keys and values), the CLS row of the
-  projection and of the MLP.
+- in the last block with class-token pooling only the CLS row: its query and attention (the family
+  computes that one row its fastest way: timm ViTs and text encoders fold W_K and W_V onto the
+  query side), the CLS row of the projection and of the MLP.
 
 Every cached stream is a deterministic function of the stream before it and the current mask
 (fixed sample chunks), so a search resumed from a stored removal order recomputes exactly the
@@ -36,7 +35,6 @@ from torch import nn
 
 from hydra_core.models.adapter import family_of
 from hydra_core.models.family import ModelFamily, PostNormParts, PreNormParts
-from hydra_core.models.vit import VIT
 
 #: Token rows (candidates x samples x tokens) per batched pass on the CPU. Single-threaded, small
 #: passes whose activations stay in cache are fastest (1024 rows beat 16384 by ~20% with the
@@ -61,18 +59,6 @@ def class_token_pooling(model: nn.Module) -> bool:
     return family_of(model).class_token_pooling(model)
 
 
-def _layer_scale(module: nn.Module) -> torch.Tensor | None:
-    """What a block's ``ls1``/``ls2`` multiplies its input by: timm LayerScale's gamma (d,), a
-    scalar one for Identity; None for any other module, which the MLP fold cannot see through."""
-    if isinstance(module, nn.Identity):
-        return torch.ones(())
-    from timm.layers.layer_scale import LayerScale
-
-    if type(module).forward is LayerScale.forward:
-        return module.gamma.detach()
-    return None
-
-
 @dataclass
 class _MlpFold:
     """Constants that turn fc1(norm2(u - delta_h)) into a rank-d_k update per head h."""
@@ -87,29 +73,9 @@ class _MlpFold:
     post_norm: PostNormParts | None = None  # a post-LN block's parts (the norm is norm1 there)
 
 
-def _timm_parts(block: nn.Module) -> PreNormParts | None:
-    """The parts of a standard timm block (LayerNorm, Mlp, optional LayerScale), or None when
-    they are not the ones the fold assumes."""
-    from timm.layers.mlp import Mlp
-
-    norm, mlp = block.norm2, block.mlp
-    scale1 = _layer_scale(block.ls1)
-    if (
-        scale1 is None
-        or _layer_scale(block.ls2) is None
-        or type(mlp).forward is not Mlp.forward
-        or not isinstance(norm, nn.LayerNorm)
-        or not isinstance(mlp.norm, nn.Identity)
-        or not isinstance(mlp.fc1, nn.Linear)
-        or not isinstance(mlp.fc2, nn.Linear)
-    ):
-        return None
-    return PreNormParts(block.ls1, scale1, norm, mlp.fc1, mlp.act, mlp.fc2, block.ls2)
-
-
 def _mlp_fold(family: ModelFamily, block: nn.Module, head_out: torch.Tensor) -> _MlpFold | None:
     """The fold of a block of ``family`` (pre- or post-LN), or None when none applies."""
-    parts = _timm_parts(block) if family is VIT else family.pre_norm_parts(block)
+    parts = family.pre_norm_parts(block)
     if parts is None:
         return _post_norm_fold(family.post_norm_parts(block), head_out)
     if tuple(parts.norm2.normalized_shape) != (head_out.shape[-1],):
@@ -160,18 +126,6 @@ def _fold(
 
 
 @dataclass
-class _ClsWeights:
-    """The last block's q, k and v weights per head, for the CLS-query-only attention."""
-
-    q_weight: torch.Tensor  # (H * d_k, d)
-    q_bias: torch.Tensor  # (H * d_k,)
-    k_weight: torch.Tensor  # (H, d_k, d)
-    k_bias: torch.Tensor  # (H, d_k)
-    v_weight: torch.Tensor  # (H, d_k, d)
-    v_bias: torch.Tensor  # (H, d_k)
-
-
-@dataclass
 class _Shared:
     """What every candidate of one layer shares, for one chunk of s samples."""
 
@@ -216,10 +170,9 @@ def _even_chunks(total: int, most: int) -> list[slice]:
 class SuffixEvaluator:
     """Logits of the model under the current head mask and under each one-head-more ablation.
 
-    Works on every model family through its :class:`~hydra_core.models.family.ModelFamily`. The
-    MLP fold applies where the family describes its blocks' parts (``pre_norm_parts``,
-    ``post_norm_parts``; timm blocks are read here); the timm ViT family has one shortcut more, the
-    folded class-token attention.
+    Works on every model family through its :class:`~hydra_core.models.family.ModelFamily`, and
+    only through it. The MLP fold applies where the family describes its blocks' parts
+    (``pre_norm_parts``, ``post_norm_parts``).
 
     Args:
         model: a supported model in eval mode (never modified).
@@ -252,7 +205,6 @@ class SuffixEvaluator:
         self.kept = [list(range(n)) for n in self.layout.num_heads]  # original head indices kept
         # Each block with its removed heads cut out (the block itself while it keeps them all).
         self.views: list[nn.Module] = list(self.blocks)
-        self._cls_weights: dict[int, _ClsWeights] = {}
         dk, d = self.layout.head_dim, self.layout.embed_dim
         # Each head's W_O column block, transposed: (H, d_k, d), so that Z_h @ head_out[h] is the
         # head's share of the projected attention output.
@@ -303,7 +255,6 @@ class SuffixEvaluator:
     def _rebuild_view(self, layer: int) -> None:
         block = self.blocks[layer]
         kept = self.kept[layer]
-        self._cls_weights.pop(layer, None)
         if len(kept) == self.layout.num_heads[layer]:
             self.views[layer] = block
             return
@@ -339,51 +290,9 @@ class SuffixEvaluator:
         return slice(0, 1) if self.cls_only and layer == self.last_layer else None
 
     def _heads(self, layer: int, x: torch.Tensor, context: object) -> torch.Tensor:
-        """(B, N, d) stream -> (B, Nq, Hk, d_k): the kept heads' outputs."""
-        rows = self._query_rows(layer)
-        if rows is None or self.family is not VIT:
-            return self.family.block_heads(self.views[layer], x, context, rows)
-        return self._cls_heads(layer, x)
-
-    def _cls_heads(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """``block_heads`` of a timm block for the CLS query alone, (B, 1, Hk, d_k).
-
-        With no key norm, the keys and values of the N tokens are never formed: the scores are
-        (q_h W_K,h) . n_k (W_K's bias adds the same to every score, which softmax ignores) and
-        the output is W_V,h (sum_k a_hk n_k) + b_V,h, since the weights a_hk sum to one."""
-        attn = self.views[layer].attn
-        b, n, _ = x.shape
-        h, dk = int(attn.num_heads), int(attn.head_dim)
-        if h == 0:
-            return x.new_zeros(b, 1, 0, dk)
-        if layer not in self._cls_weights:
-            w = attn.qkv.weight.detach().reshape(3, h, dk, -1)  # (q|k|v, H, d_k, d)
-            bias = attn.qkv.bias
-            bias = bias.detach().reshape(3, h, dk) if bias is not None else w.new_zeros(3, h, dk)
-            self._cls_weights[layer] = _ClsWeights(
-                q_weight=w[0].reshape(h * dk, -1).contiguous(),
-                q_bias=bias[0].reshape(-1),
-                k_weight=w[1].contiguous(),
-                k_bias=bias[1],
-                v_weight=w[2].contiguous(),
-                v_bias=bias[2],
-            )
-        cls = self._cls_weights[layer]
-        normed = self.views[layer].norm1(x)  # (B, N, d)
-        q = F.linear(normed[:, 0], cls.q_weight, cls.q_bias).reshape(b, h, 1, dk)
-        q = attn.q_norm(q)[:, :, 0] * dk**-0.5  # (B, H, d_k)
-        if isinstance(attn.k_norm, nn.Identity):
-            query = torch.bmm(q.transpose(0, 1), cls.k_weight).transpose(0, 1)  # (B, H, d)
-            scores = torch.bmm(query, normed.transpose(1, 2))  # (B, H, N)
-            mixed = torch.bmm(scores.softmax(-1), normed)  # (B, H, d)
-            z = torch.bmm(mixed.transpose(0, 1), cls.v_weight.transpose(1, 2))  # (H, B, d_k)
-            z = z + cls.v_bias[:, None]
-            return z.transpose(0, 1)[:, None]
-        k = torch.einsum("bnd,hkd->bhnk", normed, cls.k_weight) + cls.k_bias[:, None]
-        k = attn.k_norm(k)  # (B, H, N, d_k)
-        v = torch.einsum("bnd,hkd->bhnk", normed, cls.v_weight) + cls.v_bias[:, None]
-        weights = torch.einsum("bhk,bhnk->bhn", q, k).softmax(-1)
-        return torch.einsum("bhn,bhnk->bhk", weights, v)[:, None]
+        """(B, N, d) stream -> (B, Nq, Hk, d_k): the kept heads' outputs (the family computes a
+        class-token-only query row its own fastest way)."""
+        return self.family.block_heads(self.views[layer], x, context, self._query_rows(layer))
 
     def _project(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """(B, Nq, Hk, d_k) -> (B, Nq, d); a layer without heads adds only W_O's bias."""

@@ -12,6 +12,7 @@ import copy
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.models.family import (
@@ -20,6 +21,7 @@ from hydra_core.models.family import (
     CostSizes,
     HeadLayout,
     ModelFamily,
+    PreNormParts,
     UnsupportedModelError,
     shallow_copy,
 )
@@ -204,6 +206,8 @@ def block_heads(block: nn.Module, x: torch.Tensor, queries: slice | None = None)
     if h == 0:
         nq = n if queries is None else len(range(n)[queries])
         return x.new_zeros(b, nq, 0, dk)
+    if queries == slice(0, 1):
+        return _class_token_heads(block, x)
     qkv = (
         attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)
     )  # (3, B, H, N, d_k)
@@ -213,6 +217,46 @@ def block_heads(block: nn.Module, x: torch.Tensor, queries: slice | None = None)
         q = q[:, :, queries]  # (B, H, Nq, d_k)
     z = attention(q, k, v)  # (B, H, Nq, d_k)
     return z.transpose(1, 2)  # (B, Nq, H, d_k)
+
+
+def _class_token_heads(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``block_heads`` for the CLS query alone, (B, 1, H, d_k), without forming the N tokens'
+    keys and values (when there is no key norm): the scores are (q_h W_K,h) . n_k (W_K's bias adds
+    the same to every score, which softmax ignores) and the output is W_V,h (sum_k a_hk n_k) +
+    b_V,h, since the weights a_hk sum to one."""
+    attn = block.attn
+    b = x.shape[0]
+    h, dk = int(attn.num_heads), int(attn.head_dim)
+    w = attn.qkv.weight.detach().reshape(3, h, dk, -1)  # (q|k|v, H, d_k, d), views
+    bias = attn.qkv.bias
+    bias = bias.detach().reshape(3, h, dk) if bias is not None else w.new_zeros(3, h, dk)
+    normed = block.norm1(x)  # (B, N, d)
+    q = F.linear(normed[:, 0], w[0].reshape(h * dk, -1), bias[0].reshape(-1)).reshape(b, h, 1, dk)
+    q = attn.q_norm(q)[:, :, 0] * dk**-0.5  # (B, H, d_k)
+    if isinstance(attn.k_norm, nn.Identity):
+        query = torch.bmm(q.transpose(0, 1), w[1]).transpose(0, 1)  # (B, H, d)
+        scores = torch.bmm(query, normed.transpose(1, 2))  # (B, H, N)
+        mixed = torch.bmm(scores.softmax(-1), normed)  # (B, H, d)
+        z = torch.bmm(mixed.transpose(0, 1), w[2].transpose(1, 2))  # (H, B, d_k)
+        z = z + bias[2][:, None]
+        return z.transpose(0, 1)[:, None]
+    k = torch.einsum("bnd,hkd->bhnk", normed, w[1]) + bias[1][:, None]
+    k = attn.k_norm(k)  # (B, H, N, d_k)
+    v = torch.einsum("bnd,hkd->bhnk", normed, w[2]) + bias[2][:, None]
+    weights = torch.einsum("bhk,bhnk->bhn", q, k).softmax(-1)
+    return torch.einsum("bhn,bhnk->bhk", weights, v)[:, None]
+
+
+def _layer_scale(module: nn.Module) -> torch.Tensor | None:
+    """What a block's ``ls1``/``ls2`` multiplies its input by: timm LayerScale's gamma (d,), a
+    scalar one for Identity; None for any other module."""
+    if isinstance(module, nn.Identity):
+        return torch.ones(())
+    from timm.layers.layer_scale import LayerScale
+
+    if type(module).forward is LayerScale.forward:
+        return module.gamma.detach()
+    return None
 
 
 def block_rest(block: nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
@@ -314,6 +358,25 @@ class VitFamily(ModelFamily):
             getattr(model, "attn_pool", None) is None
             and getattr(model, "global_pool", None) == "token"
         )
+
+    def pre_norm_parts(self, block: nn.Module) -> PreNormParts | None:
+        """A standard timm block's parts (LayerNorm, Mlp, optional LayerScale), or None when they
+        are not the ones the fast search's MLP fold assumes."""
+        from timm.layers.mlp import Mlp
+
+        norm, mlp = block.norm2, block.mlp
+        scale1 = _layer_scale(block.ls1)
+        if (
+            scale1 is None
+            or _layer_scale(block.ls2) is None
+            or type(mlp).forward is not Mlp.forward
+            or not isinstance(norm, nn.LayerNorm)
+            or not isinstance(mlp.norm, nn.Identity)
+            or not isinstance(mlp.fc1, nn.Linear)
+            or not isinstance(mlp.fc2, nn.Linear)
+        ):
+            return None
+        return PreNormParts(block.ls1, scale1, norm, mlp.fc1, mlp.act, mlp.fc2, block.ls2)
 
 
 VIT = VitFamily()
