@@ -10,7 +10,8 @@ to a few minutes.
 A second walk does the same on the offline text default, MiniLM sentiment with the default text
 sets (``pytest -m e2e tests/e2e -k text``), with the sentence under the mouse in the
 representations picture and the most uncertain sentences in the Hydra one
-(``e2e-artifacts/text-*.png``).
+(``e2e-artifacts/text-*.png``). A third walks a tiny random OpenCLIP model through Setup,
+a search, the masks and the Hydra page (``e2e-artifacts/clip-*.png``).
 """
 
 from __future__ import annotations
@@ -388,6 +389,56 @@ def test_text_setup_search_representations_hydra(server, browser):
     wait_idle(driver)
     no_errors(driver)
     screenshot(driver, "text-hydra", 1500, start="//h3[contains(., 'Summary')]")
+
+
+def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
+    """The zero-shot walk on a tiny random OpenCLIP model saved as an open_clip folder (no CLIP
+    weights exist offline): Setup's OpenCLIP source, its RANDOM warning, a search on the image
+    tower, and the fused Hydra model."""
+    from tests.conftest import save_tiny_clip
+
+    url, _ = server
+    driver = browser
+    driver.get(url)
+    wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
+    click(driver, "//label[.//p[normalize-space()='OpenCLIP (zero-shot)']]")
+    folder = save_tiny_clip(tmp_path / "tiny-clip")
+    type_into(
+        driver,
+        "open_clip model: NAME/TAG, local-dir:PATH or hf-hub:ORG/REPO",
+        f"local-dir:{folder}",
+    )
+    type_into(driver, "Search images per set (head selection)", str(N_SEARCH))
+    type_into(driver, "Report images per set (0 = all)", str(N_REPORT))
+    click(driver, button("Apply"))
+    wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
+    wait_for(driver, "//*[contains(., 'none is a zero-shot result')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "clip-setup", 1300, start="//h3[contains(., 'Model card')]")
+
+    open_page(driver, "Headmap search")
+    type_into(driver, "Budget (heads to remove)", str(BUDGET))
+    wait_idle(driver)
+    click(driver, button("Run"))
+    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
+    wait_idle(driver)
+    no_errors(driver)
+
+    open_page(driver, "Masks")
+    click(driver, button("Build"))
+    wait_for(driver, "//h3[contains(., 'Members (3)')]")
+    wait_idle(driver)
+    no_errors(driver)
+
+    open_page(driver, "Hydra")
+    type_into(driver, "Timed calls per system", str(TIMED_CALLS))
+    wait_idle(driver)
+    click(driver, button("Assemble and evaluate"))
+    wait_for(driver, "//h3[contains(., 'Summary')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, "clip-hydra", 1500, start="//h3[contains(., 'Summary')]")
 
 
 @pytest.mark.parametrize(
