@@ -31,8 +31,8 @@ NOUNS = {"image": "images", "text": "sentences"}
 class SetupConfig:
     """The Setup page's choices; every analysis depends on all of them."""
 
-    model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", a timm or HF name, a path,
-    # or "openclip:..." (a zero-shot classifier of the ID set's classes)
+    model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", "mpnet-sentiment", a timm
+    # or HF name, a path, or "openclip:..." (a zero-shot classifier of the ID set's classes)
     arch: str | None = None  # timm architecture of a checkpoint without its configuration
     arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost

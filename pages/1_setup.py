@@ -32,12 +32,13 @@ SOURCES = {
     "timm model name (online)": "timm",
     "Checkpoint file": "file",
     "MiniLM sentiment (text)": "minilm-sentiment",
+    "MPNet sentiment (text, bert-base size)": "mpnet-sentiment",
     "Hugging Face name (text, online)": "hf-name",
     "Hugging Face folder (text)": "hf-folder",
     "OpenCLIP (zero-shot)": "openclip",
 }
-BUILT_IN = ("default", "dinov2-s", "minilm-sentiment")
-TEXT_SOURCES = ("minilm-sentiment", "hf-name", "hf-folder")
+BUILT_IN = ("default", "dinov2-s", "minilm-sentiment", "mpnet-sentiment")
+TEXT_SOURCES = ("minilm-sentiment", "mpnet-sentiment", "hf-name", "hf-folder")
 #: the sources to choose for a model of each modality entered under a source of the other
 SOURCE_FOR = {
     "image": "the source 'Checkpoint file' or 'timm model name (online)'",
@@ -98,9 +99,9 @@ def image_model_fields(config) -> dict:
 def text_model_fields(config, source: str) -> dict:
     """The hub name or folder of a text source; returns the setup changes."""
     own = source_of(config.model) == source
-    if source == "minilm-sentiment":
-        st.caption(f"**minilm-sentiment**: {BUILTIN_MODELS['minilm-sentiment']}")
-        return {"model": "minilm-sentiment"}
+    if source in ("minilm-sentiment", "mpnet-sentiment"):
+        st.caption(f"**{source}**: {BUILTIN_MODELS[source]}")
+        return {"model": source}
     if source == "hf-name":
         name = st.text_input(
             "Hugging Face hub name",

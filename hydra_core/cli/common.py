@@ -34,12 +34,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="default",
-        help="'default', 'dinov2-s', 'minilm-sentiment' (the text default), a timm model name "
-        "(online), a Hugging Face text classifier by hub name (online; hf:NAME) or folder, a "
-        "checkpoint file, or an OpenCLIP model as a zero-shot classifier of the ID classes: "
-        "openclip:NAME/TAG (e.g. openclip:ViT-B-32/laion2b_s34b_b79k) or openclip:hf-hub:ORG/REPO, "
-        "which download the weights and so need the network, or openclip:local-dir:PATH (a "
-        "folder with open_clip_config.json and the weights; works offline) (default: %(default)s)",
+        help="'default', 'dinov2-s', 'minilm-sentiment' (the text default), 'mpnet-sentiment' "
+        "(all-mpnet-base-v2, bert-base size, offline), a timm model name (online), a Hugging "
+        "Face text classifier by hub name (online; hf:NAME) or folder, a checkpoint file, or an "
+        "OpenCLIP model as a zero-shot classifier of the ID classes: openclip:NAME/TAG (e.g. "
+        "openclip:ViT-B-32/laion2b_s34b_b79k) or openclip:hf-hub:ORG/REPO, which download the "
+        "weights and so need the network, or openclip:local-dir:PATH (a folder with "
+        "open_clip_config.json and the weights; works offline) (default: %(default)s)",
     )
     p.add_argument(
         "--arch",

