@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,37 @@ def save_tiny_clip(
     else:
         torch.save(state, folder / weights)
     return folder
+
+
+# --- shared by the text-model tests ---------------------------------------------------------------
+
+
+def block_network(patch: pytest.MonkeyPatch) -> list:
+    """Make every connection fail, and return the list of the attempts (libraries catch the
+    error and fall back, so the attempts are what a test checks)."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network blocked by the test")
+
+    patch.setattr(socket.socket, "connect", refuse)
+    patch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film", "a", "very", "is"]
+
+
+def save_tiny_folder(folder, classes=("neg", "pos", "mixed")):
+    """A tiny random BERT classifier and its tokenizer (:data:`WORDS`) saved as a Hugging Face
+    folder (``save_pretrained``); returns both."""
+    import transformers
+
+    model = make_tiny_text("bert")
+    model.config.id2label = dict(enumerate(classes))
+    model.config.label2id = {c: i for i, c in enumerate(classes)}
+    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)})
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer

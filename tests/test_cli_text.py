@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from hydra_core.cli import main
-from tests.test_minilm import WORDS, save_tiny_folder
+from tests.conftest import WORDS, save_tiny_folder
 
 CLASSES = ("neg", "pos", "mixed")
 

@@ -4,7 +4,6 @@ Tomatoes) and Hugging Face text classifiers by name or folder."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from hydra_core.cli import main
 from hydra_core.errors import InputError
 from hydra_core.models.hf import UntrainedClassifierWarning
 from hydra_core.models.registry import load_model
-from tests.conftest import make_tiny_text, missing_data
+from tests.conftest import WORDS, block_network, make_tiny_text, missing_data, save_tiny_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,20 +36,6 @@ SENTENCES = (
     "the plot is nothing but boilerplate clichés from start to finish .",
     "it 's not a bad film , just a forgettable one",
 )
-
-
-def block_network(patch: pytest.MonkeyPatch) -> list:
-    """Make every connection fail, and return the list of the attempts (libraries catch the
-    error and fall back, so the attempts are what a test checks)."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network blocked by the test")
-
-    patch.setattr(socket.socket, "connect", refuse)
-    patch.setattr(socket, "getaddrinfo", refuse)
-    return attempts
 
 
 @pytest.fixture(scope="module")
@@ -143,18 +128,6 @@ def test_asset_header_records_the_recipe():
 
 
 # --- Hugging Face folders and names ---------------------------------------------------------------
-
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film", "a", "very", "is"]
-
-
-def save_tiny_folder(folder, classes=("neg", "pos", "mixed")):
-    model = make_tiny_text("bert")
-    model.config.id2label = dict(enumerate(classes))
-    model.config.label2id = {c: i for i, c in enumerate(classes)}
-    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)})
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return model, tokenizer
 
 
 def test_local_folder_round_trip(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ def two_threads():
 
 @pytest.fixture(scope="module")
 def loaded():
-    from tests.test_minilm import block_network
+    from tests.conftest import block_network
 
     with pytest.MonkeyPatch.context() as patch:
         attempts = block_network(patch)
@@ -245,7 +245,7 @@ def test_asset_header_records_the_recipe():
 
 
 def test_train_text_base_mpnet_trains_the_head_alone(tmp_path, monkeypatch, capsys):
-    from tests.test_minilm import WORDS
+    from tests.conftest import WORDS
 
     def tiny(seed=0, classes=mpnet.CLASSES):
         torch.manual_seed(seed)
