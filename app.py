@@ -3,6 +3,7 @@
 import streamlit as st
 
 from hydra_core.evaluate import resolve_device
+from hydra_core.models.zero_shot import declares_random_weights
 from hydra_ui.context import device_label, get_config
 
 st.set_page_config(page_title="Hydra Lab", page_icon=":material/hub:", layout="wide")
@@ -20,6 +21,8 @@ navigation = st.navigation(PAGES)
 with st.sidebar:
     config = get_config()
     st.markdown(f"**Model:** `{config.model}`")
+    if declares_random_weights(config.model):
+        st.warning("Random weights: every number checks the mechanics; none is a zero-shot result.")
     try:
         st.markdown(
             f"**Device:** {device_label(resolve_device(config.device))} · {config.precision}"

@@ -345,3 +345,16 @@ def test_zero_shot_logits_equal_open_clips_own_computation(templates):
         expected = clip.logit_scale.exp() * image @ weights
         got = ours(x)
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_random_weights_are_declared_without_loading(tmp_path):
+    """The app's sidebar says so on every page: read from open_clip_config.json alone."""
+    from hydra_core.models.zero_shot import declares_random_weights
+
+    random = save_tiny_clip(tmp_path / "random")
+    honest = save_tiny_clip(tmp_path / "honest", random_weights=False)
+    assert declares_random_weights(f"openclip:local-dir:{random}")
+    assert not declares_random_weights(f"openclip:local-dir:{honest}")
+    assert not declares_random_weights(f"openclip:local-dir:{tmp_path / 'missing'}")
+    assert not declares_random_weights("openclip:ViT-B-32/laion2b_s34b_b79k")
+    assert not declares_random_weights("default")

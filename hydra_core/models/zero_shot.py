@@ -394,6 +394,22 @@ def _open_local_dir(path: Path, source: str) -> OpenClipModel:
     )
 
 
+def declares_random_weights(source: str) -> bool:
+    """Whether ``source`` (a model source, e.g. ``openclip:local-dir:PATH``) is an open_clip
+    folder whose open_clip_config.json says its weights are random (:data:`RANDOM_WEIGHTS_KEY`);
+    read without loading anything, so that every page can say so. False for anything else or a
+    folder that cannot be read (loading it says why)."""
+    prefix = "openclip:local-dir:"
+    if not source.startswith(prefix):
+        return False
+    path = Path(source.removeprefix(prefix)).expanduser() / "open_clip_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get(RANDOM_WEIGHTS_KEY, False))
+
+
 def _create(name: str, what: str, **kwargs) -> nn.Module:
     """``open_clip.create_model`` whose failures (weights that do not fit the architecture, a
     file that is not a checkpoint) are one line naming ``what``."""
