@@ -43,7 +43,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -344,6 +344,72 @@ def _optimizer(model: nn.Module, prefixes: Sequence[str], cfg: TextTrainConfig):
     )
 
 
+def train_epochs(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg,
+    n_train: int,
+    epoch_batches: Callable[[], Iterable[torch.Tensor]],
+    batch_loss: Callable[[torch.Tensor], torch.Tensor],
+    validate: Callable[[], dict],
+    *,
+    started: float,
+    log: Callable[[str], None] = print,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[dict], dict, int]:
+    """The training loop ``train-text`` runs for every base: ``cfg.epochs`` epochs of
+    ``epoch_batches()`` (sample indices; called once per epoch), AdamW at ``cfg.lr`` with a linear
+    warm-up over ``cfg.warmup`` of the steps and a linear decay to zero, ``validate()`` (a dict with
+    ``accuracy`` and ``nll``) after each epoch. ``module`` ends in eval mode with the weights of the
+    epoch of lowest validation NLL (ties: higher accuracy). Returns the per-epoch history, that
+    epoch's validation scores and its number."""
+    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    warmup = max(1, round(cfg.warmup * total))
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return cfg.lr * (step + 1) / warmup
+        return cfg.lr * max(0.0, (total - step) / max(1, total - warmup))
+
+    history, best, step = [], None, 0
+    for epoch in range(1, cfg.epochs + 1):
+        module.train()
+        running = 0.0
+        for index in epoch_batches():
+            loss = batch_loss(index)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            running += loss.item()
+            step += 1
+            if progress:
+                progress(step, total)
+        module.eval()
+        val = validate()
+        history.append(
+            {
+                "epoch": epoch,
+                "train_loss": round(running / steps_per_epoch, 4),
+                "val_accuracy": val["accuracy"],
+                "val_nll": round(val["nll"], 4),
+            }
+        )
+        log(
+            f"epoch {epoch}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc "
+            f"{val['accuracy']:.4f}  val NLL {val['nll']:.4f}  "
+            f"({time.perf_counter() - started:.0f} s)"
+        )
+        if best is None or (-val["nll"], val["accuracy"]) > (-best[0]["nll"], best[0]["accuracy"]):
+            best = (val, epoch, {k: v.clone() for k, v in module.state_dict().items()})
+    val, chosen, state = best
+    module.load_state_dict(state)
+    module.eval()
+    return history, val, chosen
+
+
 def train_minilm(
     cfg: TextTrainConfig = TextTrainConfig(),
     *,
@@ -379,51 +445,23 @@ def train_minilm(
     generator = torch.Generator().manual_seed(cfg.seed)  # batch order
     torch.manual_seed(cfg.seed)  # dropout
     lengths = [len(s) for s in features["train"].states]
-    steps_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    warmup = max(1, round(cfg.warmup * total))
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return cfg.lr * (step + 1) / warmup
-        return cfg.lr * max(0.0, (total - step) / max(1, total - warmup))
+    def batch_loss(index: torch.Tensor) -> torch.Tensor:
+        x, context = features["train"].batch(index)
+        return F.cross_entropy(_top(model, x, context, frozen), features["train"].labels[index])
 
-    history, best, step = [], None, 0
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        running = 0.0
-        for index in _length_batches(lengths, cfg.batch_size, generator):
-            x, context = features["train"].batch(index)
-            loss = F.cross_entropy(_top(model, x, context, frozen), features["train"].labels[index])
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            running += loss.item()
-            step += 1
-            if progress:
-                progress(step, total)
-        model.eval()
-        val = _evaluate(model, features["validation"], frozen)
-        history.append(
-            {
-                "epoch": epoch,
-                "train_loss": round(running / steps_per_epoch, 4),
-                "val_accuracy": val["accuracy"],
-                "val_nll": round(val["nll"], 4),
-            }
-        )
-        log(
-            f"epoch {epoch}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc "
-            f"{val['accuracy']:.4f}  val NLL {val['nll']:.4f}  "
-            f"({time.perf_counter() - started:.0f} s)"
-        )
-        if best is None or (-val["nll"], val["accuracy"]) > (-best[0]["nll"], best[0]["accuracy"]):
-            best = (val, epoch, {k: v.clone() for k, v in model.state_dict().items()})
-    val, chosen, state = best
-    model.load_state_dict(state)
-    model.eval()
+    history, val, chosen = train_epochs(
+        model,
+        optimizer,
+        cfg,
+        len(lengths),
+        lambda: _length_batches(lengths, cfg.batch_size, generator),
+        batch_loss,
+        lambda: _evaluate(model, features["validation"], frozen),
+        started=started,
+        log=log,
+        progress=progress,
+    )
     train_seconds = time.perf_counter() - started
 
     test = splits["test"]

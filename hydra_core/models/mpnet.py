@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -387,61 +386,27 @@ def train_mpnet_head(
     features_seconds = time.perf_counter() - started
 
     head, labels = model.classifier, {name: s.labels for name, s in splits.items()}
-    decay = [p for p in head.parameters() if p.ndim >= 2]
-    no_decay = [p for p in head.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-    )
+    optimizer = minilm._optimizer(model, TRAINED, cfg)  # the head only
     generator = torch.Generator().manual_seed(cfg.seed)  # batch order
     torch.manual_seed(cfg.seed)  # dropout
     n_train = len(labels["train"])
-    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    warmup = max(1, round(cfg.warmup * total))
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return cfg.lr * (step + 1) / warmup
-        return cfg.lr * max(0.0, (total - step) / max(1, total - warmup))
+    def batch_loss(index: torch.Tensor) -> torch.Tensor:
+        logits = head(states["train"][index, None])  # (B, 1, d) -> (B, C), dropout on
+        return F.cross_entropy(logits, labels["train"][index])
 
-    history, best, step = [], None, 0
-    for epoch in range(1, cfg.epochs + 1):
-        head.train()
-        running = 0.0
-        for index in torch.randperm(n_train, generator=generator).split(cfg.batch_size):
-            logits = head(states["train"][index, None])  # (B, 1, d) -> (B, C), dropout on
-            loss = F.cross_entropy(logits, labels["train"][index])
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            running += loss.item()
-            step += 1
-            if progress:
-                progress(step, total)
-        head.eval()
-        val = _head_scores(head, states["validation"], labels["validation"])
-        history.append(
-            {
-                "epoch": epoch,
-                "train_loss": round(running / steps_per_epoch, 4),
-                "val_accuracy": val["accuracy"],
-                "val_nll": round(val["nll"], 4),
-            }
-        )
-        log(
-            f"epoch {epoch}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc "
-            f"{val['accuracy']:.4f}  val NLL {val['nll']:.4f}"
-        )
-        if best is None or (-val["nll"], val["accuracy"]) > (-best[0]["nll"], best[0]["accuracy"]):
-            best = (val, epoch, {k: v.clone() for k, v in head.state_dict().items()})
-    val, chosen, state = best
-    head.load_state_dict(state)
+    history, val, chosen = minilm.train_epochs(
+        head,
+        optimizer,
+        cfg,
+        n_train,
+        lambda: torch.randperm(n_train, generator=generator).split(cfg.batch_size),
+        batch_loss,
+        lambda: _head_scores(head, states["validation"], labels["validation"]),
+        started=started,
+        log=log,
+        progress=progress,
+    )
     model.eval()
     train_seconds = time.perf_counter() - started - features_seconds
 
