@@ -763,6 +763,21 @@ def _setup(
     }
 
 
+def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
+    """``setup["protocol"]``: which samples selected heads and which were reported, and the
+    run's ``seeds``."""
+    return {
+        "name": benchmark.protocol,
+        "note": benchmark.protocol_note(),
+        "search_ood": benchmark.search_names(),
+        "report_ood": benchmark.report_names(),
+        "id_search_n": len(benchmark.id_search),
+        "id_report_n": len(benchmark.id_report),
+        "report_n": {s.name: len(s) for s in benchmark.ood_report},
+        "seeds": dict(seeds),
+    }
+
+
 def run_facts(device: torch.device, seconds: Mapping[str, float], total: float) -> dict:
     """Where and how long a report ran: the entries every report's ``setup`` ends with."""
     return {

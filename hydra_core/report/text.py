@@ -101,7 +101,15 @@ from hydra_core.masks import MemberMask, per_layer_counts, save_masks
 from hydra_core.models.adapter import family_of, head_layout, prune_heads
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import Budgets, _members, _nan_to_none, _records, _Stages, run_facts
+from hydra_core.report.run import (
+    Budgets,
+    _members,
+    _nan_to_none,
+    _records,
+    _Stages,
+    protocol_facts,
+    run_facts,
+)
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -1515,22 +1523,16 @@ def _setup(
         "created": created,
         "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
         "task": "text",
-        "protocol": {
-            "name": benchmark.protocol,
-            "note": benchmark.protocol_note(),
-            "search_ood": benchmark.search_names(),
-            "report_ood": benchmark.report_names(),
-            "id_search_n": len(benchmark.id_search),
-            "id_report_n": len(benchmark.id_report),
-            "report_n": {s.name: len(s) for s in benchmark.ood_report},
-            "seeds": {
+        "protocol": protocol_facts(
+            benchmark,
+            {
                 "pruning": list(config.seeds),
                 "deep_ensemble": list(config.seeds) if deep else [],
                 "finetune_batch_order": 0,
                 "mc_dropout": [config.mc_seed + t for t in range(config.mc_passes)],
                 "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
             },
-        },
+        ),
         "model": loaded.card(),
         "model_description": loaded.description,
         "data": data.drop(columns="description").to_dict(orient="records"),

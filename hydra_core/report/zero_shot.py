@@ -63,7 +63,7 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import Budgets, _members, _Stages, run_facts
+from hydra_core.report.run import Budgets, _members, _Stages, protocol_facts, run_facts
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
 from hydra_core.report.text import (
     _PERCENT,
@@ -456,16 +456,9 @@ def _setup(
         "created": created,
         "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
         "task": "zero-shot",
-        "protocol": {
-            "name": benchmark.protocol,
-            "note": benchmark.protocol_note(),
-            "search_ood": benchmark.search_names(),
-            "report_ood": benchmark.report_names(),
-            "id_search_n": len(benchmark.id_search),
-            "id_report_n": len(benchmark.id_report),
-            "report_n": {s.name: len(s) for s in benchmark.ood_report},
-            "seeds": {"pruning": list(config.seeds), "bootstrap": {"n_boot": 1000, "seed": 0}},
-        },
+        "protocol": protocol_facts(
+            benchmark, {"pruning": list(config.seeds), "bootstrap": {"n_boot": 1000, "seed": 0}}
+        ),
         "model": loaded.card(),
         "model_description": loaded.description,
         "classes": list(loaded.classes or ()),
