@@ -50,9 +50,15 @@ def test_every_table_and_file_is_written(report):
 
 
 def test_the_report_says_the_weights_are_random(report):
-    _, out = report
+    payload, out = report
     text = (out / "report.md").read_text()
     assert "no number in this report is a zero-shot result" in text
+    assert payload["setup"]["random_weights"] is True
+    from hydra_core.report.zero_shot import _random_weights_warning
+
+    # a file name is not a declaration: only the folder's configuration says so
+    honest = {"random_weights": False, "model": {"weights": "random_name.safetensors"}}
+    assert _random_weights_warning(honest) == []
     for section in ("## Table 3", "## Agreements and disagreements", "## The CircAvg circuit"):
         assert section in text
 

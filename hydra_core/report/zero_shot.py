@@ -60,7 +60,7 @@ from hydra_core.hydra.systems import (
 )
 from hydra_core.masks import save_masks
 from hydra_core.models.adapter import head_layout
-from hydra_core.models.zero_shot import DEFAULT_TEMPLATE
+from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
 from hydra_core.report.run import Budgets, _members, _Stages, protocol_facts, run_facts
@@ -464,6 +464,7 @@ def _setup(
         "classes": list(loaded.classes or ()),
         "templates": list(config.templates),
         "temperature": temperature,
+        "random_weights": declares_random_weights(config.model),
         "data": data.drop(columns="description").to_dict(orient="records"),
         "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
         "budgets": asdict(budgets),
@@ -499,7 +500,7 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         f"{setup['total_seconds'] / 60:.1f} minutes on {setup['machine']} ({setup['device']}). "
         "Every number below was measured by this run, except the paper's, which are labelled.",
         "",
-        *_random_weights_warning(model),
+        *_random_weights_warning(setup),
         "## Setup",
         "",
         f"- **Model**: `{model['name']}`: {setup['model_description']}; image tower "
@@ -566,15 +567,14 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
     return "\n".join(lines)
 
 
-def _random_weights_warning(model: Mapping) -> list[str]:
-    """A warning at the top when the model card says its weights are random."""
-    weights = str(model.get("weights", ""))
-    if "random" not in weights.lower():
+def _random_weights_warning(setup: Mapping) -> list[str]:
+    """A warning at the top when the model's folder says its weights are random."""
+    if not setup.get("random_weights"):
         return []
     return [
-        f"**The weights of this model are random ({weights}): no number in this report is a "
-        "zero-shot result. Such a run checks that the pipeline works; only a run on pretrained "
-        "weights says anything about the paper.**",
+        f"**The weights of this model are random ({setup['model'].get('weights', '')}): no number "
+        "in this report is a zero-shot result. Such a run checks that the pipeline works; only a "
+        "run on pretrained weights says anything about the paper.**",
         "",
     ]
 
