@@ -71,3 +71,41 @@ def test_inputs_in_every_form_give_the_same_search():
     assert as_pairs.order == reference.order
     with pytest.raises(TypeError, match="id_x must be token ids"):
         greedy_circuit(model, id_x.float(), id_y, ood_x, objective="avg", budget=3)
+
+
+def test_passes_cut_ragged_text_into_chunks_of_little_padding(monkeypatch):
+    """Samples of very different lengths: every layer's passes cover all samples once, in order,
+    stay within the pass's rows, waste at most MAX_PADDING of them (or take every head per
+    pass), and the scores equal those of passes that ignore lengths."""
+    monkeypatch.setattr(_suffix, "CPU_ROWS_PER_PASS", 96)
+    monkeypatch.setattr(_suffix, "CPU_ROWS_PER_PASS_THREADED", 96)
+    model = make_tiny_text("bert", depth=3).double()
+    ids, mask = text_batch(seed=3, batch=40, tokens=16)
+    inputs = pack(ids, mask)
+    evaluator = _suffix.SuffixEvaluator(model, inputs)
+    lengths = evaluator.lengths
+    assert lengths == sorted(int(m.nonzero().max()) + 1 for m in mask)
+    for layer in range(2):  # the last block's class-token row is cut by samples alone
+        chunks, heads = evaluator.passes(layer)
+        assert [c.start for c in chunks] == [0] + [c.stop for c in chunks[:-1]]
+        assert chunks[-1].stop == len(lengths)
+        widest = max((c.stop - c.start) * lengths[c.stop - 1] for c in chunks)
+        assert heads * widest <= 96
+        padded = _suffix._padded_rows(lengths, chunks)
+        assert padded * (1 - _suffix.MAX_PADDING) <= sum(lengths)  # here within reach
+    fast = [logits for _, logits in evaluator.candidate_logits()]
+    monkeypatch.setattr(_suffix, "MAX_PADDING", 1.0)  # one head per pass, chunks of 96 rows
+    plain = _suffix.SuffixEvaluator(model, inputs)
+    assert plain.passes(0) != evaluator.passes(0)
+    for a, b in zip(fast, [logits for _, logits in plain.candidate_logits()], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_equal_lengths_keep_one_head_per_pass():
+    """Images (and text of one length) are cut as before: even chunks of whole passes."""
+    model = make_tiny_text("bert", depth=2)
+    ids = torch.randint(3, 60, (30, 8))
+    evaluator = _suffix.SuffixEvaluator(model, pack(ids), pairs_per_pass=7)
+    chunks, heads = evaluator.passes(0)
+    assert [c.stop - c.start for c in chunks] == [6, 6, 6, 6, 6] and heads == 1
+    assert evaluator.lengths == [8] * 30

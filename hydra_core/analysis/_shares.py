@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hydra_core.analysis._suffix import Stopped, SuffixEvaluator, _even_chunks
+from hydra_core.analysis._suffix import Stopped, SuffixEvaluator
 from hydra_core.types import Head
 
 
@@ -54,20 +54,13 @@ class ShardedSuffixEvaluator(SuffixEvaluator):
         own = 0.5 if self.folds[layer] is not None else 1.0
         return own * block(layer) + sum(block(i) for i in range(layer + 1, self.last_layer + 1))
 
-    def _passes(self, layer: int) -> tuple[list[slice], int]:
-        """The sample chunks of ``layer``'s passes and the heads per pass, as
-        :meth:`SuffixEvaluator.candidate_logits` cuts them."""
-        pairs = self.pairs_cls if self._query_rows(layer) is not None else self.pairs_full
-        chunks = _even_chunks(self.num_samples, pairs)
-        return chunks, max(1, pairs // (chunks[0].stop - chunks[0].start))
-
     def units(self) -> list[Unit]:
         """This step's candidates, one unit per group of heads scored in one pass."""
         found = []
         for layer, kept in enumerate(self.kept):
             if not kept:
                 continue
-            group, cost = self._passes(layer)[1], self.candidate_cost(layer)
+            group, cost = self.passes(layer)[1], self.candidate_cost(layer)
             for g in range(0, len(kept), group):
                 heads = tuple((layer, h) for h in kept[g : g + group])
                 found.append(Unit(heads, cost * len(heads)))
@@ -88,7 +81,7 @@ class ShardedSuffixEvaluator(SuffixEvaluator):
             chosen = [i for i, h in enumerate(kept) if (layer, h) in heads]
             if not chosen:
                 continue
-            chunks, group = self._passes(layer)
+            chunks, group = self.passes(layer)
             groups = sorted({i // group * group for i in chosen})
             if sum(min(group, len(kept) - g) for g in groups) != len(chosen):
                 raise ValueError(f"the heads of layer {layer} asked for cut one of its passes")

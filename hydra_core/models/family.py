@@ -297,10 +297,16 @@ class ModelFamily:
         """The parts after the attention of a post-LN block; None for pre-LN blocks."""
         return None
 
-    def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
-        """An order of the samples that makes batches of neighbours cheap (text: by length, so a
-        batch is cut to its longest member); None when the order does not matter."""
+    def sample_lengths(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """(S,) the positions each sample of prepared ``inputs`` uses, as :meth:`trim` keeps them
+        (text: up to its last unmasked token); None when every sample uses every position."""
         return None
+
+    def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """An order of the samples that makes batches of neighbours cheap (by length, so a batch
+        is cut to its longest member); None when the order does not matter."""
+        lengths = self.sample_lengths(inputs)
+        return None if lengths is None else lengths.argsort(stable=True)
 
     def trim(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, Context]:
         """A batch's stream (B, N, d) and context cut to the positions some sample uses (text:

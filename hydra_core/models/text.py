@@ -599,8 +599,10 @@ class TextFamily(ModelFamily):
             *(_get(block, p) for p in (arch.norm1, arch.fc1, arch.act, arch.fc2, arch.norm2))
         )
 
-    def sample_order(self, inputs: torch.Tensor) -> torch.Tensor | None:
-        return inputs[:, 1].sum(1).argsort(stable=True)
+    def sample_lengths(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        mask = inputs[:, 1].bool()
+        last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)  # the last unmasked position
+        return torch.where(mask.any(1), last + 1, 1)
 
     def trim(self, x: torch.Tensor, context: Context) -> tuple[torch.Tensor, Context]:
         used = context.mask.any(0).nonzero()
