@@ -88,36 +88,39 @@ def load_named(name: str, n_id: int, n_ood: int):
     )
 
 
-def text_flops(model: torch.nn.Module, inputs: torch.Tensor, batch_size: int) -> dict[str, float]:
+def text_flops(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    batch_size: int,
+    kept: list[int] | None = None,
+) -> dict[str, float]:
     """Multiply-adds x 2 per candidate and sample of a post-LN text encoder (matmuls, attention
     scores and values): the plain forward at the padded length of its batches (in the order
     given), and the fast path at each sample's own length (it sorts by length), per layer of the
     candidate: its fc2 and fc1 as a rank-d_k update, the full blocks after it, the class-token
-    row of the last block with W_K and W_V folded onto the query."""
+    row of the last block with W_K and W_V folded onto the query. ``kept``: heads kept per layer
+    (all when None); removed heads are cut out of the blocks after a candidate."""
     from hydra_core.models.adapter import family_of
 
     layout = head_layout(model)
     family = family_of(model)
-    d, dk, layers, heads = (
-        layout.embed_dim,
-        layout.head_dim,
-        layout.num_layers,
-        layout.num_heads[0],
-    )
+    d, dk, layers = layout.embed_dim, layout.head_dim, layout.num_layers
+    kept = list(layout.num_heads) if kept is None else kept
     hidden = family.cost_sizes(model).mlp_hidden
     lengths = inputs[:, 1].sum(1).double()
     padded = torch.cat(
         [torch.full((len(chunk),), float(chunk.max())) for chunk in lengths.split(batch_size)]
     )
 
-    def block(n: torch.Tensor) -> torch.Tensor:  # one full block on n tokens
-        return 2 * n * (4 * d * d + 2 * d * hidden) + 2 * 2 * heads * n * n * dk
+    def block(n: torch.Tensor, h: int) -> torch.Tensor:  # one block keeping h heads, n tokens
+        return 2 * n * (4 * d * h * dk + 2 * d * hidden) + 2 * 2 * h * n * n * dk
 
-    last_cls = 2 * d * d * 2 + 2 * heads * (2 * dk * d + 2 * lengths * d) + 2 * 2 * d * hidden
-    plain = float((layers * block(padded)).mean())
+    h = kept[-1]
+    last_cls = 2 * d * h * dk * 2 + 2 * h * (2 * dk * d + 2 * lengths * d) + 2 * 2 * d * hidden
+    plain = float(sum(block(padded, k) for k in kept).mean())
     own = 2 * lengths * (dk * d + dk * hidden + hidden * d)
     per_layer = [
-        float((own + (layers - 2 - layer) * block(lengths) + last_cls).mean())
+        float((own + sum(block(lengths, k) for k in kept[layer + 1 : -1]) + last_cls).mean())
         for layer in range(layers - 1)
     ]
     per_layer.append(float((2 * dk * d + 2 * 2 * d * hidden) + 0 * lengths.mean()))
@@ -170,6 +173,31 @@ def flops(model: torch.nn.Module) -> dict[str, float]:
         "fast_per_candidate_by_layer": per_layer,
         "ratio": plain / fast,
     }
+
+
+def search_flops(model: torch.nn.Module, inputs: torch.Tensor, order, batch_size: int) -> float:
+    """Multiply-adds x 2 that a fast search removing heads in ``order`` (layer, head) computed
+    (text models): at each step, every kept head of each layer at that layer's fast-path cost
+    under the step's mask, for every sample."""
+    kept = list(head_layout(model).num_heads)
+    total = 0.0
+    for layer, _ in order:  # one step per removal, scored under the mask before it
+        per_layer = text_flops(model, inputs, batch_size, kept)["fast_per_candidate_by_layer"]
+        total += sum(k * c for k, c in zip(kept, per_layer, strict=True)) * len(inputs)
+        kept[layer] -= 1
+    return total
+
+
+def matmul_rate(rows: int, d: int, hidden: int, repeats: int = 5) -> float:
+    """This machine's fp32 matmul rate (FLOP/s) at the current thread count, on a (rows, d) x
+    (d, hidden) product: the MLP's shape in a pass, the search's largest and most efficient op."""
+    a, b = torch.randn(rows, d), torch.randn(d, hidden)
+    for _ in range(2):
+        a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * rows * d * hidden * repeats / (time.perf_counter() - start)
 
 
 def run(model, data, method: str, budget: int, batch_size: int) -> dict:
@@ -334,6 +362,23 @@ def main() -> None:
             f"load {r['loadavg_before']:.2f} -> {r['loadavg_after']:.2f}; "
             f"accuracy {r['final_accuracy']:.4f}, AUROC {r['final_auroc']:.4f} after removal"
         )
+        if text:  # how far the search is from what this machine's matmuls allow
+            from hydra_core.models.adapter import family_of
+
+            layout = head_layout(model)
+            hidden = family_of(model).cost_sizes(model).mlp_hidden
+            needed = search_flops(
+                model, torch.cat([id_x, ood_x]), full["result"].order, args.batch_size
+            )
+            rate = matmul_rate(cpu_rows_per_pass(), layout.embed_dim, hidden)
+            r.update(flop=needed, flop_per_s=needed / r["wall_s"], matmul_flop_per_s=rate)
+            r["lower_bound_s"] = needed / rate
+            say(
+                f"it computed {needed / 1e12:.1f} TFLOP ({r['flop_per_s'] / 1e9:.0f} GFLOP/s); "
+                f"this machine's fp32 matmul rate ({cpu_rows_per_pass()} x {layout.embed_dim} "
+                f"@ {layout.embed_dim} x {hidden}) is {rate / 1e9:.0f} GFLOP/s, so the search "
+                f"needs at least {r['lower_bound_s']:.0f} s here"
+            )
     if args.json:
         print(json.dumps(report, indent=2))
 

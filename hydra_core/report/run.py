@@ -173,11 +173,17 @@ class Budgets:
 
 
 class _Stages:
-    """Wall time of each stage of the run, and log lines as they finish."""
+    """Wall time of each stage of the run, and log lines as they finish; when the run began."""
 
     def __init__(self, log: Log) -> None:
         self.seconds: dict[str, float] = {}
         self.log = log
+        self.started = time.perf_counter()
+        self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+    def total(self) -> float:
+        """Seconds since the run began."""
+        return time.perf_counter() - self.started
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -186,6 +192,14 @@ class _Stages:
         yield
         self.seconds[name] = time.perf_counter() - start
         self.log(f"[report] {name}: {self.seconds[name]:.0f} s")
+
+
+def open_run(out: str | Path, cache: DiskCache | None, log: Log) -> tuple[Path, DiskCache, _Stages]:
+    """What every report starts with: its output folder (created), the cache (the default one
+    when None) and the clock of its stages."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out, cache or DiskCache(), _Stages(log)
 
 
 def run_report(
@@ -204,12 +218,7 @@ def run_report(
     from hydra_core.data.benchmark import default_benchmark
     from hydra_core.models.registry import load_model
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = cache or DiskCache()
-    stages = _Stages(log)
-    started = time.perf_counter()
-    created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    out, cache, stages = open_run(out, cache, log)
     device = resolve_device(config.device)
 
     with stages("load model and data"):
@@ -306,7 +315,6 @@ def run_report(
     with stages("transfer of the circuits' AUROC gain"):
         transfer = _transfer_table(systems, loaded, benchmark, budgets, config, device, cache)
 
-    total = time.perf_counter() - started
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
     tables["transfer"] = transfer
@@ -323,14 +331,14 @@ def run_report(
         budgets,
         device,
         stages.seconds,
-        total,
-        created,
+        stages.total(),
+        stages.created,
         deep,
         overlap,
         models,
     )
     _write(out, tables, systems, overlap, setup, finetuned_labels)
-    log(f"[report] wrote {out / 'report.md'} ({total:.0f} s)")
+    log(f"[report] wrote {out / 'report.md'} ({setup['total_seconds']:.0f} s)")
     return {"setup": setup, **{k: _records(v) for k, v in tables.items()}}
 
 

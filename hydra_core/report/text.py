@@ -63,7 +63,6 @@ Report sentences are evaluated in order of length with the unused padding of eac
 from __future__ import annotations
 
 import copy
-import datetime as _dt
 import json
 import math
 import sys
@@ -106,7 +105,7 @@ from hydra_core.report.run import (
     _members,
     _nan_to_none,
     _records,
-    _Stages,
+    open_run,
     protocol_facts,
     run_facts,
 )
@@ -827,12 +826,7 @@ def run_text_report(
     Returns ``report.json``'s content: ``setup`` (with ``protocol``) and every table as records,
     each metric ``{"value": v, "ci95": [lo, hi]}``.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = cache or DiskCache()
-    stages = _Stages(log)
-    started = time.perf_counter()
-    created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    out, cache, stages = open_run(out, cache, log)
     device = resolve_device(config.device)
 
     with stages("load model and data"):
@@ -934,10 +928,10 @@ def run_text_report(
         budgets,
         device,
         stages.seconds,
-        created,
+        stages.created,
         members,
         deep_kind,
-        time.perf_counter() - started,
+        stages.total(),
     )
     return _write(out, tables, setup, systems, log)
 

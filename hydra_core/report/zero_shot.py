@@ -31,10 +31,8 @@ to the single model use paired resamples.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +61,7 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import Budgets, _members, _Stages, protocol_facts, run_facts
+from hydra_core.report.run import Budgets, _members, open_run, protocol_facts, run_facts
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
 from hydra_core.report.text import (
     _PERCENT,
@@ -159,12 +157,7 @@ def run_zero_shot_report(
     from hydra_core.analysis.greedy import greedy_circuit
     from hydra_core.analysis.inputs import search_inputs
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = cache or DiskCache()
-    stages = _Stages(log)
-    started = time.perf_counter()
-    created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    out, cache, stages = open_run(out, cache, log)
     device = resolve_device(config.device)
 
     with stages("load model and data"):
@@ -261,10 +254,10 @@ def run_zero_shot_report(
         budgets,
         device,
         stages.seconds,
-        created,
+        stages.created,
         members,
         temperature,
-        time.perf_counter() - started,
+        stages.total(),
     )
     return _write(out, tables, setup, systems, log)
 

@@ -256,6 +256,59 @@ def screenshot(
     return path
 
 
+# --- the pages' steps, shared by the walks ------------------------------------------------------
+
+
+def headmap_search(driver, shot: str | None = None) -> None:
+    """Headmap search: a budget-BUDGET search until its saved table shows (and, with ``shot``,
+    its heatmap, then a screenshot)."""
+    open_page(driver, "Headmap search")
+    type_into(driver, "Budget (heads to remove)", str(BUDGET))
+    wait_idle(driver)
+    click(driver, button("Run"))
+    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
+    if shot:
+        wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    if shot:
+        screenshot(driver, shot, 1300)
+
+
+def head_importance(driver, shot: str) -> None:
+    open_page(driver, "Head importance")
+    click(driver, button("Compute importance maps"))
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, shot, 1200)
+
+
+def build_masks(driver, shot: str | None = None) -> None:
+    """Masks: the default three members."""
+    open_page(driver, "Masks")
+    click(driver, button("Build"))
+    wait_for(driver, "//h3[contains(., 'Members (3)')]")
+    wait_idle(driver)
+    no_errors(driver)
+    if shot:
+        screenshot(driver, shot, 1900)
+
+
+def assemble_hydra(
+    driver, calls: int, shot: str, *, ready: str, timeout: float = PAGE_TIMEOUT, **framing
+) -> None:
+    """Hydra: assemble and evaluate, until the section ``ready`` shows; then a screenshot."""
+    open_page(driver, "Hydra")
+    type_into(driver, "Timed calls per system", str(calls))
+    wait_idle(driver)
+    click(driver, button("Assemble and evaluate"))
+    wait_for(driver, f"//h3[contains(., '{ready}')]", timeout)
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, shot, **framing)
+
+
 # --- the walk ------------------------------------------------------------------------------------
 
 
@@ -281,22 +334,8 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     no_errors(driver)
     screenshot(driver, "setup", 1100, start="//h3[contains(., 'Model card')]")
 
-    open_page(driver, "Headmap search")
-    type_into(driver, "Budget (heads to remove)", str(BUDGET))
-    wait_idle(driver)
-    click(driver, button("Run"))
-    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
-    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "headmap", 1300)
-
-    open_page(driver, "Head importance")
-    click(driver, button("Compute importance maps"))
-    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "importance", 1200)
+    headmap_search(driver, "headmap")
+    head_importance(driver, "importance")
 
     open_page(driver, "Representations")
     wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'scatterlayer')]")
@@ -304,22 +343,8 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     no_errors(driver)
     screenshot(driver, "representations", 1100)
 
-    open_page(driver, "Masks")
-    click(driver, button("Build"))
-    wait_for(driver, "//h3[contains(., 'Members (3)')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "masks", 1900)
-
-    open_page(driver, "Hydra")
-    type_into(driver, "Timed calls per system", str(TIMED_CALLS))
-    wait_idle(driver)
-    click(driver, button("Assemble and evaluate"))
-    wait_for(driver, "//h3[contains(., 'Summary')]")
-    wait_for(driver, "//h3[contains(., 'Cost')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "hydra", 2000)
+    build_masks(driver, "masks")
+    assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
 
 
 @pytest.mark.slow  # about 5-9 minutes on 2 cores: `make test-e2e` runs it, CI does not
@@ -343,22 +368,8 @@ def test_text_setup_search_representations_hydra(server, browser):
     no_errors(driver)
     screenshot(driver, "text-setup", 1100, start="//h3[contains(., 'Model card')]")
 
-    open_page(driver, "Headmap search")
-    type_into(driver, "Budget (heads to remove)", str(BUDGET))
-    wait_idle(driver)
-    click(driver, button("Run"))
-    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
-    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "text-headmap", 1300)
-
-    open_page(driver, "Head importance")
-    click(driver, button("Compute importance maps"))
-    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "text-importance", 1200)
+    headmap_search(driver, "text-headmap")
+    head_importance(driver, "text-importance")
 
     open_page(driver, "Representations")
     # a point of the first tab's scatter (the other tabs' figures are hidden)
@@ -372,23 +383,19 @@ def test_text_setup_search_representations_hydra(server, browser):
     layers = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Layers']]"
     screenshot(driver, "text-representations", 1250, start=layers, hover=point)
 
-    open_page(driver, "Masks")
-    click(driver, button("Build"))
-    wait_for(driver, "//h3[contains(., 'Members (3)')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "text-masks", 1900)
-
-    open_page(driver, "Hydra")
-    type_into(driver, "Timed calls per system", str(TEXT_TIMED_CALLS))
-    wait_idle(driver)
-    click(driver, button("Assemble and evaluate"))
-    # 6 systems on 6 x 64 sentences, then their latency: a few minutes on 2 cores
-    wait_for(driver, "//h3[contains(., 'Where the ensemble is most uncertain')]", 2 * PAGE_TIMEOUT)
-    wait_for(driver, "//h3[contains(., 'Cost')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "text-hydra", 1500, start="//h3[contains(., 'Summary')]")
+    build_masks(driver, "text-masks")
+    # 6 systems on 6 x 64 sentences, then their latency: a few minutes on 2 cores; the table of
+    # the most uncertain sentences comes before the cost
+    assemble_hydra(
+        driver,
+        TEXT_TIMED_CALLS,
+        "text-hydra",
+        ready="Cost",
+        timeout=2 * PAGE_TIMEOUT,
+        height=1500,
+        start="//h3[contains(., 'Summary')]",
+    )
+    wait_for(driver, "//h3[contains(., 'Where the ensemble is most uncertain')]")
 
 
 def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
@@ -417,28 +424,16 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     no_errors(driver)
     screenshot(driver, "clip-setup", 1300, start="//h3[contains(., 'Model card')]")
 
-    open_page(driver, "Headmap search")
-    type_into(driver, "Budget (heads to remove)", str(BUDGET))
-    wait_idle(driver)
-    click(driver, button("Run"))
-    wait_for(driver, "//h3[contains(., 'Saved searches')]/following::*[@data-testid='stDataFrame']")
-    wait_idle(driver)
-    no_errors(driver)
-
-    open_page(driver, "Masks")
-    click(driver, button("Build"))
-    wait_for(driver, "//h3[contains(., 'Members (3)')]")
-    wait_idle(driver)
-    no_errors(driver)
-
-    open_page(driver, "Hydra")
-    type_into(driver, "Timed calls per system", str(TIMED_CALLS))
-    wait_idle(driver)
-    click(driver, button("Assemble and evaluate"))
-    wait_for(driver, "//h3[contains(., 'Summary')]")
-    wait_idle(driver)
-    no_errors(driver)
-    screenshot(driver, "clip-hydra", 1500, start="//h3[contains(., 'Summary')]")
+    headmap_search(driver)
+    build_masks(driver)
+    assemble_hydra(
+        driver,
+        TIMED_CALLS,
+        "clip-hydra",
+        ready="Summary",
+        height=1500,
+        start="//h3[contains(., 'Summary')]",
+    )
 
 
 @pytest.mark.parametrize(
