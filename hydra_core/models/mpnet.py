@@ -58,7 +58,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import load_file
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
@@ -255,31 +254,18 @@ def base_classifier(seed: int = 0, classes: Sequence[str] = CLASSES) -> nn.Modul
 
 def read_asset_header(path: str | Path = ASSET) -> dict:
     """The header of the asset :func:`train_mpnet_head` made, JSON values decoded."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(
-            f"the {NAME} asset {path} is missing; it is part of the repository (restore it with "
-            f"`git checkout -- hydra_core/assets`) or can be retrained with `{TRAIN_COMMAND}`"
-        )
-    return minilm.read_asset_header(path)
+    return minilm.read_asset_header(path, name=NAME, retrain=TRAIN_COMMAND)
 
 
 def load_mpnet_sentiment(path: str | Path = ASSET) -> tuple[nn.Module, TextPreprocess, dict]:
     """The classifier: the wheels' encoder with the asset's head (float32, eval mode), its
     preprocessing and the asset's header."""
     meta = read_asset_header(path)
-    model = base_classifier(classes=meta["classes"])
-    state = {k: v.float() for k, v in load_file(str(path)).items()}
-    own = model.state_dict()
-    expected = minilm.trained_state(model, meta["trained"]).keys()
-    if set(state) != set(expected) or any(state[k].shape != own[k].shape for k in state):
-        raise InputError(
-            f"{path} does not fit all-mpnet-base-v2 (it should hold the tensors of "
-            f"{', '.join(meta['trained'])}); retrain it with `{TRAIN_COMMAND}`"
-        )
-    model.load_state_dict(state, strict=False)
+    model = minilm.load_trained(
+        path, meta, base_classifier(classes=meta["classes"]), "all-mpnet-base-v2", TRAIN_COMMAND
+    )
     preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"], source=NAME)
-    return TextClassifier(model.eval()), preprocess, meta
+    return TextClassifier(model), preprocess, meta
 
 
 # --- the frozen encoder's states ------------------------------------------------------------------
@@ -343,14 +329,7 @@ def _head_scores(head: nn.Module, states: torch.Tensor, labels: torch.Tensor) ->
 
 def train_command(cfg: HeadTrainConfig) -> str:
     """The ``train-text`` command line that reproduces ``cfg`` at this process's thread count."""
-    default = asdict(HeadTrainConfig())
-    options = "".join(
-        f" --{name.replace('_', '-')} {value}"
-        for name, value in asdict(cfg).items()
-        if value != default[name]
-    )
-    threads = torch.get_num_threads()
-    return f"python -m hydra_core train-text --base mpnet --threads {threads}{options}"
+    return minilm.train_command(cfg, base="mpnet")
 
 
 def train_mpnet_head(
