@@ -349,6 +349,18 @@ def _clip() -> _ClipFusion:
     return _CLIP
 
 
+def plain_patch_conv(conv: object) -> bool:
+    """True for the patch embedding the fused stem runs: a non-overlapping Conv2d (stride =
+    kernel, no padding, groups or dilation)."""
+    return (
+        isinstance(conv, nn.Conv2d)
+        and conv.stride == conv.kernel_size
+        and conv.groups == 1
+        and conv.padding in ((0, 0), "valid")
+        and conv.dilation == (1, 1)
+    )
+
+
 def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> dict:
     """What members must agree on, read from a timm VisionTransformer; refuses the unsupported."""
 
@@ -365,14 +377,7 @@ def _architecture(index: int | None, model: nn.Module, layout: HeadLayout) -> di
             raise refuse(f"{type(model).__name__} has no `{attr}`")
     pe = model.patch_embed
     conv = getattr(pe, "proj", None)
-    plain = (
-        isinstance(conv, nn.Conv2d)
-        and conv.stride == conv.kernel_size
-        and conv.groups == 1
-        and conv.padding in ((0, 0), "valid")
-        and conv.dilation == (1, 1)
-    )
-    if not plain:
+    if not plain_patch_conv(conv):
         raise refuse("the patch embedding is not a plain non-overlapping Conv2d")
     if getattr(model, "dynamic_img_size", False) or getattr(pe, "dynamic_img_pad", False):
         raise refuse("dynamic image sizes are not supported")

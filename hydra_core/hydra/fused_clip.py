@@ -54,6 +54,7 @@ from hydra_core.hydra.fused import (
     kept_head_indices,
     norm_eps,
     norm_tensors,
+    plain_patch_conv,
     register_clip_fusion,
     stem_tensors,
 )
@@ -283,14 +284,7 @@ def _architecture(index: int | None, tower: nn.Module) -> tuple[dict, HeadLayout
     if tower.proj is None:
         raise refuse("it has no output projection (proj is None)")
     conv = tower.conv1
-    plain = (
-        isinstance(conv, nn.Conv2d)
-        and conv.stride == conv.kernel_size
-        and conv.groups == 1
-        and conv.padding in ((0, 0), "valid")
-        and conv.dilation == (1, 1)
-    )
-    if not plain:
+    if not plain_patch_conv(conv):
         raise refuse("the patch embedding is not a plain non-overlapping Conv2d")
     tokens = tower.grid_size[0] * tower.grid_size[1] + 1
     if tuple(tower.positional_embedding.shape) != (tokens, layout.embed_dim):
