@@ -245,12 +245,10 @@ class SuffixEvaluator:
         self.tokens = family.embed(model, inputs[:1])[0].shape[1]
         lengths = family.sample_lengths(inputs)  # ascending, as ordered above
         self.lengths = [self.tokens] * self.num_samples if lengths is None else lengths.tolist()
-        # Token rows per pass through full blocks; pairs per pass through the last block's CLS
-        # row alone.
-        if pairs_per_pass is None:
-            self.rows, self.pairs_cls = cpu_rows_per_pass(), cpu_rows_per_pass()
-        else:
-            self.rows, self.pairs_cls = pairs_per_pass * self.tokens, pairs_per_pass * self.tokens
+        # Token rows per pass through full blocks, and as many (candidate, sample) pairs per pass
+        # through the last block's CLS row alone (one row each).
+        self.rows = cpu_rows_per_pass() if pairs_per_pass is None else pairs_per_pass * self.tokens
+        self.pairs_cls = self.rows
         self._full_passes: dict[int, tuple[list[slice], int]] = {}
         self.chunks = _length_chunks(self.lengths, self.rows)
         # The stream entering each layer (S, N, d) under the current mask, and the logits (S, K);
