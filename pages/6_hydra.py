@@ -11,7 +11,7 @@ import streamlit as st
 
 from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.evaluate import format_intervals
-from hydra_core.hydra.deep_ensembles import deep_ensemble_for, stored_copies
+from hydra_core.baselines.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.hydra.systems import evaluate_systems

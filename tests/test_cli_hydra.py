@@ -14,7 +14,7 @@ from hydra_core.cli import build_parser, main
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import probabilities
-from hydra_core.hydra.deep_ensembles import (
+from hydra_core.baselines.deep_ensembles import (
     available_deep_ensemble,
     deep_ensemble_for,
     reference_checkpoint,
@@ -191,7 +191,7 @@ def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatc
     assert "seed 0 is the seed the reference" in capsys.readouterr().err
     # the recipe changed (--epochs 1), so the reference's own recipe has no copies
     assert len(available_deep_ensemble(reference=checkpoint)) == 1
-    from hydra_core.hydra import deep_ensembles
+    from hydra_core.baselines import deep_ensembles
 
     one_epoch = deep_ensembles.TrainConfig(epochs=1)
     monkeypatch.setattr(deep_ensembles, "recipe_of", lambda reference: (one_epoch, TINY))

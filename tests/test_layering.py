@@ -27,8 +27,10 @@ LAYERS = (
     ("hydra_core.inference",),
     ("hydra_core.models", "hydra_core.masks"),
     ("hydra_core.evaluate",),
+    ("hydra_core.training",),
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
+    ("hydra_core.baselines",),
     ("hydra_core.models.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),

@@ -12,25 +12,27 @@ import pytest
 import torch
 import transformers
 
+from hydra_core.baselines.mc_dropout import MCDropout
+from hydra_core.baselines.shared_backbone import (
+    DEEP,
+    DEEP_HEADS,
+    SharedBackboneEnsemble,
+    sharing_copy,
+)
 from hydra_core.cli import main
 from hydra_core.data.text import TextSet
 from hydra_core.hydra.cost import count_params
 from hydra_core.models.adapter import prune_heads
+from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.models.text import TextClassifier, TextPreprocess
 from hydra_core.report.text import (
-    DEEP,
-    DEEP_HEADS,
     FINETUNE,
     MC_DROPOUT,
     SINGLE,
-    MCDropout,
-    SharedBackboneEnsemble,
-    TrimmedPreprocess,
     _verdict,
-    finetune_top,
     paper_table2,
-    sharing_copy,
 )
+from hydra_core.training.top import finetune_top
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
     "the a an and of to is it in that this film movie story good bad great funny dull not "

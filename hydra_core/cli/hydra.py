@@ -155,9 +155,9 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
 @command("hydra", _hydra_arguments)
 def _hydra(args: argparse.Namespace) -> int:
     """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
+    from hydra_core.baselines.deep_ensembles import deep_ensemble_for
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
-    from hydra_core.hydra.deep_ensembles import deep_ensemble_for
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.hydra.systems import evaluate_systems
     from hydra_core.masks import load_masks
@@ -261,7 +261,7 @@ def _train_ensemble(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from hydra_core.hydra.deep_ensembles import copy_path, recipe_of, train_deep_ensemble
+    from hydra_core.baselines.deep_ensembles import copy_path, recipe_of, train_deep_ensemble
 
     train_config, arch = recipe_of(args.reference)
     if args.epochs is not None:

@@ -113,3 +113,17 @@ def _per_channel(values: Sequence[float] | float, channels: int) -> tuple[float,
     if channels == 1:
         return (sum(values) / len(values),)
     raise ValueError(f"normalisation has {len(values)} values for a {channels}-channel model")
+
+
+class TrimmedPreprocess:
+    """A text preprocessing whose batches keep only the token columns some sentence uses: with
+    sentences sorted by length, a batch costs its longest sentence, not ``max_length``."""
+
+    def __init__(self, preprocess: Callable[[Sequence[str]], torch.Tensor]) -> None:
+        self.preprocess = preprocess
+
+    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
+        packed = self.preprocess(texts)  # (N, 2, T)
+        used = max(1, int(packed[:, 1].sum(1).max())) if len(packed) else packed.shape[-1]
+        return packed[..., :used]
+

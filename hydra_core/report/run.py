@@ -22,12 +22,12 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.baselines.deep_ensembles import deep_ensemble_for
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model, nest_intervals, resolve_device
 from hydra_core.hydra.cost import parameter_breakdown
-from hydra_core.hydra.deep_ensembles import deep_ensemble_for
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,

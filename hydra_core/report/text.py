@@ -62,22 +62,27 @@ Report sentences are evaluated in order of length with the unused padding of eac
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from hydra_core.cache import DiskCache, cache_key, model_fingerprint
+from hydra_core.baselines.mc_dropout import MCDropout
+from hydra_core.baselines.shared_backbone import (
+    DEEP,
+    DEEP_HEADS,
+    SharedBackboneEnsemble,
+    deep_heads,
+    train_text_ensemble,
+)
+from hydra_core.cache import DiskCache, model_fingerprint
 from hydra_core.evaluate import (
     Evaluation,
     callable_model,
@@ -97,7 +102,8 @@ from hydra_core.hydra.members import (
 )
 from hydra_core.hydra.systems import SystemInfo, SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts, save_masks
-from hydra_core.models.adapter import family_of, head_layout, prune_heads
+from hydra_core.models.adapter import head_layout
+from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_table
 from hydra_core.report.run import (
@@ -118,6 +124,7 @@ from hydra_core.report.tables import (
     OOD_METRICS,
     fused,
 )
+from hydra_core.training.top import TopFinetuneConfig, TopFinetuned, finetune_top, pruned_copy
 from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
@@ -127,63 +134,14 @@ if TYPE_CHECKING:
     from hydra_core.models.registry import LoadedModel
 
 DEFAULT_TEXT_OUT = REPO_DIR / "docs" / "report" / "text"
-#: part of every fine-tuning cache key; changes whenever the weights a run produces change
-TOP_FINETUNE_VERSION = "text-top-finetune-1"
-TOP_FINETUNE_CACHE_KIND = "text-finetune"
 
 SINGLE = "single"
-DEEP = "Deep Ensembles (D)"
 MC_DROPOUT = "MC Dropout"
 TAYLOR, CIRCAVG = "Taylor", "CircAvg"
 TAYLOR_FT, CIRCAVG_FT = "Taylor (fine-tuned)", "CircAvg (fine-tuned)"
 
-
-@dataclass(frozen=True)
-class TopFinetuneConfig:
-    """How a text model's top is trained on states cached below it (:func:`finetune_top`).
-
-    Args:
-        trained_layers: top encoder layers trained, with the head (the family's "head"
-            parameters: BERT's pooler and classifier); 0 trains the head alone.
-        epochs: passes over the training sentences; with more than one, the epoch of lowest NLL
-            on the validation sentences is kept (as ``train-text`` does).
-        steps: optimiser steps instead of epochs (quick runs), no epoch choice.
-        batch_size: sentences per step (batches of similar lengths, their order shuffled).
-        lr: AdamW peak learning rate; weight_decay: on weight matrices only.
-        warmup: share of the steps of linear warm-up; then linear decay to zero (D.2).
-        grad_clip: the gradient's global L2 norm is clipped to this (D.2: 1.0).
-        n_train: a fixed random subset of the training sentences (None: all).
-        reinit_head: re-initialise the head from the seed first (Deep Ensembles' heads).
-    """
-
-    trained_layers: int = 2  # as train-text: encoder layers 4-5 of MiniLM's 0-5
-    epochs: int = 1
-    steps: int | None = None
-    batch_size: int = 32
-    lr: float = 3e-4  # chosen on validation sentences (module docstring)
-    weight_decay: float = 0.01  # as C.2 and train-text
-    warmup: float = 0.1  # D.2
-    grad_clip: float | None = 1.0  # D.2
-    n_train: int | None = 2000  # of the 6,030 Rotten Tomatoes training sentences
-    reinit_head: bool = False
-
-    def __post_init__(self) -> None:
-        if self.trained_layers < 0 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(
-                "trained_layers must be >= 0, epochs and batch_size >= 1 and lr > 0; got "
-                f"{self.trained_layers}, {self.epochs}, {self.batch_size}, {self.lr}"
-            )
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(
-                f"steps must be a positive number of steps (or None), got {self.steps}"
-            )
-
-
 #: fine-tuning after pruning, every pruned model and member (D.2 with train-text's layers)
 FINETUNE = TopFinetuneConfig()
-#: Deep Ensembles (D): fresh heads on the shared encoder, train-text's recipe (3 epochs, the
-#: epoch of best validation NLL kept) at a learning rate for a head trained from scratch
-DEEP_HEADS = TopFinetuneConfig(trained_layers=0, epochs=3, lr=1e-3, n_train=None, reinit_head=True)
 
 
 @dataclass(frozen=True)
@@ -262,21 +220,6 @@ def text_config_from_args(quick: bool, **overrides) -> TextReportConfig:
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-# --- inputs: sentences by length, padding trimmed ---------------------------------------------
-
-
-class TrimmedPreprocess:
-    """A text preprocessing whose batches keep only the token columns some sentence uses: with
-    sentences sorted by length, a batch costs its longest sentence, not ``max_length``."""
-
-    def __init__(self, preprocess: Callable[[Sequence[str]], torch.Tensor]) -> None:
-        self.preprocess = preprocess
-
-    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
-        packed = self.preprocess(texts)  # (N, 2, T)
-        used = max(1, int(packed[:, 1].sum(1).max())) if len(packed) else packed.shape[-1]
-        return packed[..., :used]
-
 
 def text_benchmark(config: TextReportConfig) -> Benchmark:
     """The text default benchmark at the configuration's sizes: each report OOD set cut to its
@@ -311,503 +254,6 @@ def by_length(data: TextSet, preprocess: Callable[[Sequence[str]], torch.Tensor]
     lengths = preprocess(data.inputs)[:, 1].sum(1)
     return data.subset(torch.argsort(lengths, stable=True))
 
-
-def pruned_copy(model: nn.Module, keep: torch.Tensor) -> nn.Module:
-    """``prune_heads(model, keep)`` without the weights fingerprint the copy inherits from
-    ``model`` (a deep copy keeps it, and a freshly loaded model's tensor versions can match the
-    pruned copy's, so the stale fingerprint would pass for the copy's and its predictions would
-    be read from the source model's cache entry)."""
-    return _unstamped(prune_heads(model, keep))
-
-
-def _unstamped(model: nn.Module) -> nn.Module:
-    """``model`` without a remembered weights fingerprint (it is recomputed on first use)."""
-    model.__dict__.pop("_hydra_fingerprint", None)
-    return model
-
-
-# --- training a text model's top on cached states ---------------------------------------------
-
-
-@dataclass
-class _StateBatch:
-    """The stream entering the trained layers for a batch of sentences, with its context."""
-
-    states: torch.Tensor  # (B, T, d)
-    context: object  # the family's context (attention mask, ...)
-    labels: torch.Tensor  # (B,)
-
-
-@torch.no_grad()
-def _state_batches(
-    model: nn.Module,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    data: TextSet,
-    frozen: int,
-    batch_size: int,
-    device: torch.device,
-) -> list[_StateBatch]:
-    """Run the embedding and the first ``frozen`` blocks of ``model`` (eval mode) once over
-    ``data``, in batches of similar lengths. ``no_grad``, not ``inference_mode``: the states are
-    inputs of the training graph."""
-    family = family_of(model)
-    blocks = family.blocks(model)
-    model.eval()
-    packed = preprocess(data.inputs)  # (N, 2, T)
-    order = torch.argsort(packed[:, 1].sum(1), stable=True)
-    trim = TrimmedPreprocess(lambda x: x)  # already packed
-    batches = []
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        inputs = family.prepare(model, trim(packed[index]).to(device))
-        x, context = family.embed(model, inputs)
-        for block in blocks[:frozen]:
-            x = family.block_forward(block, x, context)
-        batches.append(_StateBatch(x, context, data.labels[index].to(device)))
-    return batches
-
-
-def _top_logits(model: nn.Module, frozen: int, batch: _StateBatch) -> torch.Tensor:
-    """Logits from the stream leaving the frozen blocks: the trained blocks, then the head."""
-    family = family_of(model)
-    x = batch.states
-    for block in family.blocks(model)[frozen:]:
-        x = family.block_forward(block, x, batch.context)
-    return family.classify(model, x, batch.context)
-
-
-def _trained_parameters(model: nn.Module, frozen: int) -> dict[str, nn.Parameter]:
-    """The parameters of the blocks from ``frozen`` on and of the head, by name."""
-    family = family_of(model)
-    top = {id(p) for block in family.blocks(model)[frozen:] for p in block.parameters()}
-    return {
-        name: p
-        for name, p in model.named_parameters()
-        if id(p) in top or family.parameter_kind(model, name) == "head"
-    }
-
-
-def _reinit_head(model: nn.Module, seed: int) -> None:
-    """Re-initialise every layer made of "head" parameters only (PyTorch's default
-    initialisation), from ``seed``; the caller's random state is left as it was."""
-    family = family_of(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for prefix, module in model.named_modules():
-            own = [
-                f"{prefix}.{n}" if prefix else n for n, _ in module.named_parameters(recurse=False)
-            ]
-            heads = [family.parameter_kind(model, n) == "head" for n in own]
-            if own and all(heads) and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-
-
-@torch.no_grad()
-def _nll(model: nn.Module, frozen: int, batches: Sequence[_StateBatch]) -> tuple[float, float]:
-    """(mean NLL, accuracy) of the eval-mode model on state batches."""
-    model.eval()
-    nll, correct, n = 0.0, 0, 0
-    for batch in batches:
-        logits = _top_logits(model, frozen, batch)
-        nll += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
-        correct += int((logits.argmax(-1) == batch.labels).sum())
-        n += len(batch.labels)
-    return nll / n, correct / n
-
-
-def _train_top(
-    model: nn.Module,
-    batches: Sequence[_StateBatch],
-    config: TopFinetuneConfig,
-    frozen: int,
-    seed: int,
-    validation: Sequence[_StateBatch] | None,
-    progress: Callable[[int, int], None] | None,
-) -> list[dict]:
-    """Train the top of ``model`` in place (AdamW, warm-up then linear decay, clipping; dropout
-    on); with several epochs and validation batches, keep the epoch of lowest validation NLL."""
-    trained = _trained_parameters(model, frozen)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    decay, no_decay = [], []
-    for p in trained.values():
-        p.requires_grad_(True)
-        (decay if p.ndim >= 2 else no_decay).append(p)
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-    )
-    total = config.steps or config.epochs * len(batches)
-    warmup = max(1, round(config.warmup * total))
-    generator = torch.Generator().manual_seed(seed)  # batch order
-    history, best, order = [], None, []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # dropout
-        model.train()
-        for step in range(total):
-            if not order:
-                order = torch.randperm(len(batches), generator=generator).tolist()
-            batch = batches[order.pop()]
-            lr = config.lr * (
-                (step + 1) / warmup if step < warmup else (total - step) / max(1, total - warmup)
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = F.cross_entropy(_top_logits(model, frozen, batch), batch.labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip is not None:
-                nn.utils.clip_grad_norm_(list(trained.values()), config.grad_clip)
-            optimizer.step()
-            history.append({"step": step + 1, "lr": lr, "loss": round(loss.item(), 5)})
-            if progress:
-                progress(step + 1, total)
-            epoch_end = config.steps is None and (step + 1) % len(batches) == 0
-            if epoch_end and validation and config.epochs > 1:
-                nll, accuracy = _nll(model, frozen, validation)
-                history[-1].update(val_nll=round(nll, 5), val_accuracy=accuracy)
-                if best is None or nll < best[0]:
-                    state = {k: p.detach().clone() for k, p in trained.items()}
-                    best = (nll, (step + 1) // len(batches), state)
-                model.train()
-    if best is not None:
-        with torch.no_grad():
-            for name, p in trained.items():
-                p.copy_(best[2][name])
-        history.append({"chosen_epoch": best[1], "val_nll": round(best[0], 5)})
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return history
-
-
-@dataclass
-class TopFinetuned:
-    """A model whose top was trained by :func:`finetune_top`."""
-
-    name: str
-    model: nn.Module
-    seed: int
-    history: list[dict] = field(repr=False)
-    seconds: float
-    cached: bool = False
-
-
-def finetune_top(
-    model: nn.Module,
-    train_set: TextSet,
-    config: TopFinetuneConfig,
-    *,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    keep: torch.Tensor | None = None,
-    validation_set: TextSet | None = None,
-    seed: int = 0,
-    name: str = "model",
-    device: str | torch.device = "cpu",
-    cache: DiskCache | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> TopFinetuned:
-    """A copy of ``model`` (pruned to ``keep`` first, when given) with its top layers and head
-    trained on ``train_set``; the layers below run once over the training sentences and their
-    output is kept for every step.
-
-    Args:
-        model: the source model; never modified.
-        train_set: labelled sentences; ``config.n_train`` of them, a fixed random subset.
-        config: what is trained and how.
-        preprocess: sentences -> packed token ids (the loaded model's).
-        keep: head mask on ``model``: the copy is ``prune_heads(model, keep)``.
-        validation_set: labelled sentences that choose the epoch when ``config.epochs > 1``.
-        seed: head initialisation (``config.reinit_head``), batch order and dropout.
-        device: where to train; cache: the trained tensors are read from and saved to it.
-        progress: ``progress(done, total)`` after every optimiser step.
-    """
-    tuned = pruned_copy(model, keep) if keep is not None else _unstamped(copy.deepcopy(model))
-    parts = (model_fingerprint(model), keep)
-    return _finetune_copy(
-        tuned,
-        parts,
-        train_set,
-        config,
-        preprocess,
-        validation_set,
-        seed,
-        name,
-        None,
-        device,
-        cache,
-        progress,
-    )
-
-
-def _finetune_copy(
-    tuned: nn.Module,
-    key_parts: tuple,
-    train_set: TextSet,
-    config: TopFinetuneConfig,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    validation_set: TextSet | None,
-    seed: int,
-    name: str,
-    states: Callable[[], list[_StateBatch]] | None,
-    device: str | torch.device,
-    cache: DiskCache | None,
-    progress: Callable[[int, int], None] | None,
-) -> TopFinetuned:
-    """Train the top of ``tuned`` in place, or load what an earlier run trained (``key_parts``
-    name the source model and how ``tuned`` was made from it). ``states``: the training states,
-    when the caller shares them between several copies."""
-    from hydra_core.data.images import take
-
-    device = torch.device(device)
-    tuned.to(device).eval()
-    layers = len(family_of(tuned).blocks(tuned))
-    frozen = layers - config.trained_layers
-    if frozen < 0:
-        raise ValueError(f"trained_layers={config.trained_layers}, but the model has {layers}")
-    data = take(train_set, config.n_train, purpose="text-finetune")
-    choose = validation_set is not None and config.epochs > 1 and config.steps is None
-    key = None
-    if config.reinit_head:
-        _reinit_head(tuned, seed)
-    if cache is not None:
-        key = cache_key(
-            TOP_FINETUNE_VERSION,
-            *key_parts,
-            asdict(config),
-            data.fingerprint(),
-            validation_set.fingerprint() if choose else None,
-            seed,
-        )
-        stored = cache.load(TOP_FINETUNE_CACHE_KIND, key)
-        if isinstance(stored, dict) and "state" in stored:
-            tuned.load_state_dict(stored["state"], strict=False)
-            if progress:
-                progress(1, 1)
-            return TopFinetuned(
-                name, tuned.eval(), seed, stored["history"], stored["seconds"], cached=True
-            )
-    start = time.perf_counter()
-    if states is None:
-        batches = _state_batches(tuned, preprocess, data, frozen, config.batch_size, device)
-    else:
-        batches = states()
-    validation = (
-        _state_batches(tuned, preprocess, validation_set, frozen, 256, device) if choose else None
-    )
-    history = _train_top(tuned, batches, config, frozen, seed, validation, progress)
-    seconds = time.perf_counter() - start
-    if cache is not None:
-        trained = _trained_parameters(tuned, frozen)
-        state = {k: p.detach().cpu().clone() for k, p in trained.items()}
-        cache.save(
-            TOP_FINETUNE_CACHE_KIND, key, {"state": state, "history": history, "seconds": seconds}
-        )
-    return TopFinetuned(name, tuned.eval(), seed, history, seconds)
-
-
-# --- the two baselines that are not pruned --------------------------------------------------------
-
-
-class SharedBackboneEnsemble(nn.Module):
-    """Deep Ensembles (D): M copies of one model that share its embedding and its first
-    ``shared`` blocks (the same parameters, stored once); ``forward(packed)`` -> (B, M, C).
-
-    The shared blocks run once; each copy runs its own blocks from ``shared`` on and its head.
-    """
-
-    def __init__(self, copies: Sequence[nn.Module], shared: int) -> None:
-        super().__init__()
-        self.copies = nn.ModuleList(copies)
-        self.shared = shared
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        first = self.copies[0]
-        family = family_of(first)
-        x, context = family.embed(first, family.prepare(first, inputs))
-        for block in family.blocks(first)[: self.shared]:
-            x = family.block_forward(block, x, context)
-        logits = []
-        for member in self.copies:
-            h = x
-            for block in family.blocks(member)[self.shared :]:
-                h = family.block_forward(block, h, context)
-            logits.append(family.classify(member, h, context))
-        return torch.stack(logits, dim=1)  # (B, M, C)
-
-
-def sharing_copy(model: nn.Module, shared: int) -> nn.Module:
-    """A copy of ``model`` that shares its embedding and first ``shared`` blocks with it (the
-    same parameter objects) and has its own copy of the blocks above and of the head."""
-    own = {id(p) for p in _trained_parameters(model, shared).values()}
-    memo = {id(p): p for p in model.parameters() if id(p) not in own}
-    return _unstamped(copy.deepcopy(model, memo=memo))
-
-
-def deep_heads(
-    model: nn.Module,
-    train_set: TextSet,
-    config: TopFinetuneConfig,
-    *,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    seeds: Sequence[int],
-    validation_set: TextSet | None = None,
-    device: str | torch.device = "cpu",
-    cache: DiskCache | None = None,
-    progress: StageProgress | None = None,
-) -> tuple[SharedBackboneEnsemble, list[TopFinetuned]]:
-    """Deep Ensembles (D) on any text classifier: one fresh head per seed (re-initialised, then
-    trained on the final states of ``model``'s encoder, computed once and only when some head
-    is not cached) on the shared encoder."""
-    from hydra_core.data.images import take
-
-    if config.trained_layers != 0 or not config.reinit_head:
-        raise ValueError(
-            "Deep Ensembles' heads train the head alone on the shared encoder: pass a config "
-            "with trained_layers=0 and reinit_head=True"
-        )
-    device = torch.device(device)
-    model = model.to(device).eval()
-    layers = len(family_of(model).blocks(model))
-    kept: list[list[_StateBatch]] = []
-
-    def states() -> list[_StateBatch]:
-        if not kept:
-            data = take(train_set, config.n_train, purpose="text-finetune")
-            kept.append(_state_batches(model, preprocess, data, layers, config.batch_size, device))
-        return kept[0]
-
-    heads = []
-    for seed in seeds:
-        report = (
-            None if progress is None else (lambda d, t, s=seed: progress(f"{DEEP} head {s}", d, t))
-        )
-        heads.append(
-            _finetune_copy(
-                sharing_copy(model, layers),
-                (model_fingerprint(model), "shared encoder"),
-                train_set,
-                config,
-                preprocess,
-                validation_set,
-                seed,
-                f"head seed {seed}",
-                states,
-                device,
-                cache,
-                report,
-            )
-        )
-    return SharedBackboneEnsemble([h.model for h in heads], layers), heads
-
-
-#: part of the cache key of the train-text copies Deep Ensembles (D) uses
-TRAIN_TEXT_CACHE_KIND = "train-text-copy"
-
-
-def train_text_ensemble(
-    model: nn.Module,
-    seeds: Sequence[int],
-    *,
-    cache: DiskCache | None = None,
-    log: Log = print,
-    progress: StageProgress | None = None,
-) -> tuple[SharedBackboneEnsemble, list[dict]]:
-    """Deep Ensembles (D) for ``minilm-sentiment``: its own ``train-text`` recipe run once per
-    seed, the shipped model being seed 0. The runs share what the recipe freezes (the wheel's
-    embedding and lower encoder layers, checked equal here) and differ in what it trains (the
-    top layers, pooler and classifier: initialisation of the classifier, batch order and dropout
-    by seed); the trained tensors are rounded to float16 as the shipped asset stores them.
-    Returns the ensemble and, per seed, the run's header (validation and test accuracy)."""
-    from hydra_core.models.minilm import TextTrainConfig, read_asset_header, train_minilm
-
-    shipped = read_asset_header()
-    frozen = shipped["num_layers"] - len(shipped["trained_layers"])
-    recipe = {k: v for k, v in shipped["train_config"].items() if k != "seed"}
-    copies, headers = [], []
-    for seed in seeds:
-        if seed == shipped["train_config"]["seed"]:
-            copies.append(model)
-            headers.append(_run_row(seed, shipped, cached=True, shipped=True))
-            continue
-        config = TextTrainConfig(**recipe, seed=seed)
-        key = cache_key(TRAIN_TEXT_CACHE_KIND, model_fingerprint(model), asdict(config))
-        stored = None if cache is None else cache.load(TRAIN_TEXT_CACHE_KIND, key)
-        cached = isinstance(stored, dict)
-        if not cached:
-            report = (
-                None
-                if progress is None
-                else (lambda d, t, s=seed: progress(f"train-text seed {s}", d, t))
-            )
-            trained, header = train_minilm(config, log=log, progress=report)
-            wrapped = family_of(trained).callable_model(trained)
-            names = set(_trained_parameters(wrapped, frozen))
-            state = wrapped.state_dict()
-            source = model.state_dict()
-            if any(not torch.equal(v, source[k].cpu()) for k, v in state.items() if k not in names):
-                raise ValueError(
-                    f"train-text seed {seed} changed a layer the recipe freezes; the members "
-                    "cannot share it"
-                )
-            state = {k: v.half() for k, v in state.items() if k in names}
-            stored = {"state": state, "header": header}
-            if cache is not None:
-                cache.save(TRAIN_TEXT_CACHE_KIND, key, stored)
-        twin = sharing_copy(model, frozen)
-        twin.load_state_dict({k: v.float() for k, v in stored["state"].items()}, strict=False)
-        copies.append(twin)
-        headers.append(_run_row(seed, stored["header"], cached=cached))
-    return SharedBackboneEnsemble(copies, frozen), headers
-
-
-def _run_row(seed: int, header: dict, cached: bool, shipped: bool = False) -> dict:
-    """A train-text run as a row of the training table (its header's accuracies and time)."""
-    return {
-        "system": DEEP,
-        "model": f"train-text seed {seed}" + (" (the shipped model)" if shipped else ""),
-        "seed": seed,
-        "chosen_epoch": header["chosen_epoch"],
-        "validation_accuracy": header["validation_accuracy"],
-        "validation_nll": header["validation_nll"],
-        "test_accuracy": header["test_accuracy"],
-        "seconds": header["train_seconds"],
-        "cached": cached,
-    }
-
-
-class MCDropout(nn.Module):
-    """MC Dropout: ``model`` with its own dropout on, ``passes`` forwards; ``forward(packed)`` ->
-    (B, passes, C) logits (their softmaxes are averaged downstream).
-
-    Pass t re-seeds the random generator with ``seed + t`` at every call (inside a forked random
-    state, so the caller's is untouched): the predictions are reproducible for a given batching.
-    The model's train/eval flags are restored after every call."""
-
-    def __init__(self, model: nn.Module, passes: int, seed: int = 0) -> None:
-        super().__init__()
-        if passes < 1:
-            raise ValueError(f"MC Dropout needs at least one pass, got {passes}")
-        self.model, self.passes, self.seed = model, passes, seed
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        system = callable_model(self.model)
-        flags = {m: m.training for m in self.model.modules()}
-        devices = [inputs.device] if inputs.device.type == "cuda" else []
-        self.model.train()
-        try:
-            outs = []
-            for t in range(self.passes):
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(self.seed + t)
-                    outs.append(system(inputs))
-        finally:
-            for m, training in flags.items():
-                m.training = training
-        return torch.stack(outs, dim=1)  # (B, T, C)
 
 
 # --- the run --------------------------------------------------------------------------------------

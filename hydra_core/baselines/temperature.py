@@ -1,0 +1,48 @@
+"""Temperature scaling (Guo et al., 2017) as a system: the source model's logits divided by one
+scalar T, fitted to minimise the NLL on the ID *search* split (held out of every report), with
+:func:`~hydra_core.metrics.temperature.fit_temperature`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from hydra_core.evaluate import callable_model
+from hydra_core.inference import predict
+from hydra_core.metrics.temperature import fit_temperature
+
+
+class TemperatureScaled(nn.Module):
+    """A classifier whose logits are divided by a fitted temperature."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+
+    @property
+    def wrapped(self) -> nn.Module:
+        """The model whose logits are scaled."""
+        return self.model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return callable_model(self.model)(x) / self.temperature
+
+
+def fitted_temperature(
+    model: nn.Module,
+    inputs: Sequence | torch.Tensor,
+    labels: torch.Tensor,
+    preprocess: Callable,
+    *,
+    device: torch.device | str = "cpu",
+    batch_size: int = 256,
+) -> float:
+    """The temperature minimising the NLL of ``model``'s logits on ``inputs`` (raw items, turned
+    into model inputs by ``preprocess``) with ``labels``."""
+    logits = predict(
+        callable_model(model), inputs, preprocess, device=device, batch_size=batch_size
+    )
+    return fit_temperature(logits.float().cpu(), labels.cpu())
