@@ -37,7 +37,20 @@ _EXPORTS = {
         "taylor_ranking",
     ),
     "hydra_core.hydra.finetune": ("FinetuneConfig", "finetune_members"),
-    "hydra_core.hydra.systems": ("evaluate_systems",),
+    "hydra_core.hydra.experiment": (
+        "DeepEnsemble",
+        "Hydra",
+        "Pruned",
+        "Single",
+        "System",
+        "evaluate_systems",
+        "hydra_systems",
+    ),
+    "hydra_core.baselines.systems": (
+        "MCDropoutBaseline",
+        "SharedBackboneBaseline",
+        "TemperatureBaseline",
+    ),
     "hydra_core.hydra.cost": ("cost_table", "measure_latency"),
     "hydra_core.report": ("ReportConfig", "run_report"),
     "hydra_core.hydra.fused": (

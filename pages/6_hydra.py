@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from hydra_core.baselines.deep_ensembles import deep_ensemble_for, stored_copies
 from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.evaluate import format_intervals
-from hydra_core.baselines.deep_ensembles import deep_ensemble_for, stored_copies
+from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
-from hydra_core.hydra.systems import evaluate_systems
 from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves

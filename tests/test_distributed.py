@@ -22,11 +22,11 @@ import torch.distributed as dist
 from hydra_core import distributed
 from hydra_core.analysis import _suffix, greedy_circuit, load_greedy, saved_searches
 from hydra_core.analysis.greedy import single_head_importance
+from hydra_core.baselines.deep_ensembles import copy_path, train_deep_ensemble
 from hydra_core.cache import DiskCache
 from hydra_core.cli import main
 from hydra_core.data.benchmark import build_benchmark
-from hydra_core.baselines.deep_ensembles import copy_path, train_deep_ensemble
-from hydra_core.hydra.systems import evaluate_systems
+from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.models.default import TrainConfig
 from hydra_core.models.registry import LoadedModel

@@ -14,8 +14,9 @@ from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import ID_COLUMNS, OOD_COLUMNS, evaluate_model, interval_columns
 from hydra_core.hydra.cost import count_params
+from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_members
-from hydra_core.hydra.systems import SUMMARY_METRICS, SystemInfo, evaluate_systems, system_name
+from hydra_core.hydra.systems import SUMMARY_METRICS, SystemInfo, system_name
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import ablate, prune_heads
 from hydra_core.models.registry import LoadedModel
@@ -351,7 +352,7 @@ def test_finetuned_members_are_evaluated_as_trained(loaded, benchmark, members, 
 
 
 def test_bad_calls_are_explained(loaded, benchmark, members):
-    with pytest.raises(ValueError, match="no members"):
+    with pytest.raises(ValueError, match="no systems"):
         evaluate_systems(loaded, benchmark, [], device="cpu")
     with pytest.raises(ValueError, match="two or more independently trained"):
         evaluate_systems(

@@ -158,8 +158,8 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.baselines.deep_ensembles import deep_ensemble_for
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
+    from hydra_core.hydra.experiment import evaluate_systems
     from hydra_core.hydra.fused import save_hydra
-    from hydra_core.hydra.systems import evaluate_systems
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
     from hydra_core.models.preprocess import describe

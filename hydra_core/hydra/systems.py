@@ -1,6 +1,6 @@
-"""Every system of a Hydra experiment, evaluated on the same report split (SPEC sections 6-7).
-
-:func:`evaluate_systems` evaluates, on the ID report split and every OOD report set:
+"""The systems of a Hydra experiment, evaluated on the same report split (SPEC sections 6-7), as
+one report: :class:`SystemsReport`. :func:`~hydra_core.hydra.experiment.evaluate_systems` makes it;
+its usual systems, on the ID report split and every OOD report set:
 
 - ``single``: the source model;
 - any extra single pruned models (``pruned={"Taylor": mask, "CircAvg": mask}``);
@@ -9,7 +9,8 @@
 - ``<label> (unfused)``: the ensemble of the members run separately, probabilities averaged;
 - ``<label> (fused)``: the Hydra model (:func:`~hydra_core.hydra.fused.fuse_members`), one forward
   for all members, MLPs averaged when the members were fine-tuned;
-- ``Deep Ensembles``: independently trained full copies, when given.
+- ``Deep Ensembles``: independently trained full copies, when given;
+- the baselines of :mod:`hydra_core.baselines` (MC Dropout, temperature scaling, ...).
 
 Ensembles keep their member logits (N, M, C), so the tables carry mutual information and
 disagreement on ID and OOD data. The cost of each system (parameters, multiply-adds, latency on
@@ -27,46 +28,29 @@ from __future__ import annotations
 import math
 import os
 import platform
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
-from hydra_core import distributed, metrics
-from hydra_core.cache import DiskCache, model_fingerprint
+from hydra_core import metrics
 from hydra_core.evaluate import (
     ID_COLUMNS,
-    INTERVAL_METHOD,
     METRIC_COLUMNS,
     OOD_COLUMNS,
     Difference,
     Evaluation,
-    SetPredictions,
     compare,
-    evaluate_model,
-    evaluate_system,
     interval_columns,
     nest_intervals,
     ood_score,
     probabilities,
-    resolve_device,
 )
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
-from hydra_core.hydra.finetune import (
-    FinetuneConfig,
-    FinetunedMember,
-    finetune_members,
-    fuse_finetuned,
-)
-from hydra_core.hydra.fused import HydraViT, fuse_members
-from hydra_core.masks import MemberMask
-from hydra_core.metrics.bootstrap import LEVEL, BootstrapConfig
-from hydra_core.models.adapter import head_layout, prune_heads
-from hydra_core.types import StageProgress
+from hydra_core.models.adapter import head_layout
 
 #: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
 #: or an OOD average ("near", "far", "all"); MI and disagreement on OOD data average all OOD sets.
@@ -79,7 +63,16 @@ SUMMARY_METRICS: dict[str, tuple[str, str]] = {
     "ood_di": ("disagreement", "all"),
 }
 #: The kinds of system a report holds, in the order tables list them.
-KINDS = ("single", "pruned", "member", "unfused", "fused", "deep-ensemble")
+KINDS = (
+    "single",
+    "pruned",
+    "member",
+    "unfused",
+    "fused",
+    "deep-ensemble",
+    "mc-dropout",
+    "temperature",
+)
 #: The kinds of system named after their ensemble's label (see :func:`system_name`).
 LABELLED_KINDS = ("member", "unfused", "fused")
 
@@ -340,7 +333,9 @@ class SystemsReport:
             repeats=repeats,
         )
         # every system here comes from one architecture; a plain ViT among them gives its sizes
-        shape = VitShape.of(next(m for s in info.values() if s.kind != "fused" for m in s.models))
+        shape = VitShape.of(
+            next(_unwrapped(m) for s in info.values() if s.kind != "fused" for m in s.models)
+        )
         table.insert(2, "formula_params", [_formula_params(s, shape) for s in info.values()])
         self.cost = table
         return self.cost
@@ -404,196 +399,6 @@ class SystemsReport:
         return records
 
 
-def evaluate_systems(
-    loaded,
-    benchmark,
-    members: Sequence[MemberMask] | Sequence[FinetunedMember],
-    *,
-    label: str = "Hydra",
-    pruned: Mapping[str, torch.Tensor] | None = None,
-    finetune: FinetuneConfig | None = None,
-    finetune_seeds: Sequence[int] | None = None,
-    train_set=None,
-    deep_ensemble: Sequence[nn.Module] | None = None,
-    device: str | torch.device | None = "auto",
-    bf16: bool = False,
-    cache: DiskCache | None = None,
-    progress: StageProgress | None = None,
-    latency: bool = True,
-    latency_batch: int = 32,
-    latency_repeats: int = 20,
-    batch_size: int = 256,
-    score: str = "msp",
-    bootstrap: BootstrapConfig | None = None,
-) -> SystemsReport:
-    """Evaluate the single model, members, unfused and fused ensembles (and more) on the report
-    split.
-
-    Args:
-        loaded: a :class:`~hydra_core.models.registry.LoadedModel` (the source model).
-        benchmark: a :class:`~hydra_core.data.benchmark.Benchmark`; only its report parts are used.
-        members: member masks (zero-shot members, or fine-tuned first when ``finetune`` is given)
-            or already fine-tuned members.
-        label: prefix of the ensemble system names (``"Hydra (Circ)"`` gives ``"Hydra (Circ)
-            (fused)"``) and of the member rows.
-        pruned: extra single pruned models to evaluate, name -> head mask (e.g. Taylor, CircAvg).
-        finetune: fine-tune each member separately with this configuration before evaluating.
-        finetune_seeds: batch-order seed per member (default 0 for all).
-        train_set: fine-tuning images (default Fashion-MNIST train).
-        deep_ensemble: independently trained full models (two or more), e.g. from
-            :func:`~hydra_core.hydra.deep_ensembles.available_deep_ensemble`.
-        device: "auto", "cpu" or "cuda".
-        bf16: predict under bfloat16 autocast (meant for CUDA).
-        cache: predictions and fine-tuned weights are read from and saved to it.
-        progress: ``progress(stage, done, total)`` for fine-tuning steps and prediction batches.
-        latency: measure latency (otherwise params and multiply-adds only).
-        latency_batch: images per forward when timing; latency_repeats: timed calls per system.
-        batch_size: images per forward when predicting; score: the OOD score.
-        bootstrap: resamples and seed of the 95% intervals (computed at the end, stage
-            "intervals" of ``setup["seconds"]``).
-
-    In a distributed job (:mod:`hydra_core.distributed`) every process runs this call: each
-    predicts a share of every set's images, every process gets all the predictions (so the
-    metrics, intervals and AUROCs are those of all images), and rank 0 alone measures the cost.
-    """
-    if not members:
-        raise ValueError("no members: pass the member masks (or fine-tuned members) to evaluate")
-    if deep_ensemble is not None and len(deep_ensemble) < 2:
-        raise ValueError(
-            f"Deep Ensembles need two or more independently trained models, got "
-            f"{len(deep_ensemble)}; train copies with train_deep_ensemble"
-        )
-    device = resolve_device(device)
-    model, preprocess = loaded.model.to(device).eval(), loaded.preprocess
-    id_set, ood_sets = benchmark.id_report, list(benchmark.ood_report)
-    seconds: dict[str, float] = {}
-    bootstrap = bootstrap or BootstrapConfig()
-    common = dict(
-        device=device,
-        cache=cache,
-        batch_size=batch_size,
-        score=score,
-        bf16=bf16,
-        bootstrap=bootstrap,
-    )
-    evaluations: dict[str, Evaluation] = {}
-    info: dict[str, SystemInfo] = {}
-
-    def timed(stage: str, fn):
-        start = time.perf_counter()
-        value = fn()
-        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
-        return value
-
-    def predictions(name: str):
-        if progress is None:
-            return None
-        return lambda s, done, total: progress(f"{name}: {s}", done, total)
-
-    def evaluate(name: str, system: nn.Module, keep: torch.Tensor | None = None) -> Evaluation:
-        return timed(
-            "evaluate",
-            lambda: evaluate_model(
-                system,
-                preprocess,
-                id_set,
-                ood_sets,
-                keep=keep,
-                name=name,
-                progress=predictions(name),
-                **common,
-            ),
-        )
-
-    def add(name: str, kind: str, system: nn.Module, keep: torch.Tensor | None = None) -> int:
-        """Evaluate one model (under the head mask ``keep``) as the system ``name`` and record it;
-        its cost is that of the model pruned to ``keep``. Returns the number of heads kept."""
-        evaluations[name] = evaluate(name, system, keep)
-        kept = head_layout(system).total_heads if keep is None else int(keep.sum())
-        alone = system if keep is None else prune_heads(system, keep)
-        info[name] = SystemInfo(kind, str(kept), models=[alone])
-        return kept
-
-    def add_ensemble(
-        name: str, kind: str, parts: Sequence[Evaluation], models: list[nn.Module], kept: list[int]
-    ) -> None:
-        """Record an ensemble whose members were evaluated as ``parts`` (logits stacked)."""
-        evaluations[name] = _stacked(name, parts)
-        info[name] = SystemInfo(kind, _heads_label(kept), len(parts), models=models)
-
-    add("single", "single", model)
-    for name, keep in (pruned or {}).items():
-        add(name, "pruned", model, keep)
-
-    finetuned = _finetuned(
-        members, finetune, finetune_seeds, loaded, train_set, device, cache, progress, timed
-    )
-    names, kept = [], []
-    for member in members if finetuned is None else finetuned:
-        # zero-shot: the source model under the member's mask; fine-tuned: its own pruned model
-        system, keep = (model, member.keep) if finetuned is None else (member.model, None)
-        names.append(system_name(label, "member", member.name))
-        kept.append(add(names[-1], "member", system, keep))
-    member_evals = [evaluations[n] for n in names]
-    member_models = [info[n].models[0] for n in names]
-    add_ensemble(system_name(label, "unfused"), "unfused", member_evals, member_models, kept)
-
-    fused = system_name(label, "fused")
-    hydra = timed("fuse", lambda: _fused(model, members, finetuned).to(device).eval())
-    evaluations[fused] = timed(
-        "evaluate",
-        lambda: evaluate_system(
-            hydra,
-            preprocess,
-            id_set,
-            ood_sets,
-            name=fused,
-            cache_parts=("hydra", model_fingerprint(hydra)),
-            progress=predictions(fused),
-            **common,
-        ),
-    )
-    info[fused] = SystemInfo("fused", _heads_label(kept), len(kept), models=[hydra])
-
-    if deep_ensemble is not None:
-        copies = [m.to(device).eval() for m in deep_ensemble]
-        parts = [evaluate(f"Deep Ensembles member {i}", m) for i, m in enumerate(copies)]
-        heads = [head_layout(m).total_heads for m in copies]
-        add_ensemble("Deep Ensembles", "deep-ensemble", parts, copies, heads)
-
-    setup = {
-        "device": str(device),
-        "bf16": bf16,
-        "score": score,
-        "label": label,
-        "id_set": f"{id_set.name} (report split, n={len(id_set)})",
-        "ood_sets": {s.name: {"group": s.group, "n": len(s)} for s in ood_sets},
-        "members": [m.name for m in members],
-        "finetune": None if finetune is None else asdict(finetune),
-        "latency_batch": latency_batch,
-        "latency_repeats": latency_repeats,
-        "torch_threads": torch.get_num_threads(),
-        "machine": machine_description(device),
-        "bootstrap": {
-            "n_boot": bootstrap.n_boot,
-            "seed": bootstrap.seed,
-            "level": LEVEL,
-            "method": INTERVAL_METHOD,
-        },
-        "seconds": seconds,
-    }
-    if finetuned is not None:
-        setup["finetune_seconds"] = {m.name: m.seconds for m in finetuned}
-        setup["finetune_cached"] = {m.name: m.cached for m in finetuned}
-    report = SystemsReport(evaluations, info, None, setup)
-    images = preprocess(id_set.inputs[:latency_batch]).to(device)  # images or texts
-    # in a distributed job rank 0 alone times, on a machine the other processes leave quiet
-    measure = lambda: report.measure(images, latency=latency, repeats=latency_repeats)
-    report.cost = timed("cost", lambda: distributed.from_main(measure))
-    timed("intervals", report.table)  # every system's bootstrap, once, inside the job
-    return report
-
-
 def machine_description(device: torch.device | str) -> str:
     """CPU model and core count, or the GPU's name, for the setup section of a report."""
     device = torch.device(device)
@@ -613,77 +418,21 @@ def machine_description(device: torch.device | str) -> str:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _finetuned(members, finetune, seeds, loaded, train_set, device, cache, progress, timed):
-    """The fine-tuned members, or None for zero-shot members."""
-    given = [isinstance(m, FinetunedMember) for m in members]
-    if all(given):
-        if finetune is not None:
-            raise ValueError("the members are already fine-tuned; pass finetune=None")
-        return list(members)
-    if any(given):
-        raise TypeError("members must be all MemberMask or all FinetunedMember, not a mix")
-    if finetune is None:
-        return None
-    report = (
-        None
-        if progress is None
-        else (lambda name, done, total: progress(f"fine-tune {name}", done, total))
-    )
-    return timed(
-        "finetune",
-        lambda: finetune_members(
-            loaded.model,
-            members,
-            finetune,
-            preprocess=loaded.preprocess,
-            train_set=train_set,
-            seeds=seeds,
-            device=device,
-            cache=cache,
-            progress=report,
-        ),
-    )
-
-
-def _fused(
-    model: nn.Module, members: Sequence[MemberMask], finetuned: list[FinetunedMember] | None
-) -> HydraViT:
-    """The Hydra model: zero-shot members fused out of the source model, or the fine-tuned
-    members fused with their MLPs averaged."""
-    if finetuned is None:
-        return fuse_members([(model, m.keep) for m in members])
-    return fuse_finetuned(finetuned)
-
-
-def _stacked(name: str, evaluations: Sequence[Evaluation]) -> Evaluation:
-    """An ensemble's evaluation from its members': member logits stacked to (N, M, C)."""
-    first = evaluations[0]
-
-    def stack(parts: Sequence[SetPredictions]) -> SetPredictions:
-        logits = torch.stack([p.logits for p in parts], dim=1)  # (N, M, C)
-        return SetPredictions(parts[0].name, parts[0].group, logits, parts[0].labels)
-
-    ood = [stack([ev.ood[i] for ev in evaluations]) for i in range(len(first.ood))]
-    id_part = stack([ev.id for ev in evaluations])
-    return Evaluation(name, id_part, ood, score=first.score, bootstrap=first.bootstrap)
-
-
 def _set_names(evaluation: Evaluation) -> list[str]:
     return [s.name for s in [evaluation.id, *evaluation.ood]]
-
-
-def _heads_label(kept: Sequence[int]) -> str:
-    if len(set(kept)) == 1:
-        return f"{kept[0]}x{len(kept)}" if len(kept) > 1 else str(kept[0])
-    return "/".join(str(k) for k in kept)
 
 
 def _formula_params(system: SystemInfo, shape: VitShape) -> int:
     """The paper's per-layer weight count (Appendix B.4), summed over layers."""
     if system.kind == "fused":
         return formula_params(shape, system.models[0].member_head_counts(), merged_mlp=True)
-    heads = [list(head_layout(m).num_heads) for m in system.models]
+    heads = [list(head_layout(_unwrapped(m)).num_heads) for m in system.models]
     return formula_params(shape, heads, merged_mlp=False)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model a baseline wraps (MC Dropout's passes, temperature scaling), or ``model``."""
+    return getattr(model, "wrapped", model)
 
 
 def _json_safe(value):

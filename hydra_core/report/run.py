@@ -28,6 +28,7 @@ from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model, nest_intervals, resolve_device
 from hydra_core.hydra.cost import parameter_breakdown
+from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
@@ -40,7 +41,6 @@ from hydra_core.hydra.members import (
 from hydra_core.hydra.systems import (
     SystemInfo,
     SystemsReport,
-    evaluate_systems,
     machine_description,
     system_name,
 )

@@ -44,6 +44,7 @@ from torch import nn
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model, resolve_device
+from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.hydra.members import (
     circuit_member,
     member_overlap,
@@ -53,7 +54,6 @@ from hydra_core.hydra.members import (
 from hydra_core.hydra.systems import (
     SystemInfo,
     SystemsReport,
-    evaluate_systems,
     system_name,
 )
 from hydra_core.masks import save_masks

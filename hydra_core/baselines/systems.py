@@ -1,0 +1,170 @@
+"""The baselines as systems that :func:`~hydra_core.hydra.experiment.evaluate_systems`, the CLI
+(``hydra --baselines``) and the app's Hydra page put beside Hydra: MC Dropout, temperature
+scaling and, for text models, Deep Ensembles (D) on a shared backbone. (Deep Ensembles of
+independently trained copies is :class:`~hydra_core.hydra.experiment.DeepEnsemble`.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hydra_core.baselines.mc_dropout import MCDropout, dropout_rate
+from hydra_core.baselines.shared_backbone import (
+    DEEP,
+    DEEP_HEADS,
+    deep_heads,
+    train_text_ensemble,
+)
+from hydra_core.baselines.temperature import TemperatureScaled, fitted_temperature
+from hydra_core.cache import model_fingerprint
+from hydra_core.hydra.experiment import Run, System
+from hydra_core.hydra.systems import SystemInfo
+from hydra_core.models.adapter import head_layout
+from hydra_core.training.top import TopFinetuneConfig
+
+MC_DROPOUT = "MC Dropout"
+TEMPERATURE = "Temperature Scaling"
+#: the names ``hydra --baselines`` and the Hydra page accept
+BASELINES = ("mc-dropout", "temperature")
+
+
+@dataclass
+class MCDropoutBaseline(System):
+    """MC Dropout: the source model's own dropout on at test time, ``passes`` forwards.
+
+    Args:
+        passes: T, forwards per input; seed: pass t is seeded ``seed + t`` at every batch.
+        rate: None (the model's own dropout; the system is skipped, with the reason, for a model
+            trained without dropout) or a rate every dropout module samples at during the passes:
+            the post-hoc variant, named ``"MC Dropout (p=0.1, post hoc)"``.
+    """
+
+    passes: int = 5
+    seed: int = 0
+    rate: float | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            post_hoc = "" if self.rate is None else f" (p={self.rate:g}, post hoc)"
+            self.name = MC_DROPOUT + post_hoc
+
+    def add_to(self, run: Run) -> None:
+        model = run.model
+        if self.rate is None and dropout_rate(model) == 0.0:
+            run.skipped[self.name] = (
+                "the model has no dropout (it was trained without it): choose a post-hoc rate "
+                "(--mc-dropout-rate) to sample dropout it never saw in training"
+            )
+            return
+        mc = MCDropout(model, self.passes, self.seed, self.rate)
+        parts = ("mc-dropout", model_fingerprint(model), self.passes, self.seed)
+        parts += (run.options["batch_size"],)  # dropout is re-seeded per batch
+        if self.rate is not None:
+            parts += (self.rate,)
+        evaluation = run.evaluate_module(self.name, mc, parts)
+        heads = str(head_layout(model).total_heads)
+        run.record(self.name, evaluation, SystemInfo("mc-dropout", heads, self.passes, [mc]))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "passes": self.passes, "seed": self.seed, "rate": self.rate}
+
+
+@dataclass
+class TemperatureBaseline(System):
+    """Temperature scaling: the source model's logits divided by one temperature, fitted to the
+    NLL on the benchmark's ID *search* split (never on a reported item)."""
+
+    name: str = TEMPERATURE
+    temperature: float | None = field(default=None, init=False)
+
+    def add_to(self, run: Run) -> None:
+        data = run.benchmark.id_search
+        self.temperature = run.timed(
+            "fit temperature",
+            lambda: fitted_temperature(
+                run.model,
+                data.inputs,
+                data.labels,
+                run.loaded.preprocess,
+                device=run.device,
+                batch_size=run.options["batch_size"],
+            ),
+        )
+        scaled = TemperatureScaled(run.model, self.temperature)
+        parts = ("temperature", model_fingerprint(run.model), self.temperature)
+        evaluation = run.evaluate_module(self.name, scaled, parts)
+        heads = str(head_layout(run.model).total_heads)
+        run.record(self.name, evaluation, SystemInfo("temperature", heads, models=[scaled]))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "temperature": self.temperature, "fitted_on": "ID search"}
+
+
+@dataclass
+class SharedBackboneBaseline(System):
+    """Deep Ensembles (D) of a text classifier: one backbone, a head per seed.
+
+    Args:
+        seeds: one member per seed.
+        how: ``"heads"``: fresh heads trained on the shared encoder's final states (any text
+            classifier; ``train_set`` and ``config`` say on what and how); ``"train-text"``
+            (``minilm-sentiment``): its own training recipe once per seed, the shipped model
+            being seed 0.
+        validation_set: labelled items that choose the heads' epoch (the ID search split).
+    """
+
+    seeds: Sequence[int] = (0, 1, 2)
+    how: str = "heads"
+    config: TopFinetuneConfig = DEEP_HEADS
+    train_set: object = None
+    validation_set: object = None
+    name: str = DEEP
+    runs: list = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.how not in ("heads", "train-text"):
+            raise ValueError(f"how must be 'heads' or 'train-text', got {self.how!r}")
+        if self.how == "heads" and self.train_set is None:
+            raise ValueError("fresh heads need labelled training items: pass train_set")
+
+    def add_to(self, run: Run) -> None:
+        model = run.model
+        progress, cache = run.progress, run.options.get("cache")
+        if self.how == "train-text":
+            deep, self.runs = train_text_ensemble(model, self.seeds, cache=cache, progress=progress)
+        else:
+            deep, self.runs = deep_heads(
+                model,
+                self.train_set,
+                self.config,
+                preprocess=run.loaded.preprocess,
+                seeds=self.seeds,
+                validation_set=self.validation_set,
+                device=run.device,
+                cache=cache,
+                progress=progress,
+            )
+        heads = str(head_layout(model).total_heads)
+        info = SystemInfo("deep-ensemble", heads, len(self.seeds), [deep])
+        parts = ("deep-ensemble", model_fingerprint(deep))
+        run.record(self.name, run.evaluate_module(self.name, deep, parts), info)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "seeds": list(self.seeds), "how": self.how}
+
+
+def baseline_systems(names: Sequence[str], *, mc_passes: int = 5, mc_rate: float | None = None):
+    """The baselines ``names`` (of :data:`BASELINES`) as systems; a ValueError naming an unknown
+    one and the choices."""
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise ValueError(
+            f"unknown baseline(s) {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(BASELINES)}"
+        )
+    made = {
+        "mc-dropout": lambda: MCDropoutBaseline(passes=mc_passes, rate=mc_rate),
+        "temperature": TemperatureBaseline,
+    }
+    return [made[n]() for n in dict.fromkeys(names)]
