@@ -10,16 +10,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hydra_core.cli import build_parser, main
-from hydra_core.data.benchmark import default_benchmark
-from hydra_core.data.images import ImageSet
-from hydra_core.evaluate import probabilities
 from hydra_core.baselines.deep_ensembles import (
     available_deep_ensemble,
     deep_ensemble_for,
     reference_checkpoint,
     stored_copies,
 )
+from hydra_core.cli import build_parser, main
+from hydra_core.data.benchmark import default_benchmark
+from hydra_core.data.images import ImageSet
+from hydra_core.evaluate import probabilities
 from hydra_core.hydra.fused import load_hydra
 from hydra_core.masks import load_masks
 from hydra_core.metrics import accuracy
@@ -240,3 +240,33 @@ def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatc
     summary = pd.read_csv(out / "summary.csv").set_index("system")
     assert summary.loc["Deep Ensembles", "heads"] == "8x3"
     assert summary.loc["Deep Ensembles", "id_mi"] > 0
+
+
+def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
+    from hydra_core.masks import MemberMask, save_masks
+    from hydra_core.models.registry import load_model
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 0] = keep[1, 3] = False
+    other = keep.clone()
+    other[0, 1] = False
+    masks = tmp_path / "members.json"
+    members = [MemberMask("a", "test", keep), MemberMask("b", "test", other)]
+    save_masks(masks, members, load_model(checkpoint).identity())
+    out = tmp_path / "hydra"
+    common = ["hydra", "--model", checkpoint, *DATA, "--masks", str(masks), "--no-latency"]
+    assert main([*common, "--out", str(out), "--baselines", "temperature", "mc-dropout"]) == 0
+    assert "MC Dropout left out: the model has no dropout" in capsys.readouterr().err
+    summary = pd.read_csv(out / "summary.csv").set_index("system")
+    assert summary.loc["Temperature Scaling", "kind"] == "temperature"
+    assert "MC Dropout" not in summary.index
+    rate = [*common, "--out", str(out), "--baselines", "mc-dropout", "--mc-dropout-rate", "0.1"]
+    assert main([*rate, "--mc-passes", "2"]) == 0
+    summary = pd.read_csv(out / "summary.csv").set_index("system")
+    assert summary.loc["MC Dropout (p=0.1, post hoc)", "kind"] == "mc-dropout"
+    capsys.readouterr()
+    assert main([*common, "--baselines", "dropout"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--baselines: unknown baseline(s) 'dropout'" in err
+    assert main([*common, "--baselines", "mc-dropout", "--mc-dropout-rate", "1.5"]) == 2
+    assert "--mc-dropout-rate must lie strictly between 0 and 1" in capsys.readouterr().err

@@ -141,6 +141,24 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add Deep Ensembles from trained copies (see `train-ensemble`)",
     )
+    p.add_argument(
+        "--baselines",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="baselines evaluated beside Hydra: mc-dropout (the model's own dropout, or "
+        "--mc-dropout-rate), temperature (temperature scaling fitted on the ID search split)",
+    )
+    p.add_argument(
+        "--mc-passes", type=int, default=5, help="MC Dropout's forwards (default: %(default)s)"
+    )
+    p.add_argument(
+        "--mc-dropout-rate",
+        type=float,
+        default=None,
+        help="MC Dropout at this rate in every dropout module (post hoc: for a model trained "
+        "without dropout, such as the default ViT); default: the model's own dropout",
+    )
     p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     p.add_argument(
@@ -156,14 +174,16 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
 def _hydra(args: argparse.Namespace) -> int:
     """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
     from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+    from hydra_core.baselines.systems import baseline_systems
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
-    from hydra_core.hydra.experiment import evaluate_systems
+    from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
     from hydra_core.models.preprocess import describe
 
+    baselines = _baselines(args, baseline_systems)
     loaded, benchmark = load_for_cli(args)
     layout = head_layout(loaded.model)
     identity = loaded.identity()
@@ -175,14 +195,13 @@ def _hydra(args: argparse.Namespace) -> int:
         if args.deep_ensemble
         else None
     )
+    systems = hydra_systems(
+        members, label=args.label, finetune=finetune, finetune_seeds=seeds, deep_ensemble=deep
+    )
     report = evaluate_systems(
         loaded,
         benchmark,
-        members,
-        label=args.label,
-        finetune=finetune,
-        finetune_seeds=seeds,
-        deep_ensemble=deep,
+        systems + baselines,
         device=args.device,
         bf16=args.bf16,
         cache=DiskCache(),
@@ -193,6 +212,8 @@ def _hydra(args: argparse.Namespace) -> int:
     )
     if not distributed.is_main():
         return 0
+    for name, reason in report.setup["skipped"].items():
+        print(f"note: {name} left out: {reason}", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report.table().to_csv(out / "systems_table.csv", index=False)
@@ -231,6 +252,22 @@ def _hydra(args: argparse.Namespace) -> int:
         f"wrote systems_table.csv, summary.csv, cost.csv, systems.json, hydra.safetensors to {out}"
     )
     return 0
+
+
+def _baselines(args: argparse.Namespace, baseline_systems) -> list:
+    """The systems ``--baselines`` names; an InputError naming a wrong one and the choices."""
+    if args.mc_passes < 1:
+        raise InputError(f"--mc-passes must be at least 1, got {args.mc_passes}")
+    if args.mc_dropout_rate is not None and not 0 < args.mc_dropout_rate < 1:
+        raise InputError(
+            f"--mc-dropout-rate must lie strictly between 0 and 1, got {args.mc_dropout_rate}"
+        )
+    try:
+        return baseline_systems(
+            args.baselines, mc_passes=args.mc_passes, mc_rate=args.mc_dropout_rate
+        )
+    except ValueError as error:
+        raise InputError(f"--baselines: {error}") from None
 
 
 # --- train-ensemble -----------------------------------------------------------------------------
