@@ -10,9 +10,11 @@ import pandas as pd
 import streamlit as st
 
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for, stored_copies
+from hydra_core.baselines.mc_dropout import dropout_modules, dropout_rate
+from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
 from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.evaluate import format_intervals
-from hydra_core.hydra.experiment import evaluate_systems
+from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.models.preprocess import describe
@@ -51,12 +53,21 @@ st.caption(
     "The members are fused into one model (paper 4.2): their token streams are stacked, "
     "attention runs for every member's heads in one grouped call, the MLP is shared. It is "
     "evaluated on the report split, which head selection never saw, next to the single "
-    "model, each member alone and the members run one by one (unfused)."
+    "model, each member alone, the members run one by one (unfused) and the baselines "
+    "(MC Dropout, temperature scaling, Deep Ensembles where copies exist)."
 )
 
 
 def start_evaluation(
-    context, members, label: str, finetune, deep: bool, latency: bool, repeats: int, train_set
+    context,
+    members,
+    label: str,
+    finetune,
+    deep: bool,
+    latency: bool,
+    repeats: int,
+    train_set,
+    baselines: list,
 ) -> None:
     # A private copy of the model: heads other pages ablate with hooks must not reach it.
     loaded = dataclasses.replace(context.loaded, model=copy.deepcopy(context.loaded.model))
@@ -72,14 +83,17 @@ def start_evaluation(
                 job.begin(total)
             job.report(name, done=done, total=total)
 
-        return evaluate_systems(
-            loaded,
-            context.benchmark,
+        systems = hydra_systems(
             members,
             label=label,
             finetune=finetune,
             train_set=train_set,
             deep_ensemble=deep_ensemble_for(source) if deep else None,
+        )
+        return evaluate_systems(
+            loaded,
+            context.benchmark,
+            systems + baselines,
             device=context.device,
             bf16=context.bf16,
             cache=disk_cache(),
@@ -114,6 +128,42 @@ def fused_file(hydra, loaded) -> bytes:
             classes=loaded.classes,
         )
         return path.read_bytes()
+
+
+def baseline_choices(context, running: bool) -> list:
+    """The baselines the user ticks: temperature scaling, and MC Dropout with the model's own
+    dropout or, for a model trained without dropout, a post-hoc rate."""
+    st.markdown("**Baselines** (evaluated on the same report split, paired intervals)")
+    c1, c2, c3 = st.columns(3)
+    chosen = []
+    if c1.checkbox(
+        "Temperature scaling",
+        value=True,
+        disabled=running,
+        help="The single model's logits divided by one temperature fitted to the NLL on the ID "
+        "search split (never on a reported item)",
+    ):
+        chosen.append(TemperatureBaseline())
+    model = context.loaded.model
+    own = dropout_rate(model)
+    mc = c2.checkbox("MC Dropout", value=True, disabled=running)
+    passes = int(c3.number_input("MC Dropout passes", 2, 50, 5, disabled=running or not mc))
+    if not mc:
+        return chosen
+    if own > 0:
+        st.caption(f"MC Dropout samples the model's own dropout (p = {own:g}) on every pass.")
+        chosen.append(MCDropoutBaseline(passes=passes))
+    elif dropout_modules(model):
+        rate = st.number_input("Post-hoc dropout rate", 0.01, 0.9, 0.1, step=0.05, disabled=running)
+        st.caption(
+            "This model was trained without dropout (its dropout modules have p = 0): MC "
+            f"Dropout samples dropout at p = {rate:g} it never saw in training, the post-hoc "
+            "variant, named so in the tables."
+        )
+        chosen.append(MCDropoutBaseline(passes=passes, rate=rate))
+    else:
+        st.caption("MC Dropout: this model has no dropout modules to sample.")
+    return chosen
 
 
 def uncertain_view(context, report) -> None:
@@ -248,10 +298,14 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             )
         )
 
+    baselines = baseline_choices(context, running)
+
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
     ):
-        start_evaluation(context, members, label, finetune, use_deep, latency, repeats, train_set)
+        start_evaluation(
+            context, members, label, finetune, use_deep, latency, repeats, train_set, baselines
+        )
         st.rerun()
     if running:
         watch_job(job, lambda j: f"{j.progress or 'starting'}")
@@ -276,6 +330,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             + f". Device: {setup['device']}{' (bf16)' if setup['bf16'] else ''}; "
             + f"{setup['machine']}."
         )
+        for name, reason in setup.get("skipped", {}).items():
+            st.info(f"{name} left out: {reason}")
         st.subheader("Summary")
         summary = report.summary()
         table_with_download(format_intervals(summary), "hydra_summary.csv", float_format="{:.4g}")
@@ -315,7 +371,10 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             report.find(setup["label"], "fused"),
             report.find(setup["label"], "unfused"),
         )
-        default = [s for s in ("single", fused, unfused, "Deep Ensembles") if s in systems]
+        baseline_kinds = ("deep-ensemble", "mc-dropout", "temperature")
+        default = ["single", fused, unfused] + [
+            s for s in systems if report.info[s].kind in baseline_kinds
+        ]
         chosen = st.multiselect("Systems in the plots", systems, default=default)
         if chosen:
             left, right = st.columns(2)

@@ -262,9 +262,14 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     finish_job(app, "hydra")
     assert not app.error, [e.value for e in app.error]
     summary = app.dataframe[0].value.set_index("system")
-    systems = ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)", "Hydra (fused)"]
+    hydra = ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)", "Hydra (fused)"]
+    # the baselines, ticked by default: the checkpoint has dropout modules at p = 0, so MC
+    # Dropout is the post-hoc variant, named so
+    systems = [*hydra, "Temperature Scaling", "MC Dropout (p=0.1, post hoc)"]
     assert list(summary.index) == systems
-    assert list(summary["heads"]) == ["8", "7", "7", "7x2", "7x2"]
+    assert list(summary["heads"]) == ["8", "7", "7", "7x2", "7x2", "8", "8"]
+    assert list(summary["kind"])[-2:] == ["temperature", "mc-dropout"]
+    assert any("trained without dropout" in c.value for c in app.caption)
     # every number with its interval: "value ± half-width", from the report's own summary
     report = app.session_state["results"]["hydra"][0]
     numbers = report.summary().set_index("system")
