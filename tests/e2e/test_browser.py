@@ -345,6 +345,14 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
 
     build_masks(driver, "masks")
     assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
+    # the baselines beside Hydra: the default ViT was trained without dropout, so MC Dropout is
+    # the post-hoc variant, and says so
+    for system in ("Temperature Scaling", "MC Dropout (p=0.1, post hoc)"):
+        wait_for(
+            driver,
+            f"//*[@data-testid='stDataFrame' or @data-testid='stTable']"
+            f"[contains(., '{system}')] | //*[contains(text(), '{system}')]",
+        )
 
 
 @pytest.mark.slow  # about 5-9 minutes on 2 cores: `make test-e2e` runs it, CI does not
