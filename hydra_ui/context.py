@@ -13,42 +13,36 @@ import streamlit as st
 import torch
 
 from hydra_core.cache import DiskCache, cache_key
-from hydra_core.data.benchmark import Benchmark, folder_benchmark, text_file_benchmark
-from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
-from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
+from hydra_core.data.benchmark import Benchmark
 from hydra_core.evaluate import resolve_device
-from hydra_core.models.preprocess import input_format
+from hydra_core.models.modality import TEXT_MODALITY, Modality, modality_named
 from hydra_core.models.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
 from hydra_core.models.zero_shot import folder_classes
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
-#: what the pages call one item of a model's data, by modality
-NOUNS = {"image": "images", "text": "sentences"}
 
 
 @dataclass(frozen=True)
 class SetupConfig:
-    """The Setup page's choices; every analysis depends on all of them."""
+    """The Setup page's choices; every analysis depends on all of them. The data choices are
+    those of the model's modality (:mod:`hydra_core.models.modality`): images or texts."""
 
     model: str = "default"  # "default", "dinov2-s", "minilm-sentiment", "mpnet-sentiment", a timm
     # or HF name, a path, or "openclip:..." (a zero-shot classifier of the ID set's classes)
     arch: str | None = None  # timm architecture of a checkpoint without its configuration
     arch_kwargs: str = ""  # JSON keyword arguments for timm.create_model beside arch
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
-    ood: tuple[str, ...] = REPORT_OOD  # OOD sets reported on, never used to select heads
-    search_ood: tuple[str, ...] = SEARCH_OOD  # OOD sets that select heads, never reported on
+    ood: tuple[str, ...] | None = None  # OOD sets reported on (None: the modality's defaults)
+    search_ood: tuple[str, ...] | None = None  # OOD sets that select heads (None: the defaults)
     protocol: str = "dedicated"  # "halves": search on halves of the report sets (leaks them)
-    id_folder: str | None = None  # an ImageFolder of your own instead of Fashion-MNIST
-    ood_folders: tuple[str, ...] = ()  # extra OOD folders, "near:" / "far:" / "search:" + path
-    classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID folder/file
+    # ID data of your own instead of the modality's (Fashion-MNIST, Rotten Tomatoes): an
+    # ImageFolder for an image model, a CSV/JSONL of text,label for a text model
+    id_source: str | None = None
+    ood_sources: tuple[str, ...] = ()  # extra OOD folders (files), "near:" / "far:" / "search:"
+    classes: tuple[str, ...] | None = None  # the model's classes in order, for the ID source
     n_search: int = 512  # images (texts) per set used to select heads
     n_report: int | None = 2000  # images (texts) per set results are reported on (None = all)
-    # A text model's data, used instead of the image choices above when the model takes text:
-    text_ood: tuple[str, ...] = TEXT_REPORT_OOD  # text OOD sets reported on
-    text_search_ood: tuple[str, ...] = TEXT_SEARCH_OOD  # text OOD sets that select heads
-    id_file: str | None = None  # a CSV/JSONL of text,label instead of Rotten Tomatoes
-    ood_files: tuple[str, ...] = ()  # extra OOD CSV/JSONL files, "near:" / "far:" / "search:"
     # An OpenCLIP model's prompt templates: a set ("paper", "openai", "simple") or templates
     prompts: tuple[str, ...] = ("paper",)
     device: str = "auto"
@@ -58,16 +52,22 @@ class SetupConfig:
     def key(self) -> str:
         return cache_key("setup", asdict(self))
 
-    @property
-    def search_sets(self) -> tuple[str, ...] | None:
-        """The search sets the benchmark is given: None under "halves", whose search uses halves
-        of the report sets instead."""
-        return None if self.protocol == "halves" else self.search_ood
+    def report_sets(self, modality: Modality) -> tuple[str, ...]:
+        """The named OOD sets reported on: the chosen ones, else the modality's defaults."""
+        return modality.report_ood if self.ood is None else self.ood
+
+    def search_sets(self, modality: Modality) -> tuple[str, ...] | None:
+        """The named OOD sets the benchmark selects heads on (the chosen ones, else the
+        modality's defaults); None under "halves", whose search uses halves of the report
+        sets instead."""
+        if self.protocol == "halves":
+            return None
+        return modality.search_ood if self.search_ood is None else self.search_ood
 
     @property
-    def text_search_sets(self) -> tuple[str, ...] | None:
-        """:attr:`search_sets` for a text model."""
-        return None if self.protocol == "halves" else self.text_search_ood
+    def id_file(self) -> str | None:
+        """:attr:`id_source`, under the name pages/6_hydra.py reads for a text model."""
+        return self.id_source
 
     def replace(self, **changes) -> SetupConfig:
         return replace(self, **changes)
@@ -86,12 +86,13 @@ class Context:
 
     @property
     def is_text(self) -> bool:
-        return self.loaded.modality == "text"
+        """A text model; what pages/6_hydra.py asks instead of the modality's properties."""
+        return self.loaded.modality is TEXT_MODALITY
 
     @property
     def noun(self) -> str:
         """What the pages call the items of this model's data: "images" or "sentences"."""
-        return NOUNS[self.loaded.modality]
+        return self.loaded.modality.noun
 
 
 def get_config() -> SetupConfig:
@@ -125,7 +126,7 @@ def setup_model(config: SetupConfig) -> LoadedModel:
     zero-shot classifier of the ID set's classes (the class order given, else the ID folder's
     class folders, else Fashion-MNIST's)."""
     if config.model.startswith(OPENCLIP_PREFIX):
-        classes = config.classes or (folder_classes(config.id_folder) if config.id_folder else None)
+        classes = config.classes or (folder_classes(config.id_source) if config.id_source else None)
         return cached_model(
             config.model, None, config.dinov2_img_size, "", classes, tuple(config.prompts)
         )
@@ -134,42 +135,51 @@ def setup_model(config: SetupConfig) -> LoadedModel:
 
 @st.cache_resource(show_spinner="Loading the data sets...")
 def cached_benchmark(
+    modality: str,
+    id_source: str | None,
     ood: tuple[str, ...],
+    search_ood: tuple[str, ...] | None,
+    ood_sources: tuple[str, ...],
+    protocol: str,
     n_search: int,
     n_report: int | None,
-    id_folder: str | None = None,
-    ood_folders: tuple[str, ...] = (),
-    image_format: tuple[int, int] = (1, 28),
-    classes: tuple[str, ...] | None = None,
-    search_ood: tuple[str, ...] | None = None,
-    protocol: str = "dedicated",
-    modality: str = "image",
+    classes: tuple[str, ...] | None,
+    image_format: tuple[int, int] | None,
 ) -> Benchmark:
-    """The benchmark of a setup. For ``modality="text"``, ``ood`` and ``search_ood`` name text
-    sets, ``id_folder`` is a CSV/JSONL file of texts and labels and ``ood_folders`` are OOD files
-    (the same role prefixes); ``image_format`` is not used."""
-    if modality == "text":
-        return text_file_benchmark(
-            id_file=id_folder,
-            ood=ood,
-            search_ood=search_ood,
-            ood_files=ood_folders,
-            protocol=protocol,
-            n_search=n_search,
-            n_report=n_report,
-            classes=classes,
-        )
-    return folder_benchmark(
-        id_folder=id_folder,
+    """The benchmark the modality named ``modality`` builds from these arguments
+    (:meth:`~hydra_core.models.modality.Modality.benchmark`), loaded once per them."""
+    return modality_named(modality).benchmark(
+        id_source=id_source,
         ood=ood,
         search_ood=search_ood,
-        ood_folders=ood_folders,
+        ood_sources=ood_sources,
         protocol=protocol,
-        channels=image_format[0],
-        size=image_format[1],
         n_search=n_search,
         n_report=n_report,
         classes=classes,
+        image_format=image_format,
+    )
+
+
+def setup_benchmark(config: SetupConfig, loaded: LoadedModel) -> Benchmark:
+    """The data a setup names, for its model's modality (loaded once per setup)."""
+    modality = loaded.modality
+    classes = config.classes
+    if modality.follows_model_classes:
+        # the labels of an ID file of your own are matched to the model's class names unless the
+        # setup gives another order; without such a file there is nothing to order
+        classes = (classes or loaded.classes) if config.id_source else None
+    return cached_benchmark(
+        modality.name,
+        config.id_source,
+        config.report_sets(modality),
+        config.search_sets(modality),
+        config.ood_sources,
+        config.protocol,
+        config.n_search,
+        config.n_report,
+        None if classes is None else tuple(classes),
+        loaded.image_format,  # used only when image folders are involved
     )
 
 
@@ -179,40 +189,12 @@ def disk_cache() -> DiskCache:
 
 
 def get_context() -> Context:
-    """The loaded model and data for the current setup (loaded once per setup, then cached): the
-    image choices of the setup for an image model, its text choices for a text model."""
+    """The loaded model and data for the current setup (loaded once per setup, then cached)."""
     config = get_config()
     device = resolve_device(config.device)
     loaded = setup_model(config)
     loaded.model.to(device)
-    if loaded.modality == "text":
-        # labels of an ID file of your own are matched to the model's class names unless the
-        # setup gives another order
-        classes = (config.classes or loaded.classes) if config.id_file else None
-        benchmark = cached_benchmark(
-            config.text_ood,
-            config.n_search,
-            config.n_report,
-            config.id_file,
-            config.ood_files,
-            classes=classes,
-            search_ood=config.text_search_sets,
-            protocol=config.protocol,
-            modality="text",
-        )
-        return Context(config, loaded, benchmark, device)
-    benchmark = cached_benchmark(
-        config.ood,
-        config.n_search,
-        config.n_report,
-        config.id_folder,
-        config.ood_folders,
-        input_format(loaded.model),  # used only when folders are involved
-        config.classes,
-        search_ood=config.search_sets,
-        protocol=config.protocol,
-    )
-    return Context(config, loaded, benchmark, device)
+    return Context(config, loaded, setup_benchmark(config, loaded), device)
 
 
 def results() -> dict:

@@ -5,18 +5,17 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from hydra_core.data.benchmark import PROTOCOLS, check_ood_choice
+from hydra_core.data.benchmark import PROTOCOLS
 from hydra_core.data.generic import class_order_note
-from hydra_core.data.ood import OOD_SETS
-from hydra_core.data.text import TEXT_OOD, TEXT_SEARCH_OOD
 from hydra_core.errors import InputError
 from hydra_core.evaluate import model_card
 from hydra_core.hydra.fused import check_fusable
 from hydra_core.models import hf
+from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
 from hydra_core.models.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, PROMPT_SETS
 from hydra_ui.context import (
-    NOUNS,
+    SetupConfig,
     disk_cache,
     get_config,
     get_context,
@@ -41,9 +40,15 @@ BUILT_IN = ("default", "dinov2-s", "minilm-sentiment", "mpnet-sentiment")
 TEXT_SOURCES = ("minilm-sentiment", "mpnet-sentiment", "hf-name", "hf-folder")
 #: the sources to choose for a model of each modality entered under a source of the other
 SOURCE_FOR = {
-    "image": "the source 'Checkpoint file' or 'timm model name (online)'",
-    "text": "the source 'Hugging Face folder (text)' or 'Hugging Face name (text, online)'",
+    IMAGE_MODALITY: "the source 'Checkpoint file' or 'timm model name (online)'",
+    TEXT_MODALITY: "the source 'Hugging Face folder (text)' or 'Hugging Face name (text, online)'",
 }
+#: the setup changes of a source without a timm architecture
+NO_ARCH = {"arch": None, "arch_kwargs": ""}
+#: the data choices that belong to one modality, and their defaults (the modality's own)
+DATA_DEFAULTS = {"id_source": None, "ood": None, "search_ood": None, "ood_sources": ()}
+#: the session-state key of the data choices last set with each modality, by its name
+DATA_KEY = "setup_data"
 
 
 def source_of(model: str) -> str:
@@ -61,7 +66,12 @@ def source_of(model: str) -> str:
     return "timm"
 
 
-def image_model_fields(config) -> dict:
+def modality_of(source: str) -> Modality:
+    """What the models of a source take."""
+    return TEXT_MODALITY if source in TEXT_SOURCES else IMAGE_MODALITY
+
+
+def image_model_fields(config, source: str) -> dict:
     """The model name and architecture of an image source; returns the setup changes."""
     name = st.text_input(
         "timm name or checkpoint path (for those two sources)",
@@ -89,7 +99,7 @@ def image_model_fields(config) -> dict:
     )
     st.caption(" · ".join(f"**{k}**: {BUILTIN_MODELS[k]}" for k in ("default", "dinov2-s")))
     return {
-        "model": name.strip(),
+        "model": source if source in BUILT_IN else name.strip(),
         "arch": arch.strip() or None,
         "arch_kwargs": arch_kwargs.strip(),
         "dinov2_img_size": int(img_size),
@@ -99,9 +109,9 @@ def image_model_fields(config) -> dict:
 def text_model_fields(config, source: str) -> dict:
     """The hub name or folder of a text source; returns the setup changes."""
     own = source_of(config.model) == source
-    if source in ("minilm-sentiment", "mpnet-sentiment"):
+    if source in BUILT_IN:
         st.caption(f"**{source}**: {BUILTIN_MODELS[source]}")
-        return {"model": source}
+        return {"model": source, **NO_ARCH}
     if source == "hf-name":
         name = st.text_input(
             "Hugging Face hub name",
@@ -115,7 +125,7 @@ def text_model_fields(config, source: str) -> dict:
             "a BERT, RoBERTa, MPNet or DistilBERT sequence classifier fine-tuned on your classes."
         )
         name = name.strip()
-        return {"model": name if not name or hf.is_hub_name(name) else f"hf:{name}"}
+        return {"model": name if not name or hf.is_hub_name(name) else f"hf:{name}", **NO_ARCH}
     name = st.text_input(
         "Model folder",
         value=config.model if own else "",
@@ -124,7 +134,7 @@ def text_model_fields(config, source: str) -> dict:
         "BERT, RoBERTa, MPNet or DistilBERT sequence classifier with its tokenizer.",
         key="setup_model_name",
     )
-    return {"model": name.strip()}
+    return {"model": name.strip(), **NO_ARCH}
 
 
 #: the prompt choices of an OpenCLIP model: label -> the set's name (None: templates of your own)
@@ -136,10 +146,10 @@ PROMPT_CHOICES = {
 }
 
 
-def openclip_fields(config) -> dict:
+def zero_shot_fields(config, source: str) -> dict:
     """The open_clip model and the prompt templates of a zero-shot source; returns the setup
     changes."""
-    own = config.model.startswith(OPENCLIP_PREFIX)
+    own = source_of(config.model) == source
     name = st.text_input(
         "open_clip model: NAME/TAG, local-dir:PATH or hf-hub:ORG/REPO",
         value=config.model.removeprefix(OPENCLIP_PREFIX) if own else "",
@@ -170,14 +180,18 @@ def openclip_fields(config) -> dict:
     )
     prompts = (PROMPT_CHOICES[label],) if PROMPT_CHOICES[label] else lines(templates)
     name = name.strip().removeprefix(OPENCLIP_PREFIX)
-    return {"model": f"{OPENCLIP_PREFIX}{name}" if name else "", "prompts": prompts}
+    return {"model": f"{OPENCLIP_PREFIX}{name}" if name else "", "prompts": prompts, **NO_ARCH}
+
+
+#: the fields that name the model, by source; the other sources take image_model_fields
+MODEL_FIELDS = {**dict.fromkeys(TEXT_SOURCES, text_model_fields), "openclip": zero_shot_fields}
 
 
 def image_data_fields(config) -> dict:
     """Fashion-MNIST or an image folder, and the image OOD sets; returns the setup changes."""
     id_folder = st.text_input(
         "In-distribution set: an image folder of your own (empty = Fashion-MNIST)",
-        value=config.id_folder or "",
+        value=config.id_source or "",
         placeholder="/data/my_set  (one sub-folder per class, classes in the model's order)",
         help="Empty: Fashion-MNIST, search split = 5,000 held-out training images, report "
         "split = the 10,000 test images. A folder is split once into disjoint search and report "
@@ -192,37 +206,28 @@ def image_data_fields(config) -> dict:
         "ImageFolder. Given: each folder's label is its position in this list.",
         key="setup_classes",
     )
-    ood = st.multiselect(
-        "Report OOD sets (every table and metric, never used to select heads)",
-        list(OOD_SETS),
-        default=list(config.ood),
-        format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
-    )
-    search_ood = st.multiselect(
-        "Search OOD sets (head selection only, never reported)",
-        list(OOD_SETS),
-        default=list(config.search_ood),
-        format_func=lambda n: f"{n} ({OOD_SETS[n].group})",
-        help="The greedy search, single-head importance and member masks score heads on these "
-        "sets; no reported number uses them (the paper's dedicated OOD validation set). "
+    ood_sets = ood_set_fields(
+        config,
+        IMAGE_MODALITY,
+        search_help="The greedy search, single-head importance and member masks score heads on "
+        "these sets; no reported number uses them (the paper's dedicated OOD validation set). "
         "Defaults: generic natural images (photographs, faces). A set may not be in both lists.",
     )
     protocol = protocol_field(config)
     ood_folders = st.text_area(
         "Extra OOD folders, one per line (optional)",
-        value="\n".join(config.ood_folders),
+        value="\n".join(config.ood_sources),
         placeholder="near: /data/similar_objects\nfar: /data/other_images\nsearch: /data/more",
         help="Prefix a folder with 'near:' or 'far:' to report on it (a bare path is far), or "
         "with 'search:' to select heads on it. Flat folders of images, or class folders (their "
         "labels are ignored).",
     )
     return {
-        "id_folder": id_folder.strip() or None,
+        "id_source": id_folder.strip() or None,
         "classes": class_list(classes),
-        "ood": tuple(ood),
-        "search_ood": tuple(search_ood),
+        **ood_sets,
         "protocol": protocol,
-        "ood_folders": lines(ood_folders),
+        "ood_sources": lines(ood_folders),
     }
 
 
@@ -230,7 +235,7 @@ def text_data_fields(config) -> dict:
     """Rotten Tomatoes or a CSV/JSONL file, and the text OOD sets; returns the setup changes."""
     id_file = st.text_input(
         "In-distribution set: a CSV or JSONL file of your own (empty = Rotten Tomatoes)",
-        value=config.id_file or "",
+        value=config.id_source or "",
         placeholder='/data/mine.csv  (columns text,label; JSONL: one {"text", "label"} a line)',
         help="Empty: Rotten Tomatoes sentences, search split = 1,000 validation sentences, "
         "report split = 1,500 test sentences. A file is split once into disjoint search and "
@@ -246,38 +251,80 @@ def text_data_fields(config) -> dict:
         "position in this list.",
         key="setup_classes",
     )
-    ood = st.multiselect(
-        "Report OOD sets (every table and metric, never used to select heads)",
-        list(TEXT_OOD),
-        default=list(config.text_ood),
-        format_func=lambda n: f"{n} ({TEXT_OOD[n].group})",
-    )
-    search_ood = st.multiselect(
-        "Search OOD sets (head selection only, never reported)",
-        list(TEXT_OOD),
-        default=list(config.text_search_ood),
-        format_func=lambda n: f"{n} ({TEXT_OOD[n].group})",
-        help="The greedy search, single-head importance and member masks score heads on these "
-        "sets; no reported number uses them (the paper's dedicated OOD validation set, AG's "
-        "News for its text models). Default: Guardian news headlines. A set may not be in both "
-        "lists.",
+    ood_sets = ood_set_fields(
+        config,
+        TEXT_MODALITY,
+        search_help="The greedy search, single-head importance and member masks score heads on "
+        "these sets; no reported number uses them (the paper's dedicated OOD validation set, "
+        "AG's News for its text models). Default: Guardian news headlines. A set may not be in "
+        "both lists.",
     )
     protocol = protocol_field(config)
     ood_files = st.text_area(
         "Extra OOD files, one per line (optional)",
-        value="\n".join(config.ood_files),
+        value="\n".join(config.ood_sources),
         placeholder="near: /data/reviews.csv\nfar: /data/recipes.jsonl\nsearch: /data/news.csv",
         help="CSV files with a 'text' column or JSONL files with a 'text' key (labels are "
         "ignored). Prefix a file with 'near:' or 'far:' to report on it (a bare path is far), "
         "or with 'search:' to select heads on it.",
     )
     return {
-        "id_file": id_file.strip() or None,
+        "id_source": id_file.strip() or None,
         "classes": class_list(classes),
-        "text_ood": tuple(ood),
-        "text_search_ood": tuple(search_ood),
+        **ood_sets,
         "protocol": protocol,
-        "ood_files": lines(ood_files),
+        "ood_sources": lines(ood_files),
+    }
+
+
+#: the data fields of a model of each modality
+DATA_FIELDS = {IMAGE_MODALITY: image_data_fields, TEXT_MODALITY: text_data_fields}
+
+
+def ood_set_fields(config, modality: Modality, search_help: str) -> dict:
+    """The report and the search sets among the modality's named OOD sets; returns the setup
+    changes (None where the choice is the modality's default)."""
+    sets = modality.ood_sets
+    ood = st.multiselect(
+        "Report OOD sets (every table and metric, never used to select heads)",
+        list(sets),
+        default=list(config.report_sets(modality)),
+        format_func=lambda n: f"{n} ({sets[n].group})",
+    )
+    search_ood = st.multiselect(
+        "Search OOD sets (head selection only, never reported)",
+        list(sets),
+        default=list(modality.search_ood if config.search_ood is None else config.search_ood),
+        format_func=lambda n: f"{n} ({sets[n].group})",
+        help=search_help,
+    )
+    return {
+        "ood": or_default(ood, modality.report_ood),
+        "search_ood": or_default(search_ood, modality.search_ood),
+    }
+
+
+def or_default(chosen: list[str], default: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The sets chosen; None when they are the defaults, so that a setup applied unchanged
+    keeps its key (and its results)."""
+    return None if tuple(chosen) == default else tuple(chosen)
+
+
+def shown_data(config: SetupConfig, modality: Modality) -> SetupConfig:
+    """The setup whose data choices the form shows for a model of ``modality``: the current
+    one when its model is of that modality, else the current one with the data choices last
+    set with such a model (the modality's defaults at first)."""
+    if modality_of(source_of(config.model)) is modality:
+        return config
+    return config.replace(**DATA_DEFAULTS, **st.session_state[DATA_KEY].get(modality.name, {}))
+
+
+def remember_data(config: SetupConfig) -> None:
+    """Keep the setup's data choices for its modality, to show them again when the Source
+    returns to a model of that modality."""
+    remembered = st.session_state.setdefault(DATA_KEY, {})
+    remembered[modality_of(source_of(config.model)).name] = {
+        field: getattr(config, field) for field in DATA_DEFAULTS
     }
 
 
@@ -305,18 +352,30 @@ def lines(text: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
-def check_choice(chosen, text: bool) -> None:
+def check_choice(chosen: SetupConfig, modality: Modality) -> None:
     """Refuse OOD choices that make no benchmark, before anything is loaded (InputError)."""
-    if text:
-        check_ood_choice(
-            chosen.text_ood,
-            chosen.text_search_sets,
-            chosen.ood_files,
-            chosen.protocol,
-            default_search=TEXT_SEARCH_OOD,
-        )
-    else:
-        check_ood_choice(chosen.ood, chosen.search_sets, chosen.ood_folders, chosen.protocol)
+    modality.check_choice(
+        chosen.report_sets(modality),
+        chosen.search_sets(modality),
+        chosen.ood_sources,
+        chosen.protocol,
+    )
+
+
+def class_order_notes(config: SetupConfig, context) -> list[str | None]:
+    """Warnings on the class order of ID data of your own when the setup gives none."""
+    zero_shot = context.loaded.is_zero_shot  # its classes are the folder's: no order to get wrong
+    if not config.id_source or config.classes or zero_shot:
+        return []
+    classes = context.benchmark.id_search.classes or ()
+    if not context.loaded.modality.follows_model_classes:
+        return [class_order_note(config.id_source, classes)]
+    if context.loaded.classes:  # the labels were matched to its class names
+        return []
+    return [
+        f"the labels of {config.id_source} are taken as outputs in this order: "
+        f"{', '.join(classes)}; give the class order if the model's outputs are in another"
+    ]
 
 
 def missing_name(source: str, model: str) -> str | None:
@@ -348,25 +407,19 @@ st.caption(
 )
 
 config = get_config()
+remember_data(config)
 st.subheader("Model")
 labels = list(SOURCES)
 current = labels.index(next(k for k, v in SOURCES.items() if v == source_of(config.model)))
 source = SOURCES[st.radio("Source", labels, index=current, horizontal=True, key="setup_source")]
-text = source in TEXT_SOURCES
-noun = NOUNS["text" if text else "image"]
+modality = modality_of(source)
+noun = modality.noun
 
 with st.form("setup"):
-    if text:
-        model_changes = text_model_fields(config, source)
-    elif source == "openclip":
-        model_changes = openclip_fields(config)
-    else:
-        model_changes = image_model_fields(config)
-        if source in BUILT_IN:
-            model_changes["model"] = source
+    model_changes = MODEL_FIELDS.get(source, image_model_fields)(config, source)
 
     st.subheader("Data")
-    data_changes = text_data_fields(config) if text else image_data_fields(config)
+    data_changes = DATA_FIELDS[modality](shown_data(config, modality))
     c1, c2 = st.columns(2)
     n_search = c1.number_input(
         f"Search {noun} per set (head selection)", 16, 5000, config.n_search, step=64
@@ -399,8 +452,6 @@ if applied:
     else:
         if source == "hf-folder":
             model_changes["model"] = model = str(Path(model).expanduser())
-        if text or source == "openclip":  # no timm architecture
-            model_changes.update(arch=None, arch_kwargs="")
         chosen = config.replace(
             **model_changes,
             **data_changes,
@@ -410,14 +461,13 @@ if applied:
             precision=precision,
         )
         with show_error("Cannot use these OOD sets"):
-            check_choice(chosen, text)
+            check_choice(chosen, modality)
             with show_error(f"Cannot use {model}"):
                 # Refused here rather than on the last page: every page analyses or fuses it.
                 loaded = setup_model(chosen)
-                wanted = "text" if text else "image"
-                if loaded.modality != wanted:
+                if loaded.modality is not modality:
                     raise InputError(
-                        f"{loaded.name} is a model of {NOUNS[loaded.modality]}, not of "
+                        f"{loaded.name} is a model of {loaded.modality.noun}, not of "
                         f"{noun}: choose {SOURCE_FOR[loaded.modality]} for it"
                     )
                 loaded.check_analysable()
@@ -427,17 +477,10 @@ if applied:
 
 with show_error("Could not load the model or data"):
     context = get_context()
-    own_data = config.id_file if context.is_text else config.id_folder
+    own_data = config.id_source
     notes = check_fit(context.loaded, context.benchmark.id_search, own_folder=own_data is not None)
-    zero_shot = context.loaded.is_zero_shot  # its classes are the folder's: no order to get wrong
-    if config.id_folder and not config.classes and not context.is_text and not zero_shot:
-        notes.append(class_order_note(config.id_folder, context.benchmark.id_search.classes))
-    if config.id_file and context.is_text and not (config.classes or context.loaded.classes):
-        order = ", ".join(context.benchmark.id_search.classes or ())
-        notes.append(
-            f"the labels of {config.id_file} are taken as outputs in this order: {order}; give "
-            "the class order if the model's outputs are in another"
-        )
+    notes += class_order_notes(config, context)
+    zero_shot = context.loaded.is_zero_shot
     for note in filter(None, notes):
         st.warning(note)
     st.subheader("Model card")
@@ -462,7 +505,7 @@ with show_error("Could not load the model or data"):
                 "These weights are a random initialisation: every number below checks the "
                 "mechanics, none is a zero-shot result."
             )
-    if context.is_text:
+    if context.loaded.modality.follows_model_classes:  # what an ID file's labels are matched to
         classes = ", ".join(context.loaded.classes or ()) or "not named in its config"
         st.caption(
             f"Text classifier; classes: {classes}. Each head's representation and the classifier "

@@ -46,7 +46,7 @@ def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: st
         frame = projection(context.config.key, request[0], request[1], method, feats)
     if method == "umap":
         done.add(request)
-    if context.is_text:
+    if context.loaded.modality.shows_as_text:
         frame = with_texts(frame, report_texts(context), sets)
     return frame
 
@@ -60,7 +60,7 @@ with show_error("Could not compute the representations"):
     ood_names = list(sample.ood_per_set)
     st.caption(
         f"Shown: {describe_report(context, sample)}."
-        + (" Hover a point to read its sentence." if context.is_text else "")
+        + (" Hover a point to read its sentence." if context.loaded.modality.shows_as_text else "")
     )
     if note := context.benchmark.protocol_note():
         st.warning(note)

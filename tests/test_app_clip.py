@@ -53,8 +53,8 @@ def files(tmp_path_factory) -> dict[str, str]:
 def setup(files) -> SetupConfig:
     return SetupConfig(
         model=f"openclip:local-dir:{files['model']}",
-        id_folder=files["pets"],
-        ood_folders=(
+        id_source=files["pets"],
+        ood_sources=(
             f"near: {files['toys']}",
             f"far: {files['noise']}",
             f"search: {files['street']}",
@@ -157,10 +157,10 @@ def test_importance_maps_match_hydra_core(app, setup):
     button(app, "Compute importance maps").click()
     app.run()
     assert not app.exception and not errors(app), errors(app)
-    loaded = load_model(setup.model, classes=folder_classes(setup.id_folder))
+    loaded = load_model(setup.model, classes=folder_classes(setup.id_source))
     benchmark = folder_benchmark(
-        id_folder=setup.id_folder,
-        ood_folders=setup.ood_folders,
+        id_folder=setup.id_source,
+        ood_folders=setup.ood_sources,
         search_ood=(),
         size=32,
         channels=3,

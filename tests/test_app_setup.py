@@ -30,7 +30,7 @@ def test_setup_shows_the_default_model_card(app):
     assert values["Layers"] == "6" and values["Heads / layer"] == "12"
     assert float(values["ID accuracy"].rstrip("%")) > 80
     ood_table = app.dataframe[0].value
-    assert list(ood_table["OOD set"]) == list(SMALL.ood)
+    assert list(ood_table["OOD set"]) == list(REPORT_OOD)  # the image defaults
     assert ood_table["AUROC (MSP)"].between(0, 1).all()
     assert any("Device" in m.label for m in app.metric)
 
@@ -134,8 +134,8 @@ def test_own_id_and_ood_folders(app, tmp_path):
     assert not app.exception, app.exception
     assert not app.error, [e.value for e in app.error]
     config = app.session_state[CONFIG_KEY]
-    assert config.id_folder == str(tmp_path / "mine")
-    assert config.ood_folders == (f"near: {tmp_path / 'odd'}",)
+    assert config.id_source == str(tmp_path / "mine")
+    assert config.ood_sources == (f"near: {tmp_path / 'odd'}",)
     ood_table = app.dataframe[0].value
     assert list(ood_table["OOD set"]) == ["noise", "odd"]
     assert list(ood_table["group"]) == ["far", "near"]

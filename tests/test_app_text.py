@@ -85,10 +85,14 @@ def files(tmp_path_factory) -> dict[str, str]:
 def setup(files) -> SetupConfig:
     return SetupConfig(
         model=files["model"],
-        id_file=files["id"],
-        ood_files=(f"near: {files['near']}", f"far: {files['far']}", f"search: {files['search']}"),
-        text_ood=(),
-        text_search_ood=(),
+        id_source=files["id"],
+        ood_sources=(
+            f"near: {files['near']}",
+            f"far: {files['far']}",
+            f"search: {files['search']}",
+        ),
+        ood=(),
+        search_ood=(),
         n_search=N_SEARCH,
         n_report=N_REPORT,
         device="cpu",
@@ -100,8 +104,8 @@ def reference(setup):
     """The model and data the pages use, built directly with hydra_core."""
     loaded = load_model(setup.model)
     benchmark = text_file_benchmark(
-        id_file=setup.id_file,
-        ood_files=setup.ood_files,
+        id_file=setup.id_source,
+        ood_files=setup.ood_sources,
         search_ood=(),
         n_search=N_SEARCH,
         n_report=N_REPORT,
@@ -144,7 +148,7 @@ def test_setup_applies_text_files_and_refuses_bad_ones(app, files):
     app.button[0].click()  # Apply
     app.run()
     assert not app.exception and not app.error, [e.value for e in app.error]
-    assert app.session_state[CONFIG_KEY].ood_files == (
+    assert app.session_state[CONFIG_KEY].ood_sources == (
         f"near: {files['near']}",
         f"search: {files['search']}",
     )
@@ -193,7 +197,7 @@ def test_a_model_under_the_wrong_source_is_refused(app, files, checkpoint):
     assert not app.exception
     errors = [e.value for e in app.error]
     assert len(errors) == 1 and "is a model of sentences, not of images" in errors[0]
-    assert app.session_state[CONFIG_KEY].id_file == files["id"]  # the setup was not applied
+    assert app.session_state[CONFIG_KEY].id_source == files["id"]  # the setup was not applied
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -275,7 +279,7 @@ def test_hydra_shows_the_most_uncertain_sentences(app, setup, reference):
     finish_job(app, "hydra")
     assert not app.error, [e.value for e in app.error]
     summary = app.dataframe[0].value.set_index("system")
-    assert list(summary["heads"])[-2:] == ["7x3", "7x3"]
+    assert list(summary.loc[["Hydra (unfused)", "Hydra (fused)"], "heads"]) == ["7x3", "7x3"]
 
     table = app.table[0].value
     assert len(table) == 20

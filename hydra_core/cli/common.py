@@ -7,12 +7,16 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 from hydra_core import distributed
 from hydra_core.errors import InputError
+
+if TYPE_CHECKING:
+    from hydra_core.models.modality import Modality
 
 COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -206,10 +210,6 @@ def shows_progress() -> bool:
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
     Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
-    from hydra_core.data.benchmark import folder_benchmark, parse_ood_folder, text_file_benchmark
-    from hydra_core.data.ood import REPORT_OOD
-    from hydra_core.data.text import TEXT_REPORT_OOD
-    from hydra_core.models.preprocess import input_format
     from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
 
     loaded = load_model(
@@ -220,44 +220,35 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     )
     if not fused_ok:
         loaded.check_analysable()
-    text = loaded.modality == "text"
-    _check_data_kind(args, text)
-    own = args.ood_file if text else args.ood_folder
-    # report folders/files alone replace the default report sets (search ones the search sets,
-    # which the benchmark builders do when --search-ood is not given)
-    report_entries = [e for e in own if parse_ood_folder(e)[0] == "report"]
-    default_ood = [] if report_entries else list(TEXT_REPORT_OOD if text else REPORT_OOD)
-    common = dict(
-        ood=default_ood if args.ood is None else args.ood,
+    _check_data_kind(args, loaded.modality)
+    id_source = args.id_folder or args.id_file  # the other modality's options were refused
+    # report folders/files alone replace the default report sets (search ones the search sets)
+    benchmark = loaded.modality.benchmark(
+        id_source=id_source,
+        ood=args.ood,
         search_ood=args.search_ood,
+        ood_sources=[*args.ood_folder, *args.ood_file],
         protocol=args.protocol,
         n_search=args.n_search,
         n_report=args.n_report,
         classes=args.classes.split(",") if args.classes else None,
+        image_format=loaded.image_format,
     )
-    if text:
-        benchmark = text_file_benchmark(id_file=args.id_file, ood_files=own, **common)
-    else:
-        channels, size = input_format(loaded.model)
-        benchmark = folder_benchmark(
-            id_folder=args.id_folder, ood_folders=own, size=size, channels=channels, **common
-        )
-    own_id = (args.id_file if text else args.id_folder) is not None
-    for note in check_fit(loaded, benchmark.id_search, own_folder=own_id):
+    for note in check_fit(loaded, benchmark.id_search, own_folder=id_source is not None):
         warn(note)
     if note := benchmark.protocol_note():
         warn(note)
     return loaded, benchmark
 
 
-def _check_data_kind(args: argparse.Namespace, text: bool) -> None:
+def _check_data_kind(args: argparse.Namespace, modality: Modality) -> None:
     """Refuse data options of the other modality, naming the one to use."""
-    if text and (args.id_folder or args.ood_folder):
+    if modality.takes_files and (args.id_folder or args.ood_folder):
         raise InputError(
             f"{args.model} is a text model: give your own data as --id-file / --ood-file (CSV or "
             "JSONL), not --id-folder / --ood-folder"
         )
-    if not text and (getattr(args, "id_file", None) or getattr(args, "ood_file", None)):
+    if not modality.takes_files and (args.id_file or args.ood_file):
         raise InputError(
             f"{args.model} is an image model: give your own data as --id-folder / --ood-folder, "
             "not --id-file / --ood-file (those are for text models such as minilm-sentiment)"

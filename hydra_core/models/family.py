@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hydra_core.models.modality import IMAGE_MODALITY, Modality
+
 
 class UnsupportedModelError(ValueError):
     """The model is not a transformer whose heads Hydra Lab knows how to find."""
@@ -174,8 +176,9 @@ class ModelFamily:
 
     #: short name, shown to users and stored with saved files ("vit", "text", ...)
     name: str = ""
-    #: the modality of the inputs: "image" (uint8 images + preprocess) or "text" (token ids)
-    modality: str = "image"
+    #: what the inputs are, and the data that follows (:mod:`hydra_core.models.modality`):
+    #: IMAGE_MODALITY (uint8 images + preprocess) or TEXT_MODALITY (token ids)
+    modality: Modality = IMAGE_MODALITY
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` looks like a member of this family (checked further by ``layout``)."""

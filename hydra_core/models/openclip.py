@@ -41,6 +41,7 @@ from hydra_core.models.family import (
     UnsupportedModelError,
     shallow_copy,
 )
+from hydra_core.models.modality import IMAGE_MODALITY
 from hydra_core.models.vit import _head_rows, _linear_from, attention
 from hydra_core.models.zero_shot import ZeroShotClassifier
 
@@ -298,7 +299,7 @@ class OpenClipFamily(ModelFamily):
     a :class:`ZeroShotClassifier` (outputs: logits (B, C)); the context is always None."""
 
     name = "openclip"
-    modality = "image"
+    modality = IMAGE_MODALITY
 
     def matches(self, model: nn.Module) -> bool:
         return isinstance(model, ZeroShotClassifier) or _from_open_clip(model)

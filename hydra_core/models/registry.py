@@ -27,6 +27,7 @@ from hydra_core.errors import InputError
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
 from hydra_core.models.adapter import family_of, head_layout
+from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
 from hydra_core.models.preprocess import input_format, model_preprocess, normalize_images
 from hydra_core.models.text import hf_model
 from hydra_core.models.zero_shot import ZeroShotClassifier
@@ -83,11 +84,18 @@ class LoadedModel:
         return model_identity(self.name, head_layout(self.model), self.fingerprint())
 
     @property
-    def modality(self) -> str:
-        """``"image"`` or ``"text"``: what the model's preprocessing takes."""
+    def modality(self) -> Modality:
+        """What the model's preprocessing takes (images or texts), and the data that follows."""
         if self.is_fused:
-            return "text" if type(self.model).__name__ == "HydraText" else "image"
+            return TEXT_MODALITY if type(self.model).__name__ == "HydraText" else IMAGE_MODALITY
         return family_of(self.model).modality
+
+    @property
+    def image_format(self) -> tuple[int, int] | None:
+        """(channels, size) of an image model's input, which image folders are brought to (the
+        ``image_format`` of :meth:`~hydra_core.models.modality.Modality.benchmark`); None for a
+        text model."""
+        return input_format(self.model) if self.modality is IMAGE_MODALITY else None
 
     @property
     def is_zero_shot(self) -> bool:
@@ -98,7 +106,7 @@ class LoadedModel:
         """How many classes the model predicts (the width of its logits)."""
         if self.is_fused:  # a fused zero-shot model says C itself; its config's width is D
             return int(getattr(self.model, "num_classes", None) or self.model.config.num_classes)
-        if self.modality == "text":
+        if self.modality is TEXT_MODALITY:
             return int(hf_model(self.model).config.num_labels)
         known = getattr(self.model, "num_classes", None)
         if isinstance(known, int) and known > 0:

@@ -38,6 +38,7 @@ from hydra_core.models.family import (
     UnsupportedModelError,
     shallow_copy,
 )
+from hydra_core.models.modality import TEXT_MODALITY
 
 #: the tokens a sentence is cut to (the default for :class:`TextPreprocess`)
 MAX_TOKENS = 128
@@ -294,7 +295,7 @@ class TextFamily(ModelFamily):
     :class:`TextClassifier`."""
 
     name = "text"
-    modality = "text"
+    modality = TEXT_MODALITY
 
     def arch(self, model: nn.Module) -> _Arch:
         name = type(hf_model(model)).__name__

@@ -25,6 +25,7 @@ from hydra_core.models.family import (
     UnsupportedModelError,
     shallow_copy,
 )
+from hydra_core.models.modality import IMAGE_MODALITY
 
 
 def _blocks(model: nn.Module) -> Sequence[nn.Module]:
@@ -275,7 +276,7 @@ class VitFamily(ModelFamily):
     """timm ``VisionTransformer`` models (the context is always None)."""
 
     name = "vit"
-    modality = "image"
+    modality = IMAGE_MODALITY
 
     def matches(self, model: nn.Module) -> bool:
         return hasattr(model, "blocks") and hasattr(model, "patch_embed")
