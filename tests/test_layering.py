@@ -5,6 +5,7 @@ Imports inside functions count too: a lazy import is still a dependency, only a 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,90 @@ def test_engine_never_imports_the_app():
         } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         bad = {n for n in names if n.split(".")[0] in ("streamlit", "hydra_ui", "pages")}
         assert not bad, f"{path} imports {sorted(bad)}"
+
+# --- no name of a family or modality above the seam ---------------------------------------------
+
+REPO_DIR = PACKAGE_DIR.parent
+#: where a family's or modality's name may be compared: the seam and the shipped models
+SEAM_DIRS = ("hydra_core/models/", "hydra_core/zoo/")
+
+
+def _names_compared() -> str:
+    from hydra_core.models.adapter import FAMILIES
+    from hydra_core.models.modality import MODALITIES
+
+    names = sorted({f.name for f in FAMILIES} | set(MODALITIES))
+    return "|".join(re.escape(n) for n in names)
+
+
+_NAME = rf"""["'](?:{_names_compared()})["']"""
+#: a line that compares with a family's or modality's name: `x == "text"`, `"vit" != x`,
+#: `x in ("image", ...)`, against a family-name constant (`== TEXT_FAMILY`) or a modality
+#: object (`is TEXT_MODALITY`), or asks `is_text`
+NAME_COMPARISON = re.compile(
+    rf"(?:==|!=)\s*{_NAME}|{_NAME}\s*(?:==|!=)|\bin\s*[(\[{{][^)\]}}]*{_NAME}"
+    r"|(?:==|!=|\bis\b(?:\s+not)?)\s*\w*(?:_FAMILY|_MODALITY)\b|\w+_FAMILY\s*(?:==|!=)"
+    r"|\bis_text\b"
+)
+#: a loop's ``for x in``, which is no membership test
+FOR_IN = re.compile(r"\bfor\s+[\w\s,()]+?\s+in\b")
+#: the comparisons left above the seam, (file, line) -> why; each goes when its file asks the
+#: family or the modality for what it needs (a property, a method) instead
+NAME_COMPARISONS_ALLOWED = {
+    ("hydra_core/cli/hydra.py", 'if args.task == "text":'): "a report's name (--task text), "
+    "not a model's modality",
+    ("hydra_core/hydra/finetune.py", 'if data is None and modality != "image":'): "the default "
+    "training set; family_of(model).modality.load_id('train') would serve both modalities",
+    ("hydra_core/report/text.py", 'if loaded.modality != "text":'): "the text report refuses an "
+    "image model; being rewritten by the lead",
+    ("hydra_core/hydra/fused.py", "if families[0] == CLIP_FAMILY:"): "fusion by family name; "
+    "being replaced by ModelFamily.fusion_parts",
+    ("hydra_core/hydra/fused.py", "if families[0] == TEXT_FAMILY:"): "as above",
+    ("hydra_core/hydra/fused.py", "if family == TEXT_FAMILY:"): "as above",
+    ("hydra_core/hydra/fused.py", "elif family == CLIP_FAMILY:"): "as above",
+    ("hydra_ui/context.py", "def is_text(self) -> bool:"): "Context.is_text, for "
+    "pages/6_hydra.py until that page asks the modality",
+    ("hydra_ui/context.py", "return self.loaded.modality is TEXT_MODALITY"): "as above",
+    (
+        "pages/6_hydra.py",
+        'train_set = load_rotten_tomatoes("train") if context.is_text else None',
+    ): ("the page is being rewritten by the lead: context.loaded.modality.load_id('train')"),
+    ("pages/6_hydra.py", "can_tune = not (context.is_text and context.config.id_file)"): (
+        "as above: a training split exists unless the setup has an id_source"
+    ),
+    ("pages/6_hydra.py", "if context.is_text:"): "as above: captions and the uncertain-sentences "
+    "view by the modality's properties (shows_as_text, default_id)",
+    ("pages/6_hydra.py", "if context.is_text"): "as above",
+}
+
+
+def _name_comparisons() -> dict[tuple[str, str], int]:
+    """Each line above the seam that compares a family's or modality's name, (file, line) ->
+    how often it occurs."""
+    engine = PACKAGE_DIR.rglob("*.py")
+    files = [
+        *(p for p in engine if not str(p.relative_to(REPO_DIR)).startswith(SEAM_DIRS)),
+        *(REPO_DIR / "hydra_ui").rglob("*.py"),
+        *(REPO_DIR / "pages").rglob("*.py"),
+        REPO_DIR / "app.py",
+    ]
+    found: dict[tuple[str, str], int] = {}
+    for path in files:
+        for line in path.read_text().splitlines():
+            code = line.strip()
+            if code.startswith("#") or not NAME_COMPARISON.search(FOR_IN.sub("for", code)):
+                continue
+            key = (str(path.relative_to(REPO_DIR)), code)
+            found[key] = found.get(key, 0) + 1
+    return found
+
+
+def test_no_family_or_modality_name_is_compared_above_the_seam():
+    found = _name_comparisons()
+    new = sorted(k for k in found if k not in NAME_COMPARISONS_ALLOWED)
+    assert not new, (
+        "these lines compare a family's or modality's name outside hydra_core/models/: ask the "
+        "family, the modality (loaded.modality: noun, takes_files, benchmark(), ...) or the "
+        "loaded model instead, or add a property there:\n"
+        + "\n".join(f"{path}: {line}" for path, line in new)
+    )
