@@ -136,6 +136,7 @@ def test_engine_never_imports_the_app():
         bad = {n for n in names if n.split(".")[0] in ("streamlit", "hydra_ui", "pages")}
         assert not bad, f"{path} imports {sorted(bad)}"
 
+
 # --- no name of a family or modality above the seam ---------------------------------------------
 
 REPO_DIR = PACKAGE_DIR.parent
