@@ -25,13 +25,9 @@ from hydra_core.hydra.cost import count_params
 from hydra_core.models.adapter import prune_heads
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.models.text import TextClassifier, TextPreprocess
-from hydra_core.report.text import (
-    FINETUNE,
-    MC_DROPOUT,
-    SINGLE,
-    _verdict,
-    paper_table2,
-)
+from hydra_core.baselines.systems import MC_DROPOUT
+from hydra_core.report.claims import verdict as claim_verdict
+from hydra_core.report.text import FINETUNE, SINGLE, paper_table2
 from hydra_core.training.top import finetune_top
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
@@ -261,4 +257,4 @@ def test_deep_heads_config_and_paper_numbers():
     ],
 )
 def test_verdicts(paper, value, lo, hi, verdict):
-    assert _verdict(paper, value, lo, hi) == verdict
+    assert claim_verdict(paper, value, lo, hi) == verdict

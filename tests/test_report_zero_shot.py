@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
+from hydra_core.baselines.temperature import TemperatureScaled
 from hydra_core.cli import main
 from hydra_core.report.zero_shot import (
     CLAIMS,
     MAIN_ROWS,
     OURS,
-    TemperatureScaled,
     ZeroShotReportConfig,
     paper_table3,
     run_zero_shot_report,

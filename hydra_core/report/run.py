@@ -7,13 +7,7 @@ to :func:`~hydra_core.report.tables.report_tables` and
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import platform
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,28 +20,23 @@ from hydra_core.baselines.deep_ensembles import deep_ensemble_for
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.errors import InputError
-from hydra_core.evaluate import evaluate_model, nest_intervals, resolve_device
+from hydra_core.evaluate import evaluate_model
 from hydra_core.hydra.cost import parameter_breakdown
-from hydra_core.hydra.experiment import evaluate_systems
+from hydra_core.hydra.experiment import DeepEnsemble, Hydra, Pruned, Single
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
-    circuit_member,
     member_overlap,
-    seed_sampled_members,
-    taylor_member,
-    taylor_ranking,
 )
 from hydra_core.hydra.systems import (
     SystemInfo,
     SystemsReport,
-    machine_description,
     system_name,
 )
-from hydra_core.masks import MemberMask, save_masks
-from hydra_core.models.adapter import HeadLayout, head_layout
+from hydra_core.masks import MemberMask
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_report
+from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -62,8 +51,6 @@ from hydra_core.report.tables import (
 from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
-    from hydra_core.analysis.greedy import GreedyResult
-    from hydra_core.analysis.inputs import SearchInputs
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.models.registry import LoadedModel
 
@@ -145,63 +132,6 @@ class ReportConfig:
         return cls(**settings)
 
 
-@dataclass
-class Budgets:
-    """Head budgets derived from the model and the configuration."""
-
-    removed_per_layer: int  # heads Taylor removes in every layer
-    budget: int  # heads every circuit and member removes
-    pool: int  # members draw their pruned heads from this many least useful
-    total: int  # heads of the model
-
-    @classmethod
-    def of(cls, layout: HeadLayout, config: ReportConfig) -> Budgets:
-        """The budgets for a model with this head layout; refuses a per-layer count that leaves
-        a layer with no head."""
-        per_layer = config.removed_per_layer
-        if per_layer is None:
-            per_layer = max(1, round(layout.max_heads / 3))
-        if not 0 < per_layer < min(layout.num_heads):
-            raise ValueError(
-                f"removed_per_layer must be between 1 and "
-                f"{min(layout.num_heads) - 1}, got {per_layer}"
-            )
-        budget = per_layer * layout.num_layers
-        pool = round(config.pool_fraction * layout.total_heads)
-        pool = min(layout.total_heads, max(budget + 1, pool))
-        return cls(per_layer, budget, pool, layout.total_heads)
-
-
-class _Stages:
-    """Wall time of each stage of the run, and log lines as they finish; when the run began."""
-
-    def __init__(self, log: Log) -> None:
-        self.seconds: dict[str, float] = {}
-        self.log = log
-        self.started = time.perf_counter()
-        self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-    def total(self) -> float:
-        """Seconds since the run began."""
-        return time.perf_counter() - self.started
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self.log(f"[report] {name} ...")
-        yield
-        self.seconds[name] = time.perf_counter() - start
-        self.log(f"[report] {name}: {self.seconds[name]:.0f} s")
-
-
-def open_run(out: str | Path, cache: DiskCache | None, log: Log) -> tuple[Path, DiskCache, _Stages]:
-    """What every report starts with: its output folder (created), the cache (the default one
-    when None) and the clock of its stages."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out, cache or DiskCache(), _Stages(log)
-
-
 def run_report(
     config: ReportConfig = ReportConfig(),
     out: str | Path = DEFAULT_OUT,
@@ -214,16 +144,13 @@ def run_report(
 
     Returns the key numbers (also in ``report.json``): per table, the rows written.
     """
-    from hydra_core.analysis.inputs import search_inputs
     from hydra_core.data.benchmark import default_benchmark
     from hydra_core.models.registry import load_model
 
-    out, cache, stages = open_run(out, cache, log)
-    device = resolve_device(config.device)
+    run = Pipeline(out, cache, config.device, progress, log)
+    device, cache, stages = run.device, run.cache, run.stage
 
-    with stages("load model and data"):
-        loaded = load_model(config.model)
-        loaded.model.to(device).eval()
+    def loader():
         benchmark = default_benchmark(
             n_search=config.n_search,
             n_report=config.n_report,
@@ -231,62 +158,50 @@ def run_report(
             search_ood=list(config.search_ood) if config.search_ood else None,
             protocol=config.protocol,
         )
-        if benchmark.protocol_note():
-            log(f"[report] warning: {benchmark.protocol_note()}")
-        inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    layout = head_layout(loaded.model)
+        return load_model(config.model), benchmark
+
+    run.load(loader)
+    loaded, benchmark, layout = run.loaded, run.benchmark, run.layout
     budgets = Budgets.of(layout, config)
     seeds = list(config.seeds)
 
-    circuits = _greedy_circuits(loaded, inputs, budgets, config, cache, progress, stages)
-    with stages("Taylor scores and layer-wise pruning"):
-        taylor = taylor_member(
-            loaded.model,
-            inputs,
-            per_layer=budgets.removed_per_layer,
-            samples=config.taylor_samples,
-            batch_size=config.batch_size,
-        )
-        taylor_rank = taylor_ranking(
-            loaded.model, inputs, samples=config.taylor_samples, batch_size=config.batch_size
-        )
+    circuits = {
+        objective: run.search(objective, budgets.budget, batch_size=config.batch_size)
+        for objective in ("avg", "acc", "ood")
+    }
+    pruning = run.prune(
+        circuits["avg"],
+        budgets,
+        seeds,
+        taylor_samples=config.taylor_samples,
+        batch_size=config.batch_size,
+    )
+    taylor, members = pruning.taylor, pruning.members
 
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
-    members = _members(circuits["avg"].ranking(), taylor_rank, layout, budgets, seeds)
     circ_members, taylor_members = members[HYDRA_CIRC], members[HYDRA_TAYLOR]
-    circavg = circuit_member(
-        circuits["avg"].ranking(), layout, budget=budgets.budget, ranking_name="CircAvg"
-    )
     identical = [
-        MemberMask(f"CircAvg copy {i}", "the CircAvg circuit", circavg.keep)
+        MemberMask(f"CircAvg copy {i}", "the CircAvg circuit", pruning.circavg.keep)
         for i in range(len(seeds))
     ]
-    identity = loaded.identity()
-    save_masks(out / "members.json", [*circ_members, *taylor_members], identity)
+    run.save_members([*circ_members, *taylor_members])
 
     deep = (
         deep_ensemble_for(config.model, log=lambda reason: log(f"[report] {reason}"))
         if config.deep_ensemble
         else None
     )
-    common = _evaluation_options(device, cache, progress, config.batch_size)
+    zero_shot = [
+        Single(),
+        *(Pruned(name, keep) for name, keep in masks.items()),
+        Hydra(circ_members, HYDRA_CIRC),
+        *([] if deep is None else [DeepEnsemble(deep)]),
+        Hydra(taylor_members, HYDRA_TAYLOR),
+        Hydra(identical, HYDRA_IDENTICAL),
+    ]
     with stages("evaluate zero-shot systems"):
-        systems = evaluate_systems(
-            loaded,
-            benchmark,
-            circ_members,
-            label=HYDRA_CIRC,
-            pruned=masks,
-            deep_ensemble=deep,
-            **common,
-        )
-        systems = systems.merge(
-            evaluate_systems(loaded, benchmark, taylor_members, label=HYDRA_TAYLOR, **common)
-        )
-        systems = systems.merge(
-            evaluate_systems(loaded, benchmark, identical, label=HYDRA_IDENTICAL, **common)
-        )
+        systems = run.evaluate(zero_shot, batch_size=config.batch_size)
 
     finetuned_labels = []
     if config.finetune is not None:
@@ -297,9 +212,7 @@ def run_report(
             (HYDRA_IDENTICAL_FT, identical, None),
         ]
         with stages("fine-tune and evaluate"):
-            systems = _finetuned_systems(
-                systems, loaded, benchmark, masks, variants, config, device, cache, progress
-            )
+            systems = _finetuned_systems(systems, run, masks, variants, config)
         finetuned_labels = [label for label, _, _ in variants]
 
     with stages("cost and latency"):
@@ -311,104 +224,37 @@ def run_report(
         table5 = _table5(loaded, benchmark, masks["CircOOD"], config)
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
-        repeated = _repeats(systems, loaded, benchmark, budgets, config, device, cache, progress)
+        repeated = _repeats(systems, run, budgets, config)
     with stages("transfer of the circuits' AUROC gain"):
-        transfer = _transfer_table(systems, loaded, benchmark, budgets, config, device, cache)
+        transfer = _transfer_table(systems, run, budgets, config)
 
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
     tables["transfer"] = transfer
     tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
-    overlap = {
-        "Hydra (Circ)": member_overlap(circ_members),
-        "Hydra (Taylor)": member_overlap(taylor_members),
-    }
-    models = {name: info.models[0] for name, info in systems.info.items() if info.models}
-    setup = _setup(
-        config,
-        loaded,
-        benchmark,
-        budgets,
-        device,
-        stages.seconds,
-        stages.total(),
-        stages.created,
-        deep,
-        overlap,
-        models,
-    )
-    _write(out, tables, systems, overlap, setup, finetuned_labels)
-    log(f"[report] wrote {out / 'report.md'} ({setup['total_seconds']:.0f} s)")
-    return {"setup": setup, **{k: _records(v) for k, v in tables.items()}}
+    setup = _setup(run, config, budgets, members, deep, systems)
+    _write_overlaps(run.out, members)
+    markdown = lambda tables, setup: markdown_report(tables, setup, finetuned_labels)  # noqa: E731
+    payload = run.write(tables, setup, systems, markdown)
+    return {k: v for k, v in payload.items() if k != "systems"}
 
 
 # --- stages of the run --------------------------------------------------------------------------
 
 
-def _greedy_circuits(
-    loaded: LoadedModel,
-    inputs: SearchInputs,
-    budgets: Budgets,
-    config: ReportConfig,
-    cache: DiskCache,
-    progress: StageProgress | None,
-    stages: _Stages,
-) -> dict[str, GreedyResult]:
-    """The three greedy searches (CircAvg, CircAcc, CircOOD) by objective, each a stage."""
-    from hydra_core.analysis.greedy import greedy_circuit
-
-    circuits = {}
-    for objective in ("avg", "acc", "ood"):
-        name = CIRCUIT_NAMES[objective]
-        with stages(f"greedy search {name} ({budgets.budget} steps)"):
-            on_step = (
-                None
-                if progress is None
-                else (
-                    lambda step, name=name: progress(
-                        f"greedy {name}", step.step + 1, budgets.budget
-                    )
-                )
-            )
-            circuits[objective] = greedy_circuit(
-                loaded.model,
-                inputs.id_x,
-                inputs.id_y,
-                inputs.ood_x,
-                objective=objective,
-                budget=budgets.budget,
-                batch_size=config.batch_size,
-                cache=cache,
-                progress=on_step,
-            )
-    return circuits
-
-
-def _evaluation_options(
-    device: torch.device, cache: DiskCache, progress: StageProgress | None, batch_size: int
-) -> dict:
-    """Options every ``evaluate_systems`` call of the report shares; latency is timed later."""
-    return dict(device=device, cache=cache, progress=progress, latency=False, batch_size=batch_size)
-
-
 def _finetuned_systems(
     systems: SystemsReport,
-    loaded: LoadedModel,
-    benchmark: Benchmark,
+    run: Pipeline,
     masks: Mapping[str, torch.Tensor],
     variants: Sequence[tuple[str, Sequence[MemberMask], Sequence[int] | None]],
     config: ReportConfig,
-    device: torch.device,
-    cache: DiskCache,
-    progress: StageProgress | None,
 ) -> SystemsReport:
     """``systems`` with the fine-tuned Taylor and CircAvg models and Hydra variants added.
 
     ``variants`` are (label, members, fine-tuning seeds) triples; each is fine-tuned, fused and
-    evaluated as :func:`~hydra_core.hydra.systems.evaluate_systems` does.
+    evaluated as a :class:`~hydra_core.hydra.experiment.Hydra` system.
     """
-    ft = config.finetune
-    common = _evaluation_options(device, cache, progress, config.batch_size)
+    ft, loaded = config.finetune, run.loaded
     train_set = load_fashion_mnist("train")  # read once; each run takes its subset
     for name in ("Taylor", "CircAvg"):
         member = finetune_member(
@@ -418,18 +264,18 @@ def _finetuned_systems(
             preprocess=loaded.preprocess,
             train_set=train_set,
             name=name,
-            device=device,
-            cache=cache,
-            progress=_member_progress(progress, name),
+            device=run.device,
+            cache=run.cache,
+            progress=_member_progress(run.progress, name),
         )
         evaluation = evaluate_model(
             member.model,
             loaded.preprocess,
-            benchmark.id_report,
-            benchmark.ood_report,
+            run.benchmark.id_report,
+            run.benchmark.ood_report,
             name=f"{name} (fine-tuned)",
-            device=device,
-            cache=cache,
+            device=run.device,
+            cache=run.cache,
             batch_size=config.batch_size,
         )
         systems.add_system(
@@ -438,18 +284,8 @@ def _finetuned_systems(
             SystemInfo("pruned", str(int(masks[name].sum())), models=[member.model]),
         )
     for label, members, ft_seeds in variants:
-        systems = systems.merge(
-            evaluate_systems(
-                loaded,
-                benchmark,
-                members,
-                label=label,
-                finetune=ft,
-                finetune_seeds=ft_seeds,
-                train_set=train_set,
-                **common,
-            )
-        )
+        hydra = Hydra(members, label, ft, ft_seeds, train_set)
+        systems = systems.merge(run.evaluate([Single(), hydra], batch_size=config.batch_size))
     return systems
 
 
@@ -485,29 +321,6 @@ def _cost_systems(
     return [n for n in names if n in systems.info]
 
 
-def _members(
-    circ_ranking: Sequence[tuple[int, int]],
-    taylor_rank: Sequence[tuple[int, int]],
-    layout: HeadLayout,
-    budgets: Budgets,
-    seeds: Sequence[int],
-) -> dict[str, list[MemberMask]]:
-    """The Hydra (Circ) and Hydra (Taylor) members: one per seed, each pruning the budget's
-    heads drawn from the pool of least useful heads of the CircAvg or Taylor ranking."""
-    rankings = {HYDRA_CIRC: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
-    return {
-        label: seed_sampled_members(
-            ranking,
-            layout,
-            budget=budgets.budget,
-            pool=budgets.pool,
-            seeds=seeds,
-            ranking_name=name,
-        )
-        for label, (name, ranking) in rankings.items()
-    }
-
-
 def _table5(
     loaded: LoadedModel, benchmark: Benchmark, keep: torch.Tensor, config: ReportConfig
 ) -> pd.DataFrame:
@@ -535,14 +348,7 @@ SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auro
 
 
 def _repeats(
-    systems: SystemsReport,
-    loaded: LoadedModel,
-    benchmark: Benchmark,
-    budgets: Budgets,
-    config: ReportConfig,
-    device: torch.device,
-    cache: DiskCache,
-    progress: StageProgress | None,
+    systems: SystemsReport, run: Pipeline, budgets: Budgets, config: ReportConfig
 ) -> pd.DataFrame:
     """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat.
 
@@ -551,19 +357,17 @@ def _repeats(
     images in another order when ``n_search`` takes them all, which leaves the search unchanged),
     a CircAvg search and Taylor ranking on it, pruning seeds r*M .. r*M + M - 1, and fine-tuning
     batch order r. The report images stay the same, so the spread is the seeds' alone."""
-    from hydra_core.analysis.greedy import greedy_circuit
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.data.images import take
     from hydra_core.data.ood import OOD_SETS, load_ood_set
 
-    layout = head_layout(loaded.model)
-    m = len(config.seeds)
+    loaded, benchmark, device = run.loaded, run.benchmark, run.device
+    m, b, n = len(config.seeds), config.batch_size, config.taylor_samples
     families = [fused(HYDRA_CIRC), fused(HYDRA_TAYLOR), "CircAvg", "Taylor"]
     if config.finetune is not None:
         families += [fused(HYDRA_CIRC_FT), fused(HYDRA_TAYLOR_FT)]
     main = systems.summary().set_index("system")
     rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
-    common = _evaluation_options(device, cache, progress, config.batch_size)
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
     id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
     pools = [
@@ -578,43 +382,27 @@ def _repeats(
             ood_search=tuple(take(s, config.n_search, purpose=purpose) for s in pools),
         )
         inputs = search_inputs(loaded.preprocess, sub).to(device)
-        circ = greedy_circuit(
-            loaded.model,
-            inputs.id_x,
-            inputs.id_y,
-            inputs.ood_x,
-            objective="avg",
-            budget=budgets.budget,
-            batch_size=config.batch_size,
-            cache=cache,
-        )
-        options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
-        taylor = taylor_member(loaded.model, inputs, per_layer=budgets.removed_per_layer, **options)
-        taylor_rank = taylor_ranking(loaded.model, inputs, **options)
+        again = f", repeat {r}"
+        circ = run.search("avg", budgets.budget, batch_size=b, inputs=inputs, repeat=again)
         seeds = [r * m + i for i in range(m)]
-        members = _members(circ.ranking(), taylor_rank, layout, budgets, seeds)
+        pruning = run.prune(
+            circ, budgets, seeds, taylor_samples=n, batch_size=b, inputs=inputs, repeat=again
+        )
+        members, taylor = pruning.members, pruning.taylor
         pruned = {"CircAvg": circ.keep_mask(), "Taylor": taylor.keep}
-        run = evaluate_systems(
-            loaded, benchmark, members[HYDRA_CIRC], label=HYDRA_CIRC, pruned=pruned, **common
-        )
-        run = run.merge(
-            evaluate_systems(loaded, benchmark, members[HYDRA_TAYLOR], label=HYDRA_TAYLOR, **common)
-        )
+        pruned = [Pruned(name, keep) for name, keep in pruned.items()]
+        repeat = [
+            Single(),
+            *pruned,
+            Hydra(members[HYDRA_CIRC], HYDRA_CIRC),
+            Hydra(members[HYDRA_TAYLOR], HYDRA_TAYLOR),
+        ]
         if config.finetune is not None:
             for label, tuned in ((HYDRA_CIRC, HYDRA_CIRC_FT), (HYDRA_TAYLOR, HYDRA_TAYLOR_FT)):
-                run = run.merge(
-                    evaluate_systems(
-                        loaded,
-                        benchmark,
-                        members[label],
-                        label=tuned,
-                        finetune=config.finetune,
-                        finetune_seeds=[r] * m,
-                        train_set=train_set,
-                        **common,
-                    )
-                )
-        summary = run.summary().set_index("system")
+                ft_seeds = [r] * m
+                repeat.append(Hydra(members[label], tuned, config.finetune, ft_seeds, train_set))
+        found = run.evaluate(repeat, batch_size=config.batch_size)
+        summary = found.summary().set_index("system")
         rows += [
             {"repeat": r, "system": f, **summary.loc[f, list(SEEDED_METRICS)]} for f in families
         ]
@@ -622,21 +410,16 @@ def _repeats(
 
 
 def _transfer_table(
-    systems: SystemsReport,
-    loaded: LoadedModel,
-    benchmark: Benchmark,
-    budgets: Budgets,
-    config: ReportConfig,
-    device: torch.device,
-    cache: DiskCache,
+    systems: SystemsReport, run: Pipeline, budgets: Budgets, config: ReportConfig
 ) -> pd.DataFrame:
     """How much of the circuits' AUROC gain over the dense model reaches sets the search never
     saw: per report set, AUROC(circuit) - AUROC(single) with its paired 95% interval, for CircOOD
     and CircAvg (searched on the search sets only), and for one leave-one-set-out CircOOD searched
     on halves of the other report sets and measured on the one left out (added to ``systems``)."""
-    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.inputs import SearchInputs
     from hydra_core.data.images import split_in_two
 
+    loaded, benchmark, device = run.loaded, run.benchmark, run.device
     searched = {
         "CircOOD": ", ".join(benchmark.search_names()),
         "CircAvg": ", ".join(benchmark.search_names()),
@@ -652,16 +435,19 @@ def _transfer_table(
         halves = [split_in_two(s)[0] for s in others]
         per_set = max(1, (config.n_search or len(benchmark.id_search)) // len(halves))
         ood_images = torch.cat([h.images[:per_set] for h in halves])
-        id_x = loaded.preprocess(benchmark.id_search.images).to(device)
-        circuit = greedy_circuit(
-            loaded.model,
-            id_x,
+        ood_x = loaded.preprocess(ood_images).to(device)
+        inputs = SearchInputs(
+            loaded.preprocess(benchmark.id_search.images).to(device),
             benchmark.id_search.labels.to(device),
-            loaded.preprocess(ood_images).to(device),
-            objective="ood",
-            budget=budgets.budget,
+            ood_x,
+            {"halves of the other report sets": ood_x},
+        )
+        circuit = run.search(
+            "ood",
+            budgets.budget,
             batch_size=config.batch_size,
-            cache=cache,
+            inputs=inputs,
+            repeat=f", {config.loso_set} left out",
         )
         name = f"CircOOD, {config.loso_set} left out"
         keep = circuit.keep_mask()
@@ -673,7 +459,7 @@ def _transfer_table(
             keep=keep,
             name=name,
             device=device,
-            cache=cache,
+            cache=run.cache,
             batch_size=config.batch_size,
         )
         systems.add_system(name, evaluation, SystemInfo("pruned", str(int(keep.sum()))))
@@ -699,138 +485,48 @@ def _transfer_table(
     return pd.DataFrame(rows)
 
 
-def _records(frame: pd.DataFrame) -> list[dict]:
-    """A table as JSON records, as ``report.json`` stores it: every metric with an interval as
-    ``{"value": v, "ci95": [lo, hi]}``, NaN as null."""
-    return [nest_intervals(row) for row in json.loads(frame.to_json(orient="records"))]
-
-
 # --- setup and writing --------------------------------------------------------------------------
 
 
 def _setup(
+    run: Pipeline,
     config: ReportConfig,
-    loaded: LoadedModel,
-    benchmark: Benchmark,
     budgets: Budgets,
-    device: torch.device,
-    seconds: Mapping[str, float],
-    total: float,
-    created: str,
+    members: Mapping[str, Sequence[MemberMask]],
     deep: Sequence[nn.Module] | None,
-    overlap: Mapping[str, dict],
-    systems_models: Mapping[str, nn.Module],
+    systems: SystemsReport,
 ) -> dict:
     """The run's description (report.json's ``setup``): what ran, on what, where, how long;
     ``protocol`` says which images selected heads and which were reported, and the seeds."""
-    data = benchmark.describe()
-    fused_hydra = systems_models.get(fused(HYDRA_CIRC))
-    return {
-        "created": created,
-        "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-        "protocol": {
-            "name": benchmark.protocol,
-            "note": benchmark.protocol_note(),
-            "search_ood": benchmark.search_names(),
-            "report_ood": benchmark.report_names(),
-            "id_search_n": len(benchmark.id_search),
-            "id_report_n": len(benchmark.id_report),
-            "seeds": {
-                "pruning": [
-                    [r * len(config.seeds) + s for s in range(len(config.seeds))]
-                    for r in range(config.repeats)
-                ],
-                "finetune_batch_order": list(range(config.repeats)),
-                "search_subsample": [f"search-repeat-{r}" for r in range(1, config.repeats)],
-                "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
-            },
-        },
-        "parameters": {
-            "single": parameter_breakdown(loaded.model),
-            fused(HYDRA_CIRC): None if fused_hydra is None else parameter_breakdown(fused_hydra),
-        },
-        "model": loaded.card(),
-        "model_description": loaded.description,
-        "data": data.drop(columns="description").to_dict(orient="records"),
-        "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
-        "budgets": asdict(budgets),
-        "members": len(config.seeds),
-        "pruning_seeds": list(config.seeds),
-        "config": {k: v for k, v in asdict(config).items() if k != "finetune"},
-        "finetune": None if config.finetune is None else asdict(config.finetune),
-        "deep_ensemble_members": 0 if deep is None else len(deep),
-        "member_overlap": {
-            k: {
-                "mean_pairwise_jaccard": v["mean_pairwise_jaccard"],
-                "kept_by_all": len(v["kept_by_all"]),
-                "kept_by_any": len(v["kept_by_any"]),
-            }
-            for k, v in overlap.items()
-        },
-        **run_facts(device, seconds, total),
+    m = len(config.seeds)
+    seeds = {
+        "pruning": [[r * m + s for s in range(m)] for r in range(config.repeats)],
+        "finetune_batch_order": list(range(config.repeats)),
+        "search_subsample": [f"search-repeat-{r}" for r in range(1, config.repeats)],
+        "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
     }
+    hydra = systems.info.get(fused(HYDRA_CIRC))
+    setup = run.setup(None, budgets, seeds, members)
+    setup.update(
+        parameters={
+            "single": parameter_breakdown(run.loaded.model),
+            fused(HYDRA_CIRC): None if hydra is None else parameter_breakdown(hydra.models[0]),
+        },
+        pruning_seeds=list(config.seeds),
+        config={k: v for k, v in asdict(config).items() if k != "finetune"},
+        finetune=None if config.finetune is None else asdict(config.finetune),
+        deep_ensemble_members=0 if deep is None else len(deep),
+    )
+    return run.finish(setup)
 
 
-def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
-    """``setup["protocol"]``: which samples selected heads and which were reported, and the
-    run's ``seeds``."""
-    return {
-        "name": benchmark.protocol,
-        "note": benchmark.protocol_note(),
-        "search_ood": benchmark.search_names(),
-        "report_ood": benchmark.report_names(),
-        "id_search_n": len(benchmark.id_search),
-        "id_report_n": len(benchmark.id_report),
-        "report_n": {s.name: len(s) for s in benchmark.ood_report},
-        "seeds": dict(seeds),
-    }
-
-
-def run_facts(device: torch.device, seconds: Mapping[str, float], total: float) -> dict:
-    """Where and how long a report ran: the entries every report's ``setup`` ends with."""
-    return {
-        "device": str(device),
-        "machine": machine_description(device),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "total_seconds": round(total, 1),
-    }
-
-
-def _write(
-    out: Path,
-    tables: Mapping[str, pd.DataFrame],
-    systems: SystemsReport,
-    overlap: Mapping[str, dict],
-    setup: dict,
-    finetuned: Sequence[str],
-) -> None:
-    """Every file of the report: one CSV per table and per overlap, report.json, report.md."""
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    for label, o in overlap.items():
+def _write_overlaps(out: Path, members: Mapping[str, Sequence[MemberMask]]) -> None:
+    """One CSV per ensemble for its members' pairwise Jaccard and per-layer overlap."""
+    for label, ms in members.items():
+        o = member_overlap(ms)
         stem = label.lower().replace(" ", "_").replace("(", "").replace(")", "")
         o["jaccard"].to_csv(out / f"overlap_{stem}_jaccard.csv")
         o["per_layer"].to_csv(out / f"overlap_{stem}_per_layer.csv")
-    payload = {
-        "setup": setup,
-        **{k: _records(v) for k, v in tables.items()},
-        "systems": systems.to_json()["systems"],
-    }
-    (out / "report.json").write_text(json.dumps(_nan_to_none(payload), indent=1))
-    (out / "report.md").write_text(markdown_report(tables, setup, finetuned))
-
-
-def _nan_to_none(value: object) -> object:
-    """``value`` with every NaN float, however deeply nested, replaced by None (JSON null)."""
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_to_none(v) for v in value]
-    if isinstance(value, float) and value != value:
-        return None
-    return value
 
 
 def config_from_args(quick: bool, **overrides) -> ReportConfig:

@@ -15,14 +15,13 @@ import pandas as pd
 from hydra_core.evaluate import interval_columns
 from hydra_core.hydra.members import CIRCUIT_NAMES
 from hydra_core.hydra.systems import system_name
+from hydra_core.report.pipeline import HYDRA_CIRC, HYDRA_TAYLOR
 
 if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult
     from hydra_core.hydra.systems import SystemsReport
 
 #: the ensembles the report evaluates, by label (rows are named through ``system_name``)
-HYDRA_CIRC = "Hydra (Circ)"
-HYDRA_TAYLOR = "Hydra (Taylor)"
 HYDRA_IDENTICAL = "Hydra (Circ, identical members)"
 HYDRA_CIRC_FT = f"{HYDRA_CIRC}, fine-tuned"
 HYDRA_TAYLOR_FT = f"{HYDRA_TAYLOR}, fine-tuned"

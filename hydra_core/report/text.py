@@ -62,9 +62,7 @@ Report sentences are evaluated in order of length with the unused padding of eac
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -74,47 +72,24 @@ import pandas as pd
 import torch
 from torch import nn
 
-from hydra_core.baselines.mc_dropout import MCDropout
-from hydra_core.baselines.shared_backbone import (
-    DEEP,
-    DEEP_HEADS,
-    SharedBackboneEnsemble,
-    deep_heads,
-    train_text_ensemble,
+from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS
+from hydra_core.baselines.systems import (
+    MC_DROPOUT,
+    MCDropoutBaseline,
+    SharedBackboneBaseline,
 )
 from hydra_core.cache import DiskCache, model_fingerprint
-from hydra_core.evaluate import (
-    Evaluation,
-    callable_model,
-    evaluate_model,
-    evaluate_system,
-    interval_columns,
-    probabilities,
-    resolve_device,
-)
+from hydra_core.evaluate import callable_model, probabilities
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
+from hydra_core.hydra.experiment import Run, heads_label
 from hydra_core.hydra.fused import fuse_members
-from hydra_core.hydra.members import (
-    circuit_member,
-    member_overlap,
-    taylor_member,
-    taylor_ranking,
-)
 from hydra_core.hydra.systems import SystemInfo, SystemsReport
-from hydra_core.masks import MemberMask, per_layer_counts, save_masks
+from hydra_core.masks import MemberMask, per_layer_counts
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.paths import REPO_DIR
-from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import (
-    Budgets,
-    _members,
-    _nan_to_none,
-    _records,
-    open_run,
-    protocol_facts,
-    run_facts,
-)
+from hydra_core.report.claims import CIRCAVG, circuit_table, paired_claim, pick
+from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -124,6 +99,7 @@ from hydra_core.report.tables import (
     OOD_METRICS,
     fused,
 )
+from hydra_core.report.text_markdown import text_markdown
 from hydra_core.training.top import TopFinetuneConfig, TopFinetuned, finetune_top, pruned_copy
 from hydra_core.types import Log, StageProgress
 
@@ -136,8 +112,7 @@ if TYPE_CHECKING:
 DEFAULT_TEXT_OUT = REPO_DIR / "docs" / "report" / "text"
 
 SINGLE = "single"
-MC_DROPOUT = "MC Dropout"
-TAYLOR, CIRCAVG = "Taylor", "CircAvg"
+TAYLOR = "Taylor"
 TAYLOR_FT, CIRCAVG_FT = "Taylor (fine-tuned)", "CircAvg (fine-tuned)"
 
 #: fine-tuning after pruning, every pruned model and member (D.2 with train-text's layers)
@@ -220,7 +195,6 @@ def text_config_from_args(quick: bool, **overrides) -> TextReportConfig:
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-
 def text_benchmark(config: TextReportConfig) -> Benchmark:
     """The text default benchmark at the configuration's sizes: each report OOD set cut to its
     first ``config.ood_cap`` sentences (a prefix of the fixed shuffle, so the same sentences as
@@ -255,7 +229,6 @@ def by_length(data: TextSet, preprocess: Callable[[Sequence[str]], torch.Tensor]
     return data.subset(torch.argsort(lengths, stable=True))
 
 
-
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -272,61 +245,53 @@ def run_text_report(
     Returns ``report.json``'s content: ``setup`` (with ``protocol``) and every table as records,
     each metric ``{"value": v, "ci95": [lo, hi]}``.
     """
-    out, cache, stages = open_run(out, cache, log)
-    device = resolve_device(config.device)
-
-    with stages("load model and data"):
-        loaded, benchmark, inputs, train_set = _load(config, device)
-    model = loaded.model
-    report_set = sorted_report(benchmark, loaded.preprocess)
-    layout = head_layout(model)
+    run = Pipeline(out, cache, config.device, progress, log)
+    (train_set,) = run.load(lambda: _load(config))
+    loaded, benchmark, device, stages = run.loaded, run.benchmark, run.device, run.stage
+    model, layout = loaded.model, run.layout
     per_layer = config.removed_per_layer or layout.max_heads // 2
     budgets = Budgets.of(layout, replace(config, removed_per_layer=per_layer))
     seeds = list(config.seeds)
 
-    with stages(f"greedy search CircAvg ({budgets.budget} steps)"):
-        circuit = _circavg_search(loaded, inputs, budgets, cache, progress)
-    with stages("Taylor scores and layer-wise pruning"):
-        options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
-        taylor = taylor_member(model, inputs, per_layer=budgets.removed_per_layer, **options)
-        taylor_rank = taylor_ranking(model, inputs, **options)
-    circavg = circuit_member(circuit.ranking(), layout, budget=budgets.budget, ranking_name=CIRCAVG)
-    members = _members(circuit.ranking(), taylor_rank, layout, budgets, seeds)
-    masks = [taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]]
-    save_masks(out / "members.json", masks, loaded.identity())
-
-    run = _Evaluator(
-        TrimmedPreprocess(loaded.preprocess), report_set, device, cache, config, progress
+    circuit = run.search("avg", budgets.budget)
+    pruning = run.prune(
+        circuit, budgets, seeds, taylor_samples=config.taylor_samples, batch_size=config.batch_size
     )
+    taylor, circavg, members = pruning.taylor, pruning.circavg, pruning.members
+    run.save_members([taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]])
+
+    # the report sentences by length, each batch trimmed to its longest: the same numbers, faster
+    trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
+    report_set = sorted_report(benchmark, loaded.preprocess)
+    options = dict(device=device, cache=run.cache, batch_size=config.batch_size)
+    systems = Run(trimmed, report_set, device, options, progress)
     pruned = {TAYLOR: pruned_copy(model, taylor.keep), CIRCAVG: pruned_copy(model, circavg.keep)}
     with stages("evaluate the single model, Taylor and CircAvg"):
-        run.model(SINGLE, "single", model)
+        systems.add_model(SINGLE, "single", model)
         for name, m in pruned.items():
-            run.model(name, "pruned", m)
+            systems.add_model(name, "pruned", m)
     with stages(f"MC Dropout ({config.mc_passes} passes)"):
-        run.mc_dropout(model)
+        MCDropoutBaseline(config.mc_passes, config.mc_seed).add_to(systems)
     deep_kind, deep_runs = _deep_kind(config, loaded, log), []
     if deep_kind is not None:
         with stages(f"{DEEP}: {len(seeds)} members ({deep_kind}), trained and evaluated"):
-            deep, deep_runs = _deep_ensemble(
-                deep_kind, loaded, train_set, benchmark, config, device, cache, progress, log
+            deep = SharedBackboneBaseline(
+                seeds, deep_kind, config.deep_heads, train_set, benchmark.id_search
             )
-            run.system(
-                DEEP,
-                SystemInfo("deep-ensemble", str(layout.total_heads), len(seeds), [deep]),
-                deep,
-                ("deep-ensemble", model_fingerprint(deep)),
-            )
+            deep.add_to(systems)
+            deep_runs = deep.runs
+            if deep_kind == "heads":
+                deep_runs = [_training_row(DEEP, h) for h in deep.runs]
     hydras = {}
     with stages("fuse and evaluate Hydra (Taylor) and Hydra (Circ), zero-shot"):
         for label in (HYDRA_TAYLOR, HYDRA_CIRC):
             hydras[label] = fuse_members([(model, m.keep) for m in members[label]])
-            run.fused(label, hydras[label], [int(m.keep.sum()) for m in members[label]])
+            _add_fused(systems, label, hydras[label], members[label])
 
     tuned: dict[str, TopFinetuned] = {}
     tuned_members: dict[str, list[TopFinetuned]] = {}
     if config.finetune is not None:
-        train = dict(preprocess=loaded.preprocess, device=device, cache=cache)
+        train = dict(preprocess=loaded.preprocess, device=device, cache=run.cache)
         with stages(f"fine-tune {2 + 2 * len(seeds)} pruned models and members"):
             for name, keep in ((TAYLOR, taylor.keep), (CIRCAVG, circavg.keep)):
                 tuned[name] = finetune_top(
@@ -353,39 +318,27 @@ def run_text_report(
                 ]
         with stages("evaluate the fine-tuned systems"):
             for name, ft_name in ((TAYLOR, TAYLOR_FT), (CIRCAVG, CIRCAVG_FT)):
-                run.model(ft_name, "pruned", tuned[name].model)
+                systems.add_model(ft_name, "pruned", tuned[name].model)
             for label, ft_label in ((HYDRA_TAYLOR, HYDRA_TAYLOR_FT), (HYDRA_CIRC, HYDRA_CIRC_FT)):
                 parts = [(t.model, head_layout(t.model).all_kept()) for t in tuned_members[label]]
                 hydras[ft_label] = fuse_members(parts)  # MLPs averaged over the members
-                run.fused(ft_label, hydras[ft_label], [int(m.keep.sum()) for m in members[label]])
+                _add_fused(systems, ft_label, hydras[ft_label], members[label])
 
     with stages("fused vs separately run members"):
-        fusion = _fusion_check(model, members, hydras, tuned_members, run)
-    systems = SystemsReport(run.evaluations, run.info)
+        fusion = _fusion_check(model, members, hydras, tuned_members, systems, config)
+    report = SystemsReport(systems.evaluations, systems.info)
     with stages("cost and latency"):
-        systems.cost = _cost(model, systems, members, pruned, run)
+        report.cost = _cost(model, report, members, pruned, systems, config)
     with stages("bootstrap intervals"):
-        tables = text_tables(systems, circuit, [taylor, circavg], members, fusion)
+        tables = text_tables(report, circuit, [taylor, circavg], members, fusion)
     tables["training"] = _training_table(deep_runs, tuned, tuned_members)
-    setup = _setup(
-        config,
-        loaded,
-        benchmark,
-        budgets,
-        device,
-        stages.seconds,
-        stages.created,
-        members,
-        deep_kind,
-        stages.total(),
-    )
-    return _write(out, tables, setup, systems, log)
+    setup = _setup(run, config, budgets, members, deep_kind)
+    return run.write(tables, setup, report, text_markdown)
 
 
-def _load(config: TextReportConfig, device: torch.device):
-    """The model (on ``device``, refused unless it is a text classifier with the benchmark's
-    classes), the benchmark, the search tensors and the training sentences."""
-    from hydra_core.analysis.inputs import search_inputs
+def _load(config: TextReportConfig):
+    """The model (refused unless it is a text classifier with the benchmark's classes), the
+    benchmark and the training sentences."""
     from hydra_core.data.text import load_rotten_tomatoes
     from hydra_core.errors import InputError
     from hydra_core.models.registry import load_model
@@ -396,7 +349,6 @@ def _load(config: TextReportConfig, device: torch.device):
             f"--task text needs a text classifier; {config.model!r} takes images (run the "
             "image report with --task image)"
         )
-    loaded.model.to(device).eval()
     benchmark = text_benchmark(config)
     train_set = load_rotten_tomatoes("train")
     if loaded.num_outputs() != len(train_set.classes):
@@ -404,86 +356,16 @@ def _load(config: TextReportConfig, device: torch.device):
             f"{config.model!r} predicts {loaded.num_outputs()} classes; the text benchmark "
             f"(Rotten Tomatoes) has {len(train_set.classes)}: pass a binary sentiment model"
         )
-    inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    return loaded, benchmark, inputs, train_set
+    return loaded, benchmark, train_set
 
 
-def _deep_ensemble(
-    kind: str,
-    loaded: LoadedModel,
-    train_set: TextSet,
-    benchmark: Benchmark,
-    config: TextReportConfig,
-    device: torch.device,
-    cache: DiskCache,
-    progress: StageProgress | None,
-    log: Log,
-) -> tuple[SharedBackboneEnsemble, list[dict]]:
-    """Deep Ensembles (D) made the way ``kind`` says, and one record per member's training."""
-    if kind == "train-text":
-        return train_text_ensemble(
-            loaded.model, config.seeds, cache=cache, log=log, progress=progress
-        )
-    deep, heads = deep_heads(
-        loaded.model,
-        train_set,
-        config.deep_heads,
-        preprocess=loaded.preprocess,
-        seeds=config.seeds,
-        validation_set=benchmark.id_search,
-        device=device,
-        cache=cache,
-        progress=progress,
-    )
-    return deep, [_training_row(DEEP, h) for h in heads]
-
-
-def _write(
-    out: Path,
-    tables: Mapping[str, pd.DataFrame],
-    setup: dict,
-    systems: SystemsReport,
-    log: Log,
-    markdown: Callable[[Mapping[str, pd.DataFrame], dict], str] | None = None,
-) -> dict:
-    """Every file of the report: one CSV per table, report.json, report.md (``markdown``, the
-    text report's by default); returns the JSON."""
-    payload = {
-        "setup": setup,
-        **{k: _records(v) for k, v in tables.items()},
-        "systems": systems.to_json()["systems"],
-    }
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    payload = _nan_to_none(payload)
-    (out / "report.json").write_text(json.dumps(payload, indent=1))
-    (out / "report.md").write_text((markdown or text_markdown)(tables, setup))
-    log(f"[report] wrote {out} in {setup['total_seconds'] / 60:.1f} minutes")
-    return payload
-
-
-def _circavg_search(
-    loaded: LoadedModel,
-    inputs,
-    budgets: Budgets,
-    cache: DiskCache,
-    progress: StageProgress | None,
-) -> GreedyResult:
-    """The CircAvg greedy search (cached: a finished search loads, an interrupted one resumes)."""
-    from hydra_core.analysis.greedy import greedy_circuit
-
-    stage = f"greedy search {CIRCAVG}"
-    on_step = None if progress is None else (lambda s: progress(stage, s.step + 1, budgets.budget))
-    return greedy_circuit(
-        loaded.model,
-        inputs.id_x,
-        inputs.id_y,
-        inputs.ood_x,
-        objective="avg",
-        budget=budgets.budget,
-        cache=cache,
-        progress=on_step,
-    )
+def _add_fused(systems: Run, label: str, hydra: nn.Module, members: Sequence[MemberMask]) -> None:
+    """A fused Hydra model; its member logits (B, M, C) give the ensemble and diversity."""
+    hydra = hydra.to(systems.device).eval()
+    kept = [int(m.keep.sum()) for m in members]
+    evaluation = systems.evaluate_module(fused(label), hydra, ("hydra", model_fingerprint(hydra)))
+    info = SystemInfo("fused", heads_label(kept), len(kept), [hydra])
+    systems.record(fused(label), evaluation, info)
 
 
 def _steps(progress: StageProgress | None, name: str) -> Callable[[int, int], None] | None:
@@ -500,94 +382,21 @@ def _sample(data: TextSet, n: int, purpose: str) -> TextSet:
     return take(data, min(n, len(data)), purpose=purpose)
 
 
-class _Evaluator:
-    """Evaluates systems on the report split, keeping their evaluations and descriptions."""
-
-    def __init__(
-        self,
-        preprocess: TrimmedPreprocess,
-        benchmark: Benchmark,
-        device: torch.device,
-        cache: DiskCache,
-        config: TextReportConfig,
-        progress: StageProgress | None,
-    ) -> None:
-        self.preprocess, self.benchmark, self.device = preprocess, benchmark, device
-        self.config, self.progress = config, progress
-        self.options = dict(device=device, cache=cache, batch_size=config.batch_size)
-        self.evaluations: dict[str, Evaluation] = {}
-        self.info: dict[str, SystemInfo] = {}
-
-    def _report(self, name: str):
-        if self.progress is None:
-            return None
-        return lambda s, done, total: self.progress(f"{name}: {s}", done, total)
-
-    def model(self, name: str, kind: str, model: nn.Module) -> None:
-        """A single (possibly pruned) model; predictions cached under its weights."""
-        self.evaluations[name] = evaluate_model(
-            model,
-            self.preprocess,
-            self.benchmark.id_report,
-            list(self.benchmark.ood_report),
-            name=name,
-            progress=self._report(name),
-            **self.options,
-        )
-        self.info[name] = SystemInfo(kind, str(head_layout(model).total_heads), models=[model])
-
-    def system(self, name: str, info: SystemInfo, system: nn.Module, parts: tuple) -> None:
-        """Any module mapping packed inputs to logits, (B, C) or (B, M, C); cached under
-        ``parts``."""
-        self.evaluations[name] = evaluate_system(
-            system.eval(),
-            self.preprocess,
-            self.benchmark.id_report,
-            list(self.benchmark.ood_report),
-            name=name,
-            cache_parts=parts,
-            progress=self._report(name),
-            **self.options,
-        )
-        self.info[name] = info
-
-    def mc_dropout(self, model: nn.Module) -> None:
-        """MC Dropout on ``model`` with the configuration's passes and seed."""
-        config = self.config
-        mc = MCDropout(model, config.mc_passes, config.mc_seed)
-        heads = str(head_layout(model).total_heads)
-        info = SystemInfo("mc-dropout", heads, config.mc_passes, [mc])
-        parts = (
-            "mc-dropout",
-            model_fingerprint(model),
-            config.mc_passes,
-            config.mc_seed,
-            config.batch_size,  # dropout is re-seeded per batch
-        )
-        self.system(MC_DROPOUT, info, mc, parts)
-
-    def fused(self, label: str, hydra: nn.Module, kept: Sequence[int]) -> None:
-        """A fused Hydra model; its member logits (B, M, C) give the ensemble and diversity."""
-        hydra = hydra.to(self.device).eval()
-        heads = f"{kept[0]}x{len(kept)}" if len(set(kept)) == 1 else "/".join(map(str, kept))
-        info = SystemInfo("fused", heads, len(kept), [hydra])
-        self.system(fused(label), info, hydra, ("hydra", model_fingerprint(hydra)))
-
-
 @torch.no_grad()
 def _fusion_check(
     model: nn.Module,
     members: Mapping[str, Sequence[MemberMask]],
     hydras: Mapping[str, nn.Module],
     tuned_members: Mapping[str, Sequence[TopFinetuned]],
-    run: _Evaluator,
+    run: Run,
+    config: TextReportConfig,
 ) -> pd.DataFrame:
     """The fused models against their members run one by one (probabilities averaged), on a
     fixed sample of report sentences: float error for zero-shot members, the effect of MLP
     averaging for fine-tuned ones."""
     from hydra_core.inference import predict
 
-    sample = _sample(run.benchmark.id_report, run.config.fusion_check, "fusion-check")
+    sample = _sample(run.benchmark.id_report, config.fusion_check, "fusion-check")
     separate = {
         label: [pruned_copy(model, m.keep) for m in members[label]]
         for label in (HYDRA_TAYLOR, HYDRA_CIRC)
@@ -595,14 +404,17 @@ def _fusion_check(
     for label, ft_label in ((HYDRA_TAYLOR, HYDRA_TAYLOR_FT), (HYDRA_CIRC, HYDRA_CIRC_FT)):
         if label in tuned_members:
             separate[ft_label] = [t.model for t in tuned_members[label]]
-    options = dict(device=run.device, batch_size=run.config.batch_size)
+    options = dict(device=run.device, batch_size=config.batch_size)
     rows = []
     for label, models in separate.items():
         hydra = hydras[label].to(run.device).eval()
-        fused_p = probabilities(predict(hydra, sample.inputs, run.preprocess, **options))
+        fused_p = probabilities(predict(hydra, sample.inputs, run.loaded.preprocess, **options))
         logits = [
             predict(
-                callable_model(m.to(run.device).eval()), sample.inputs, run.preprocess, **options
+                callable_model(m.to(run.device).eval()),
+                sample.inputs,
+                run.loaded.preprocess,
+                **options,
             )
             for m in models
         ]
@@ -625,7 +437,8 @@ def _cost(
     systems: SystemsReport,
     members: Mapping[str, Sequence[MemberMask]],
     pruned: Mapping[str, nn.Module],
-    run: _Evaluator,
+    run: Run,
+    config: TextReportConfig,
 ) -> pd.DataFrame:
     """Parameters, multiply-adds and latency of one system of each kind, each as the models it
     runs one after another, on a fixed sample of report sentences."""
@@ -638,15 +451,15 @@ def _cost(
     for name in (fused(HYDRA_TAYLOR), fused(HYDRA_CIRC), fused(HYDRA_CIRC_FT), DEEP, MC_DROPOUT):
         if name in systems.info:
             chosen[name] = systems.info[name].models
-    sample = _sample(run.benchmark.id_report, run.config.latency_batch, "latency")
+    sample = _sample(run.benchmark.id_report, config.latency_batch, "latency")
     precisions = {"latency": None}
     if run.device.type == "cuda":
         precisions["latency_bf16"] = torch.bfloat16
     return cost_table(
         chosen,
-        run.preprocess(sample.inputs).to(run.device),
+        run.loaded.preprocess(sample.inputs).to(run.device),
         precisions=precisions,
-        repeats=run.config.latency_repeats,
+        repeats=config.latency_repeats,
     )
 
 
@@ -782,8 +595,6 @@ OURS = {
     "Hydra (Taylor)": (fused(HYDRA_TAYLOR), fused(HYDRA_TAYLOR_FT)),
     "Hydra (Circ)": (fused(HYDRA_CIRC), fused(HYDRA_CIRC_FT)),
 }
-#: summary columns shown in percent
-_PERCENT = ("accuracy", "auroc", "fpr95", "aupr_in", "aupr_out")
 
 
 def text_tables(
@@ -802,16 +613,16 @@ def text_tables(
     every = [*pruned, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]]
     heads = per_layer_counts(every).rename_axis("layer").reset_index()
     return {
-        "table2_systems": _pick(
+        "table2_systems": pick(
             main, ["system", "kind", "heads", "trained_after_pruning", *MAIN_COLUMNS]
         ),
-        "table17_near_far": _pick(main, ["system", "heads", *NEAR_FAR]),
+        "table17_near_far": pick(main, ["system", "heads", *NEAR_FAR]),
         "per_set": table[table["group"] != "id"].drop(columns=["kind"]).reset_index(drop=True),
         "differences_to_single": systems.differences(SINGLE, list(DIFFERENCES)),
         "paper_table2": paper_table2(),
         "paper_claims": _claims(systems),
         "heads_per_layer": heads,
-        "circuit": _circuit_table(circuit),
+        "circuit": circuit_table(circuit),
         "fusion_check": fusion,
         "table7_cost": systems.cost.reset_index(),
         "summary_all_systems": summary,
@@ -826,30 +637,6 @@ def _trained(system: str) -> str:
     return "yes" if "fine-tuned" in system else "no"
 
 
-def _pick(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """``columns`` of ``frame`` that it has, each metric followed by its interval."""
-    return frame[[c for c in interval_columns(columns) if c in frame]]
-
-
-def _circuit_table(circuit: GreedyResult) -> pd.DataFrame:
-    """The CircAvg search: its scores on the search split and the heads in removal order."""
-    return pd.DataFrame(
-        [
-            {
-                "circuit": CIRCAVG,
-                "objective": "avg",
-                "heads_removed": circuit.steps,
-                "search_accuracy": circuit.accuracy[-1],
-                "search_auroc": circuit.auroc[-1],
-                "dense_search_accuracy": circuit.base_accuracy,
-                "dense_search_auroc": circuit.base_auroc,
-                "seconds": circuit.seconds,
-                "removed": " ".join(circuit.labels()),
-            }
-        ]
-    )
-
-
 def _claims(systems: SystemsReport) -> pd.DataFrame:
     """Each of the paper's statements (:data:`CLAIMS`) against our paired difference, for the
     zero-shot and the fine-tuned form of pruned systems: the paper's difference, ours with its
@@ -861,40 +648,11 @@ def _claims(systems: SystemsReport) -> pd.DataFrame:
         row = {"claim": claim, "metric": column, "paper_difference": round(paper, 4)}
         for form, position in (("zero_shot", 0), ("fine_tuned", 1)):
             a, b = OURS[system][position], OURS[reference][position]
-            if a not in systems.info or b not in systems.info or a == b:
-                row.update({form: math.nan, f"{form}_lo": math.nan, f"{form}_hi": math.nan})
-                row[f"{form}_verdict"] = "–"
-                continue
-            metric, which = _metric(column)
-            d = systems.difference(a, b, metric, which)
-            scale = 100 if metric in _PERCENT else 1
-            row.update(
-                {form: scale * d.value, f"{form}_lo": scale * d.lo, f"{form}_hi": scale * d.hi}
-            )
-            row[f"{form}_verdict"] = _verdict(paper, d.value, d.lo, d.hi)
+            ours = paired_claim(systems, a, b, column, paper)
+            row.update({form: ours["value"], f"{form}_lo": ours["lo"], f"{form}_hi": ours["hi"]})
+            row[f"{form}_verdict"] = ours["verdict"]
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _metric(column: str) -> tuple[str, str]:
-    """A summary column as (metric, set): ``near_auroc`` -> ("auroc", "near")."""
-    from hydra_core.hydra.systems import SUMMARY_METRICS
-
-    return SUMMARY_METRICS[column]
-
-
-def _verdict(paper: float, value: float, lo: float, hi: float) -> str:
-    """The verdict on one statement: "agrees" (same sign, interval excludes 0), "disagrees"
-    (opposite sign, interval excludes 0), or the direction and "n.s." when our interval contains
-    0 ("no difference" when ours is exactly 0)."""
-    if paper == 0 or value != value:
-        return "–"
-    if value == 0:
-        return "no difference"
-    same = (paper > 0) == (value > 0)
-    if lo > 0 or hi < 0:
-        return "agrees" if same else "disagrees"
-    return "same direction, n.s." if same else "opposite direction, n.s."
 
 
 def _training_table(
@@ -944,550 +702,27 @@ def _deep_kind(config: TextReportConfig, loaded: LoadedModel, log: Log) -> str |
 
 
 def _setup(
+    run: Pipeline,
     config: TextReportConfig,
-    loaded: LoadedModel,
-    benchmark: Benchmark,
     budgets: Budgets,
-    device: torch.device,
-    seconds: Mapping[str, float],
-    created: str,
     members: Mapping[str, Sequence[MemberMask]],
     deep: str | None,
-    total: float,
 ) -> dict:
     """The run's description (``report.json``'s ``setup``); ``protocol`` says which sentences
     selected heads and which were reported, and every seed."""
-    data = benchmark.describe()
-    overlap = {label: member_overlap(ms) for label, ms in members.items()}
-    return {
-        "created": created,
-        "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-        "task": "text",
-        "protocol": protocol_facts(
-            benchmark,
-            {
-                "pruning": list(config.seeds),
-                "deep_ensemble": list(config.seeds) if deep else [],
-                "finetune_batch_order": 0,
-                "mc_dropout": [config.mc_seed + t for t in range(config.mc_passes)],
-                "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
-            },
-        ),
-        "model": loaded.card(),
-        "model_description": loaded.description,
-        "data": data.drop(columns="description").to_dict(orient="records"),
-        "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
-        "budgets": asdict(budgets),
-        "members": len(config.seeds),
-        "parameters": parameter_breakdown(loaded.model),
-        "config": {k: v for k, v in asdict(config).items() if k not in ("finetune", "deep_heads")},
-        "finetune": None if config.finetune is None else asdict(config.finetune),
-        "deep": deep,
-        "deep_heads": asdict(config.deep_heads) if deep == "heads" else None,
-        "member_overlap": {
-            k: {
-                "mean_pairwise_jaccard": v["mean_pairwise_jaccard"],
-                "kept_by_all": len(v["kept_by_all"]),
-                "kept_by_any": len(v["kept_by_any"]),
-            }
-            for k, v in overlap.items()
-        },
-        **run_facts(device, seconds, total),
+    seeds = {
+        "pruning": list(config.seeds),
+        "deep_ensemble": list(config.seeds) if deep else [],
+        "finetune_batch_order": 0,
+        "mc_dropout": [config.mc_seed + t for t in range(config.mc_passes)],
+        "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
     }
-
-
-# --- Markdown -------------------------------------------------------------------------------------
-
-
-def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
-    """The text of the text report's ``report.md``, from its tables and setup alone."""
-    return "\n".join(
-        [
-            *_setup_section(setup),
-            *_summary_section(tables),
-            *_circuit_section(tables, setup),
-            *_table2_section(tables, setup),
-            *_claims_section(tables["paper_claims"], setup),
-            *_fusion_cost_section(tables, setup),
-            *_coverage_section(setup),
-        ]
+    setup = run.setup("text", budgets, seeds, members)
+    setup.update(
+        parameters=parameter_breakdown(run.loaded.model),
+        config={k: v for k, v in asdict(config).items() if k not in ("finetune", "deep_heads")},
+        finetune=None if config.finetune is None else asdict(config.finetune),
+        deep=deep,
+        deep_heads=asdict(config.deep_heads) if deep == "heads" else None,
     )
-
-
-DEFAULT_COMMAND = "python -m hydra_core report --task text"
-
-
-def _setup_section(setup: dict) -> list[str]:
-    """Title, model and scale, data and protocol, budgets, members, baselines, training, metrics."""
-    model, b, p = setup["model"], setup["budgets"], setup["protocol"]
-    data = pd.DataFrame(setup["data"])
-    data["description"] = data["name"].map(setup["data_descriptions"])
-    seconds = pd.DataFrame(list(setup["seconds"].items()), columns=["stage", "seconds"])
-    kept = model["heads"] - b["removed_per_layer"]
-    jaccard = ", ".join(
-        f"{k} {v['mean_pairwise_jaccard']:.3f}" for k, v in setup["member_overlap"].items()
-    )
-    search, report = ", ".join(p["search_ood"]), ", ".join(p["report_ood"])
-    ft, config = setup["finetune"], setup["config"]
-    return [
-        "# Hydra Ensembles on text: the paper's Table 2 on the offline text default",
-        "",
-        f"Generated {setup['created']} by `{setup['command'] or DEFAULT_COMMAND}` in"
-        f" {setup['total_seconds'] / 60:.1f} minutes on {setup['machine']} ({setup['device']}). "
-        "Every number below was measured by this run, except the paper's own numbers, which are "
-        "labelled as such. Where ours disagree with the paper's, they are reported as they came "
-        "out.",
-        "",
-        "## Setup",
-        "",
-        f"- **Model**: `{model['name']}`: {setup['model_description']}; {model['layers']} layers x "
-        f"{model['heads']} heads (head dim {model['head_dim']}, width {model['embed_dim']}), "
-        f"{model['params']:,} parameters.",
-        "- **Scale**: the paper's Table 2 is bert-base-uncased (12 layers x 12 heads, width 768, "
-        "110M parameters) with every layer fine-tuned on SST-2's 67k training sentences, tested on "
-        "SST-2's 872 validation sentences; ours is a model a fifth of its size with its top two "
-        "layers fine-tuned on 6,030 Rotten Tomatoes sentences (the source SST was built from), "
-        "tested on the Rotten Tomatoes test split, with other OOD sets. Effects are compared by "
-        "direction, not by size.",
-        f"- **Data**: heads are selected on {p['id_search_n']:,} Rotten Tomatoes validation "
-        f"sentences and the *search* OOD set ({search}: news headlines, as the paper's AG's News), "
-        f"which no table uses; every table is computed on the {p['id_report_n']:,} Rotten Tomatoes "
-        f"test sentences and the *report* OOD sets ({report}), {_sizes(p['report_n'])}, as the "
-        "paper extracts circuits against a dedicated OOD set excluded from its tables (D.1.2). "
-        "Every metric carries a 95% bootstrap interval over the report sentences, shown as value "
-        "[lo, hi] (stratified: ID resampled within each class, each OOD set within itself); "
-        "differences between systems use paired resamples.",
-        "",
-        markdown_table(data[["name", "role", "group", "n_search", "n_report", "description"]]),
-        "",
-        f"- **Sizes**: {_sizes_sentence(setup)}",
-        f"- **Budgets**: every pruned model and every member removes {b['budget']} of "
-        f"{b['total']} heads. Taylor removes {b['removed_per_layer']} per layer ({kept} of "
-        f"{model['heads']} kept, the paper's 6 of 12), layer-wise first-order Taylor pruning "
-        f"(D.1.1, {config['taylor_samples'] or p['id_search_n']} ID search sentences). "
-        "CircAvg: the greedy Headmap "
-        f"search (Algorithm 1) with the objective S_avg = (accuracy + AUROC) / 2, removing "
-        f"{b['budget']} heads in all; a circuit need not keep as many heads in every layer (see "
-        "below).",
-        f"- **Members** (M = {setup['members']}, pruning seeds {p['seeds']['pruning']}): each "
-        f"prunes {b['budget']} heads drawn at random from the {b['pool']} least useful heads of a "
-        'ranking (the paper\'s "48 of 100", B.5): the CircAvg greedy ranking for Hydra (Circ), '
-        "the Taylor global ranking for Hydra (Taylor); heads beyond the search's steps are ranked "
-        f"by their score in its last step. Mean pairwise Jaccard of the kept heads: {jaccard}. "
-        "Members are fused into one model (fuse_members); the ensemble averages the members' "
-        "probabilities.",
-        f"- **Deep Ensembles (D)**: {_deep_sentence(setup)}",
-        f"- **MC Dropout**: the model's own dropout layers on at test time, T = "
-        f"{config['mc_passes']} passes with seeds {p['seeds']['mc_dropout']} (each re-seeded at "
-        "every batch), probabilities averaged.",
-        f"- **Fine-tuning after pruning**: {_finetune_sentence(ft)}",
-        "- **Metrics** (SPEC section 6): ECE with 15 equal-width bins, aECE with 15 equal-mass "
-        "bins, Brier summed over the classes; OOD score = maximum softmax probability, OOD is the "
-        "positive class: AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is caught), "
-        "AUPR-In / AUPR-Out (the paper's AUPR is AUPR-Out; both depend on the ratio of OOD to ID "
-        "sentences, so neither compares across setups); near/far/all averages are unweighted "
-        "means over the OOD sets of the group. MI = mutual information H(mean p) - mean H(p_m) "
-        "of ensembles. Accuracy and OOD metrics in percent.",
-        "- **Speed**: report sentences are predicted in order of length with each batch's unused "
-        "padding removed; padding never changes a result, only the time.",
-        "",
-        "Durations of the stages (seconds; cached searches, trainings and predictions load "
-        "instantly):",
-        "",
-        markdown_table(seconds),
-        "",
-    ]
-
-
-def _sizes_sentence(setup: dict) -> str:
-    """The run's sizes, and why they are smaller than the issue's."""
-    config, p = setup["config"], setup["protocol"]
-    cap = config["ood_cap"]
-    capped = f"each report OOD set is cut to {cap:,} sentences" if cap else "no OOD set is cut"
-    search = p["id_search_n"]
-    return (
-        f"the greedy search scores candidates on {search:,} ID + {search:,} search-OOD sentences "
-        "(the issue asks for 512 + 512; a budget-36 search at that size ran for hours on the two "
-        "shared CPU cores of this session, so it was cut to this size); "
-        f"{capped}; all {p['id_report_n']:,} ID test sentences are reported; MC Dropout runs "
-        f"T = {config['mc_passes']} passes."
-    )
-
-
-def _sizes(report_n: Mapping[str, int]) -> str:
-    counts = sorted(set(report_n.values()))
-    if len(counts) == 1:
-        return f"{counts[0]:,} sentences each"
-    return ", ".join(f"{n} {c:,}" for n, c in report_n.items())
-
-
-def _deep_sentence(setup: dict) -> str:
-    """How Deep Ensembles (D) was made, in words."""
-    m, deep = setup["members"], setup["deep_heads"]
-    if setup["deep"] is None:
-        return "not run."
-    if setup["deep"] == "train-text":
-        return (
-            f"{m} runs of the model's own recipe (`train-text`, seeds "
-            f"{setup['protocol']['seeds']['deep_ensemble']}; seed 0 is the shipped model): they "
-            "share what the recipe freezes (the wheel's embedding and encoder layers 0-3, stored "
-            "once) and differ in what it trains (layers 4-5, pooler and classifier: the "
-            "classifier's initialisation, batch order and dropout follow the seed), trained "
-            "tensors rounded to float16 as shipped. The paper's Deep Ensembles (D) is the same "
-            'idea at its scale: one fine-tuned BERT backbone, "three separate classifiers with '
-            'different random seeds on top of it"; here the trained top is two layers, pooler '
-            "and classifier, and the shared part is the frozen pre-trained encoder."
-        )
-    length = f"{deep['steps']} step(s)" if deep["steps"] else f"{deep['epochs']} epochs"
-    choice = (
-        ", the epoch of lowest NLL on the ID search sentences kept" if deep["epochs"] > 1 else ""
-    )
-    return (
-        f"the source model's encoder shared, {m} heads (the parameters the model family calls "
-        "the head: BERT's pooler and classifier) each re-initialised from its seed (PyTorch's "
-        "default initialisation of a linear layer) and trained on the encoder's final states of "
-        f"{_n_train(deep)} Rotten Tomatoes training sentences: AdamW lr {deep['lr']}, weight "
-        f"decay {deep['weight_decay']}, batch {deep['batch_size']}, {length}{choice}, "
-        f"{deep['warmup']:.0%} warm-up then linear decay, dropout on (the paper's \"three "
-        'separate classifiers with different random seeds" on one fine-tuned backbone).'
-    )
-
-
-def _finetune_sentence(ft: dict | None) -> str:
-    if ft is None:
-        return "none (zero-shot rows only)."
-    length = f"{ft['steps']} step(s)" if ft["steps"] else f"{ft['epochs']} epoch(s)"
-    return (
-        f"every pruned model and every member separately, the layers `train-text` trains (the top "
-        f"{ft['trained_layers']} encoder layers, the pooler and the classifier; the lower layers, "
-        f"pruned too, stay frozen), {length} of {_n_train(ft)} Rotten Tomatoes training "
-        f"sentences, AdamW lr {ft['lr']} (decoupled weight decay {ft['weight_decay']} on weight "
-        f"matrices), batch {ft['batch_size']}, linear warm-up over {ft['warmup']:.0%} of the steps "
-        f"then linear decay to zero, gradient clipping {ft['grad_clip']}, no label smoothing, "
-        "dropout on (D.2); the same batch order for every member. Fine-tuned members are fused "
-        "with their MLPs averaged (paper 4.2)."
-    )
-
-
-def _n_train(config: dict) -> str:
-    return "all 6,030" if config["n_train"] is None else f"{config['n_train']:,}"
-
-
-#: the paper's headline statements about Table 2, summarised first
-HEADLINES = (
-    "Hydra (Circ) raises OOD AUROC",
-    "Hydra (Circ) beats Deep Ensembles (D) on AUROC",
-    "Hydra (Circ) lowers NLL",
-    "CircAvg beats Taylor on OOD AUROC",
-    "Deep Ensembles (D) raise OOD AUROC",
-    "MC Dropout raises OOD AUROC",
-)
-
-
-def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
-    """The paper's headline statements against ours (pruned systems fine-tuned after pruning,
-    as the paper's; zero-shot where no fine-tuned row exists), the verdict counts, and whether
-    the search's gains reached the report split."""
-    claims = tables["paper_claims"]
-    rows = claims.set_index("claim")
-    lines = []
-    for claim in HEADLINES:
-        r = rows.loc[claim]
-        form = "fine_tuned" if r["fine_tuned_verdict"] != "–" else "zero_shot"
-        ours = _signed(r["metric"], r[form], r[f"{form}_lo"], r[f"{form}_hi"])
-        lines.append(
-            f"- {claim}: paper {r['paper_difference']:+.2f}, ours {ours} "
-            f"({form.replace('_', '-')}): **{r[f'{form}_verdict']}**."
-        )
-    return [
-        "## Summary: the paper's statements against this run",
-        "",
-        "Differences in points for accuracy and OOD metrics; ours with the paired 95% interval. "
-        "The full list, zero-shot and fine-tuned, is in the section on agreements below.",
-        "",
-        *lines,
-        *_verdict_counts(claims),
-        *_transfer_line(tables),
-        "",
-    ]
-
-
-def _transfer_line(tables: Mapping[str, pd.DataFrame]) -> list[str]:
-    """Whether what the CircAvg search gained on its own sentences reached the report split:
-    its scores on the search split against the zero-shot circuit's paired differences to the
-    single model on the report split."""
-    circuit = tables["circuit"].iloc[0]
-    differences = tables["differences_to_single"].set_index("system")
-    if CIRCAVG not in differences.index:
-        return []
-    d = 100 * differences.loc[CIRCAVG].drop("kind").astype(float)  # in points
-    above = [d[f"{m}_lo"] > 0 for m in ("accuracy", "all_auroc")]
-    below = [d[f"{m}_hi"] < 0 for m in ("accuracy", "all_auroc")]
-    verdict = (
-        "transferred"
-        if all(above)
-        else "did not transfer"
-        if all(below)
-        else "transferred only in part"
-    )
-    return [
-        f"- **The search's gains {verdict}**: on its own search sentences the CircAvg circuit "
-        f"moved accuracy from {100 * circuit['dense_search_accuracy']:.2f} to "
-        f"{100 * circuit['search_accuracy']:.2f} and AUROC against the search OOD set from "
-        f"{100 * circuit['dense_search_auroc']:.2f} to {100 * circuit['search_auroc']:.2f}; on "
-        f"the report split (zero-shot) it changed accuracy by "
-        f"{_signed('accuracy', d['accuracy'], d['accuracy_lo'], d['accuracy_hi'])} and OOD "
-        f"AUROC by {_signed('auroc', d['all_auroc'], d['all_auroc_lo'], d['all_auroc_hi'])} "
-        "against the single model."
-    ]
-
-
-def _circuit_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
-    heads = tables["heads_per_layer"]
-    return [
-        "## The CircAvg circuit and the heads every pruned model keeps",
-        "",
-        markdown_table(tables["circuit"].drop(columns=["removed"])),
-        "",
-        "(scores on the search split; `circuit.csv` lists the removed heads in removal order.)",
-        "",
-        "Heads kept per layer (Taylor keeps the same number in every layer; CircAvg and the "
-        "members keep what the search and the draws leave):",
-        "",
-        markdown_table(heads),
-        "",
-    ]
-
-
-def _table2_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
-    main = tables["table2_systems"]
-    per_set = tables["per_set"]
-    return [
-        "## Table 2 - every system",
-        "",
-        "`trained after pruning`: yes = the pruned model or members were fine-tuned after pruning "
-        "(the paper's setting for its text rows, D.2), no = zero-shot. OOD columns average the "
-        "report OOD sets.",
-        "",
-        markdown_table(main),
-        "",
-        "The paper's Table 2 and Table 17 (bert-base-uncased on SST-2; no intervals given; its "
-        "OOD averages are over Yelp and Amazon polarity (near) and 20 Newsgroups, TREC, MNLI, "
-        "RTE and WMT16 (far); LoRA Ensembles is not run here), for reference:",
-        "",
-        markdown_table(_paper_frame(tables["paper_table2"])),
-        "",
-        "## Table 17 - near and far OOD",
-        "",
-        markdown_table(tables["table17_near_far"]),
-        "",
-        "## Tables 18-20 - every OOD set (AUROC, then FPR95)",
-        "",
-        markdown_table(_pivot(per_set, "auroc")),
-        "",
-        markdown_table(_pivot(per_set, "fpr95")),
-        "",
-        "## Differences to the single model",
-        "",
-        "Each system minus the single model on the same report sentences, with the paired 95% "
-        "bootstrap interval of the difference; a difference is significant only where its "
-        "interval excludes 0 (`differences_to_single.csv`; accuracy and AUROC in points).",
-        "",
-        markdown_table(tables["differences_to_single"].drop(columns="kind")),
-        "",
-    ]
-
-
-def _paper_frame(paper: pd.DataFrame) -> pd.DataFrame:
-    """The paper's numbers (in percent already) in our column scale (fractions), so that the
-    table formats them as ours."""
-    frame = paper.copy()
-    for column in frame.columns:
-        if column.split("_")[-1] in ("accuracy", "auroc", "fpr95", "out"):
-            frame[column] = frame[column] / 100
-    return frame
-
-
-def _pivot(per_set: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """One row per system, one column per OOD set: ``metric`` with its interval in the cell."""
-    cells = per_set.assign(
-        cell=[
-            _with_interval(metric, v, lo, hi)
-            for v, lo, hi in zip(
-                per_set[metric], per_set[f"{metric}_lo"], per_set[f"{metric}_hi"], strict=True
-            )
-        ]
-    )
-    shown = [r for r in MAIN_ROWS if r in set(cells["system"])]
-    order = list(dict.fromkeys(cells["set"]))
-    pivot = cells.pivot(index="system", columns="set", values="cell").loc[shown, order]
-    return pivot.rename_axis(columns=None).reset_index()
-
-
-def _with_interval(metric: str, value: float, lo: float, hi: float) -> str:
-    scale = 100 if metric in _PERCENT else 1
-    if value != value:
-        return "–"
-    return f"{scale * value:.2f} [{scale * lo:.2f}, {scale * hi:.2f}]"
-
-
-def _claims_section(claims: pd.DataFrame, setup: dict) -> list[str]:
-    """The paper's statements against our paired differences, and a count of the verdicts."""
-    shown = pd.DataFrame(
-        {
-            "paper says": claims["claim"],
-            "paper": [f"{v:+.2f}" for v in claims["paper_difference"]],
-            "ours, zero-shot": [
-                _signed(r["metric"], r["zero_shot"], r["zero_shot_lo"], r["zero_shot_hi"])
-                for _, r in claims.iterrows()
-            ],
-            "verdict (zero-shot)": claims["zero_shot_verdict"],
-            "ours, fine-tuned": [
-                _signed(r["metric"], r["fine_tuned"], r["fine_tuned_lo"], r["fine_tuned_hi"])
-                for _, r in claims.iterrows()
-            ],
-            "verdict (fine-tuned)": claims["fine_tuned_verdict"],
-        }
-    )
-    return [
-        "## Agreements and disagreements with the paper",
-        "",
-        "Each statement Table 2 makes about a pair of systems (its difference in the paper's "
-        "numbers: accuracy and OOD metrics in points) against our paired difference with its 95% "
-        "interval. *agrees*: same direction, interval excludes 0; *disagrees*: opposite "
-        "direction, interval excludes 0; *n.s.*: our interval contains 0. Systems that are not "
-        "pruned (Single, Deep Ensembles (D), MC Dropout) are the same in both columns; pruned "
-        "ones are compared zero-shot and fine-tuned after pruning (the paper fine-tunes). The "
-        "paper gives no intervals, so a small difference of its own may be noise too.",
-        "",
-        markdown_table(shown),
-        "",
-        *_verdict_counts(claims),
-        "",
-    ]
-
-
-def _signed(metric: str, value: float, lo: float, hi: float) -> str:
-    if value != value:
-        return "–"
-    digits = 2 if metric.split("_")[-1] in _PERCENT else 4
-    return f"{value:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-
-
-def _verdict_counts(claims: pd.DataFrame) -> list[str]:
-    """One line per form: how many statements agree, disagree or are not significant, and
-    which disagree."""
-    lines = []
-    for form, label in (("fine_tuned", "fine-tuned"), ("zero_shot", "zero-shot")):
-        verdicts = claims[f"{form}_verdict"]
-        counted = verdicts[verdicts != "–"]
-        if counted.empty:
-            continue
-        counts = counted.value_counts()
-        against = claims.loc[verdicts == "disagrees", "claim"].tolist()
-        lines.append(
-            f"- **{label}**: of {len(counted)} statements, "
-            + ", ".join(f"{counts.get(v, 0)} {_PLURAL.get(v, v)}" for v in _VERDICTS)
-            + (f"; disagreeing: {'; '.join(against)}." if against else ".")
-        )
-    return lines
-
-
-_VERDICTS = (
-    "agrees",
-    "same direction, n.s.",
-    "no difference",
-    "opposite direction, n.s.",
-    "disagrees",
-)
-_PLURAL = {"agrees": "agree", "disagrees": "disagree"}
-
-
-def _fusion_cost_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
-    cost = tables["table7_cost"]
-    columns = [
-        c
-        for c in (
-            "system",
-            "params",
-            "macs",
-            "latency_ms",
-            "latency_iqr_ms",
-            "latency_bf16_ms",
-            "params_ratio",
-            "macs_ratio",
-            "latency_ratio",
-            "latency_bf16_ratio",
-        )
-        if c in cost
-    ]
-    config = setup["config"]
-    return [
-        "## Fused vs separately run members (Table 11)",
-        "",
-        f"Each fused model against its members run one by one (probabilities averaged), on "
-        f"{config['fusion_check']} report sentences: `max |Δp|` is the largest difference of the "
-        "two ensembles' probabilities, `changed predictions` the sentences whose predicted class "
-        "differs. Float error for zero-shot members (they share their MLPs); for fine-tuned "
-        "members the effect of averaging their top layers' MLPs.",
-        "",
-        markdown_table(tables["fusion_check"]),
-        "",
-        "## Cost (Table 7, Figure 3)",
-        "",
-        f"Parameters as stored (shared ones once: Deep Ensembles (D) stores one encoder and "
-        f"{setup['members']} heads); multiply-adds and latency for a batch of "
-        f"{config['latency_batch']} report sentences at their own length (latency: median of "
-        f"{config['latency_repeats']} round-robin calls, ms, on {setup['device']}; bf16 only on "
-        "CUDA). The paper reports Hydra near the single model's time in half precision on a GPU "
-        "and Deep Ensembles at about three times; a small model on a CPU need not behave the "
-        "same.",
-        "",
-        markdown_table(cost[columns]),
-        "",
-        "Training runs (Deep Ensembles' members, and fine-tuning after pruning; `seed`: the "
-        "training seed, batch order and dropout, and for Deep Ensembles also the classifier's "
-        "initialisation; every member is fine-tuned with the same seed, so members differ by "
-        "their heads alone):",
-        "",
-        markdown_table(tables["training"]),
-        "",
-    ]
-
-
-#: what of the paper's text experiments this report covers: (item, status, why)
-TEXT_COVERAGE = (
-    (
-        "Table 2 (text classification: every system, every metric)",
-        "partly",
-        "every row but LoRA Ensembles, on all-MiniLM-L6-v2 and Rotten Tomatoes instead of "
-        "bert-base-uncased and SST-2 (no BERT-base weights or GLUE data are reachable offline)",
-    ),
-    ("Table 17 (near/far OOD averages)", "reproduced", "with other near and far OOD sets"),
-    (
-        "Tables 18-20 (every OOD set)",
-        "partly",
-        "IMDB and tweets (near), ABC news, 20 Newsgroups and speeches (far) instead of Yelp, "
-        "Amazon, 20NG, TREC, MNLI, RTE, WMT16",
-    ),
-    ("LoRA Ensembles", "not", "no LoRA training in Hydra Lab"),
-    (
-        "D.2 fine-tuning after pruning",
-        "partly",
-        "AdamW, warm-up then linear decay, clipping, no label smoothing, as D.2; only the top "
-        "two layers, pooler and classifier are trained (as the model was fine-tuned), for a "
-        "fraction of the paper's steps",
-    ),
-    ("Figure 3 / Table 7 (cost)", "partly", "parameters, multiply-adds and CPU latency"),
-    ("Seeds (mean/std over seeds)", "not", "one run; the intervals are the sentences' only"),
-)
-
-
-def _coverage_section(setup: dict) -> list[str]:
-    frame = pd.DataFrame(TEXT_COVERAGE, columns=["paper", "status", "why"])
-    return [
-        "## What this report covers",
-        "",
-        markdown_table(frame),
-        "",
-    ]
+    return run.finish(setup)

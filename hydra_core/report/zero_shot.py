@@ -31,56 +31,36 @@ to the single model use paired resamples.
 
 from __future__ import annotations
 
-import math
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
-from torch import nn
 
+from hydra_core.baselines.systems import TEMPERATURE, TemperatureBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
-from hydra_core.evaluate import evaluate_model, resolve_device
-from hydra_core.hydra.experiment import evaluate_systems
-from hydra_core.hydra.members import (
-    circuit_member,
-    member_overlap,
-    taylor_member,
-    taylor_ranking,
-)
-from hydra_core.hydra.systems import (
-    SystemInfo,
-    SystemsReport,
-    system_name,
-)
-from hydra_core.masks import save_masks
-from hydra_core.models.adapter import head_layout
+from hydra_core.hydra.experiment import Hydra, Pruned, Single
+from hydra_core.hydra.systems import SystemsReport, system_name
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
 from hydra_core.paths import REPO_DIR
-from hydra_core.report.markdown import markdown_table
-from hydra_core.report.run import Budgets, _members, open_run, protocol_facts, run_facts
-from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
-from hydra_core.report.text import (
-    _PERCENT,
-    _circuit_table,
-    _metric,
-    _paper_frame,
-    _pick,
-    _signed,
-    _verdict,
-    _verdict_counts,
+from hydra_core.report.claims import (
+    circuit_table,
+    paired_claim,
+    paper_frame,
+    pick,
+    signed,
+    verdict_counts,
 )
-from hydra_core.report.text import _write as write_report
+from hydra_core.report.markdown import markdown_table
+from hydra_core.report.pipeline import Budgets, Pipeline
+from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
 from hydra_core.types import Log, StageProgress
 
 DEFAULT_ZERO_SHOT_OUT = REPO_DIR / "docs" / "report" / "zero-shot"
 DEFAULT_COMMAND = "python -m hydra_core report --task zero-shot --model openclip:..."
 
 SINGLE = "single"
-TEMPERATURE = "Temperature Scaling"
 TAYLOR = "Taylor"
 CIRCAVG = "CircAvg"
 
@@ -132,18 +112,6 @@ def zero_shot_config_from_args(quick: bool, **overrides) -> ZeroShotReportConfig
     return ZeroShotReportConfig.quick(**given) if quick else ZeroShotReportConfig(**given)
 
 
-class TemperatureScaled(nn.Module):
-    """A classifier whose logits are divided by a fitted temperature (Guo et al., 2017)."""
-
-    def __init__(self, model: nn.Module, temperature: float) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("temperature", torch.tensor(float(temperature)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) / self.temperature
-
-
 def run_zero_shot_report(
     config: ZeroShotReportConfig,
     out: str | Path = DEFAULT_ZERO_SHOT_OUT,
@@ -154,86 +122,32 @@ def run_zero_shot_report(
 ) -> dict:
     """Run the zero-shot report and write ``report.md``, ``report.json`` and the CSVs into
     ``out``; returns ``report.json``'s content."""
-    from hydra_core.analysis.greedy import greedy_circuit
-    from hydra_core.analysis.inputs import search_inputs
-
-    out, cache, stages = open_run(out, cache, log)
-    device = resolve_device(config.device)
-
-    with stages("load model and data"):
-        loaded, benchmark = _load(config)
-        model = loaded.model.to(device).eval()
-        inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    layout = head_layout(model)
+    run = Pipeline(out, cache, config.device, progress, log)
+    run.load(lambda: _load(config))
+    layout = run.layout
     budgets = Budgets.of(layout, config)
     seeds = list(config.seeds)
 
-    with stages(f"greedy search CircAvg ({budgets.budget} steps)"):
-        on_step = None
-        if progress is not None:
-            on_step = lambda step: progress("greedy CircAvg", step.step + 1, budgets.budget)  # noqa: E731
-        circuit = greedy_circuit(
-            model,
-            inputs.id_x,
-            inputs.id_y,
-            inputs.ood_x,
-            objective="avg",
-            budget=budgets.budget,
-            batch_size=config.batch_size,
-            cache=cache,
-            progress=on_step,
-        )
-    with stages("Taylor scores and layer-wise pruning"):
-        options = dict(samples=config.taylor_samples, batch_size=config.batch_size)
-        taylor = taylor_member(model, inputs, per_layer=budgets.removed_per_layer, **options)
-        taylor_rank = taylor_ranking(model, inputs, **options)
-    circavg = circuit_member(circuit.ranking(), layout, budget=budgets.budget, ranking_name=CIRCAVG)
-    members = _members(circuit.ranking(), taylor_rank, layout, budgets, seeds)
-    save_masks(
-        out / "members.json",
-        [taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]],
-        loaded.identity(),
+    circuit = run.search("avg", budgets.budget, batch_size=config.batch_size)
+    pruning = run.prune(
+        circuit, budgets, seeds, taylor_samples=config.taylor_samples, batch_size=config.batch_size
     )
+    taylor, circavg, members = pruning.taylor, pruning.circavg, pruning.members
+    run.save_members([taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]])
 
-    with stages("fit the temperature on the ID search images"):
-        temperature = _fit_temperature(model, inputs.id_x, inputs.id_y, config.batch_size)
-    common = dict(device=device, cache=cache, progress=progress, batch_size=config.batch_size)
-    with stages("evaluate every system"):
-        systems = evaluate_systems(
-            loaded,
-            benchmark,
-            members[HYDRA_CIRC],
-            label=HYDRA_CIRC,
-            pruned={TAYLOR: taylor.keep, CIRCAVG: circavg.keep},
-            latency=False,
-            **common,
-        )
-        systems = systems.merge(
-            evaluate_systems(
-                loaded,
-                benchmark,
-                members[HYDRA_TAYLOR],
-                label=HYDRA_TAYLOR,
-                latency=False,
-                **common,
-            )
-        )
-        scaled = TemperatureScaled(model, temperature)
-        evaluation = evaluate_model(
-            scaled,
-            loaded.preprocess,
-            benchmark.id_report,
-            benchmark.ood_report,
-            name=TEMPERATURE,
-            device=device,
-            cache=cache,
-            batch_size=config.batch_size,
-        )
-        systems.add_system(
-            TEMPERATURE, evaluation, SystemInfo("single", str(layout.total_heads), models=[model])
-        )
-    with stages("cost and latency"):
-        images = loaded.preprocess(benchmark.id_report.inputs[: config.latency_batch]).to(device)
+    temperature = TemperatureBaseline()
+    systems = [
+        Single(),
+        Pruned(TAYLOR, taylor.keep),
+        Pruned(CIRCAVG, circavg.keep),
+        Hydra(members[HYDRA_CIRC], HYDRA_CIRC),
+        Hydra(members[HYDRA_TAYLOR], HYDRA_TAYLOR),
+        temperature,
+    ]
+    with run.stage("evaluate every system"):
+        report = run.evaluate(systems, batch_size=config.batch_size)
+    with run.stage("cost and latency"):
+        items = run.loaded.preprocess(run.benchmark.id_report.inputs[: config.latency_batch])
         names = [
             SINGLE,
             TAYLOR,
@@ -242,24 +156,27 @@ def run_zero_shot_report(
             fused(HYDRA_CIRC),
             fused(HYDRA_TAYLOR),
         ]
-        systems.measure(
-            images, systems=[n for n in names if n in systems.info], repeats=config.latency_repeats
+        report.measure(
+            items.to(run.device),
+            systems=[n for n in names if n in report.info],
+            repeats=config.latency_repeats,
         )
-    with stages("bootstrap intervals"):
-        tables = zero_shot_tables(systems, circuit)
-    setup = _setup(
-        config,
-        loaded,
-        benchmark,
-        budgets,
-        device,
-        stages.seconds,
-        stages.created,
-        members,
-        temperature,
-        stages.total(),
+    with run.stage("bootstrap intervals"):
+        tables = zero_shot_tables(report, circuit)
+    setup = run.setup("zero-shot", budgets, _seeds(config), members)
+    setup.update(
+        classes=list(run.loaded.classes or ()),
+        templates=list(config.templates),
+        temperature=temperature.temperature,
+        random_weights=declares_random_weights(config.model),
+        config=asdict(config),
     )
-    return _write(out, tables, setup, systems, log)
+    return run.write(tables, run.finish(setup), report, zero_shot_markdown)
+
+
+def _seeds(config: ZeroShotReportConfig) -> dict:
+    """The run's seeds, for ``setup["protocol"]``."""
+    return {"pruning": list(config.seeds), "bootstrap": {"n_boot": 1000, "seed": 0}}
 
 
 def _load(config: ZeroShotReportConfig):
@@ -294,19 +211,6 @@ def _load(config: ZeroShotReportConfig):
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(id_folder=config.id_folder, size=size, channels=channels, **data)
     return loaded, benchmark
-
-
-@torch.inference_mode()
-def _fit_temperature(
-    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int
-) -> float:
-    """The temperature minimising the NLL of the model's logits on these images."""
-    from hydra_core.metrics.temperature import fit_temperature
-
-    logits = torch.cat(
-        [model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
-    )
-    return fit_temperature(logits.float().cpu(), labels.cpu())
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -395,13 +299,13 @@ def zero_shot_tables(systems: SystemsReport, circuit) -> dict[str, pd.DataFrame]
     main = rows.loc[[r for r in MAIN_ROWS if r in rows.index]].reset_index()
     table = systems.table()
     return {
-        "table3_systems": _pick(main, ["system", "kind", "heads", *MAIN_COLUMNS]),
-        "near_far": _pick(main, ["system", "heads", *NEAR_FAR]),
+        "table3_systems": pick(main, ["system", "kind", "heads", *MAIN_COLUMNS]),
+        "near_far": pick(main, ["system", "heads", *NEAR_FAR]),
         "per_set": table[table["group"] != "id"].drop(columns=["kind"]).reset_index(drop=True),
         "differences_to_single": systems.differences(SINGLE, list(DIFFERENCES)),
         "paper_table3": paper_table3(),
         "paper_claims": _claims(systems),
-        "circuit": _circuit_table(circuit),
+        "circuit": circuit_table(circuit),
         "table7_cost": systems.cost.reset_index(),
         "summary_all_systems": summary,
         "all_sets": table,
@@ -415,66 +319,11 @@ def _claims(systems: SystemsReport) -> pd.DataFrame:
     for claim, system, reference, column in CLAIMS:
         paper = float(numbers.loc[system, column] - numbers.loc[reference, column])
         row = {"claim": claim, "metric": column, "paper_difference": round(paper, 4)}
-        a, b = OURS[system], OURS[reference]
-        if a not in systems.info or b not in systems.info:
-            row.update(ours=math.nan, ours_lo=math.nan, ours_hi=math.nan, verdict="–")
-        else:
-            metric, which = _metric(column)
-            d = systems.difference(a, b, metric, which)
-            scale = 100 if metric in _PERCENT else 1
-            row.update(ours=scale * d.value, ours_lo=scale * d.lo, ours_hi=scale * d.hi)
-            row["verdict"] = _verdict(paper, d.value, d.lo, d.hi)
+        ours = paired_claim(systems, OURS[system], OURS[reference], column, paper)
+        row.update(ours=ours["value"], ours_lo=ours["lo"], ours_hi=ours["hi"])
+        row["verdict"] = ours["verdict"]
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-# --- setup and files ------------------------------------------------------------------------------
-
-
-def _setup(
-    config: ZeroShotReportConfig,
-    loaded,
-    benchmark,
-    budgets: Budgets,
-    device: torch.device,
-    seconds: Mapping[str, float],
-    created: str,
-    members: Mapping[str, Sequence],
-    temperature: float,
-    total: float,
-) -> dict:
-    """The run's description (``report.json``'s ``setup``)."""
-    data = benchmark.describe()
-    return {
-        "created": created,
-        "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-        "task": "zero-shot",
-        "protocol": protocol_facts(
-            benchmark, {"pruning": list(config.seeds), "bootstrap": {"n_boot": 1000, "seed": 0}}
-        ),
-        "model": loaded.card(),
-        "model_description": loaded.description,
-        "classes": list(loaded.classes or ()),
-        "templates": list(config.templates),
-        "temperature": temperature,
-        "random_weights": declares_random_weights(config.model),
-        "data": data.drop(columns="description").to_dict(orient="records"),
-        "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
-        "budgets": asdict(budgets),
-        "members": len(config.seeds),
-        "member_overlap": {
-            label: member_overlap(ms)["mean_pairwise_jaccard"] for label, ms in members.items()
-        },
-        "config": asdict(config),
-        **run_facts(device, seconds, total),
-    }
-
-
-def _write(
-    out: Path, tables: Mapping[str, pd.DataFrame], setup: dict, systems: SystemsReport, log: Log
-) -> dict:
-    """Every file of the report (as the text report writes them): CSVs, report.json, report.md."""
-    return write_report(out, tables, setup, systems, log, zero_shot_markdown)
 
 
 # --- Markdown -------------------------------------------------------------------------------------
@@ -522,7 +371,7 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         "The paper's Table 3 (OpenCLIP ViT-B/32, nine data sets averaged, ImageNet-1k as the OOD "
         "set, both towers pruned; ECE as a fraction here), for reference:",
         "",
-        markdown_table(_paper_frame(tables["paper_table3"])),
+        markdown_table(paper_frame(tables["paper_table3"])),
         "",
         "## Differences to the single model",
         "",
@@ -535,7 +384,7 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         "",
         markdown_table(_claims_shown(tables["paper_claims"])),
         "",
-        *_verdict_counts(
+        *verdict_counts(
             tables["paper_claims"]
             .rename(columns={"verdict": "zero_shot_verdict"})
             .assign(fine_tuned_verdict="–")
@@ -578,7 +427,7 @@ def _claims_shown(claims: pd.DataFrame) -> pd.DataFrame:
             "paper says": claims["claim"],
             "paper": [f"{v:+.4g}" for v in claims["paper_difference"]],
             "ours": [
-                _signed(r["metric"], r["ours"], r["ours_lo"], r["ours_hi"])
+                signed(r["metric"], r["ours"], r["ours_lo"], r["ours_hi"])
                 for _, r in claims.iterrows()
             ],
             "verdict": claims["verdict"],
@@ -588,7 +437,6 @@ def _claims_shown(claims: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = [
     "DEFAULT_ZERO_SHOT_OUT",
-    "TemperatureScaled",
     "ZeroShotReportConfig",
     "run_zero_shot_report",
     "zero_shot_config_from_args",

@@ -1,0 +1,364 @@
+"""The one experiment pipeline every report runs: load, search, prune, build members, evaluate the
+systems, write the files. A report (image, text, zero-shot) is a short file that declares its
+configuration, its loader, its systems and its tables, and calls these stages in order.
+
+:class:`Pipeline` owns the output folder, the cache and the stage clock (each stage is logged with
+its wall time, and ``setup["seconds"]`` records it); what a stage produces is kept on it
+(``loaded``, ``benchmark``, ``inputs``: the search tensors, ``layout``). Head selection reads only
+``inputs`` (the search split); evaluation only the report split.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+
+from hydra_core.cache import DiskCache
+from hydra_core.evaluate import nest_intervals, resolve_device
+from hydra_core.hydra.experiment import System, evaluate_systems
+from hydra_core.hydra.members import (
+    CIRCUIT_NAMES,
+    circuit_member,
+    member_overlap,
+    seed_sampled_members,
+    taylor_member,
+    taylor_ranking,
+)
+from hydra_core.hydra.systems import SystemsReport, machine_description
+from hydra_core.masks import MemberMask, save_masks
+from hydra_core.models.adapter import HeadLayout, head_layout
+from hydra_core.types import Log, StageProgress
+
+if TYPE_CHECKING:
+    from hydra_core.analysis.greedy import GreedyResult
+    from hydra_core.analysis.inputs import SearchInputs
+    from hydra_core.data.benchmark import Benchmark
+    from hydra_core.models.registry import LoadedModel
+
+#: the ensemble labels of the two Hydra variants every report builds
+HYDRA_CIRC = "Hydra (Circ)"
+HYDRA_TAYLOR = "Hydra (Taylor)"
+
+
+@dataclass
+class Budgets:
+    """Head budgets derived from the model and the configuration."""
+
+    removed_per_layer: int  # heads Taylor removes in every layer
+    budget: int  # heads every circuit and member removes
+    pool: int  # members draw their pruned heads from this many least useful
+    total: int  # heads of the model
+
+    @classmethod
+    def of(cls, layout: HeadLayout, config) -> Budgets:
+        """The budgets for a model with this head layout and a configuration with
+        ``removed_per_layer`` (None: a third of a layer's heads) and ``pool_fraction``; refuses a
+        per-layer count that leaves a layer with no head."""
+        per_layer = config.removed_per_layer
+        if per_layer is None:
+            per_layer = max(1, round(layout.max_heads / 3))
+        if not 0 < per_layer < min(layout.num_heads):
+            raise ValueError(
+                f"removed_per_layer must be between 1 and "
+                f"{min(layout.num_heads) - 1}, got {per_layer}"
+            )
+        budget = per_layer * layout.num_layers
+        pool = round(config.pool_fraction * layout.total_heads)
+        pool = min(layout.total_heads, max(budget + 1, pool))
+        return cls(per_layer, budget, pool, layout.total_heads)
+
+
+@dataclass
+class Pruning:
+    """What the pruning stage gives: Taylor's layer-wise member and global ranking, the CircAvg
+    circuit as a member, and the Hydra (Circ) and Hydra (Taylor) members by label."""
+
+    taylor: MemberMask
+    taylor_rank: list[tuple[int, int]]
+    circavg: MemberMask
+    members: dict[str, list[MemberMask]]
+
+
+class Pipeline:
+    """One report's run (see the module docstring).
+
+    Args:
+        out: the output folder (created).
+        cache: searches, fine-tuned weights and predictions are read from and saved to it (None:
+            the default cache).
+        device: "auto", "cpu" or "cuda".
+        progress: ``progress(stage, done, total)`` for long stages; log: one line per stage.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        cache: DiskCache | None,
+        device: str,
+        progress: StageProgress | None,
+        log: Log,
+    ) -> None:
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cache = cache or DiskCache()
+        self.device = resolve_device(device)
+        self.progress, self.log = progress, log
+        self.seconds: dict[str, float] = {}
+        self.started = time.perf_counter()
+        self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self.loaded: LoadedModel | None = None
+        self.benchmark: Benchmark | None = None
+        self.inputs = None
+
+    # --- the clock --------------------------------------------------------------------------
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """A stage of the run: logged when it starts and ends, its wall time recorded."""
+        start = time.perf_counter()
+        self.log(f"[report] {name} ...")
+        yield
+        self.seconds[name] = time.perf_counter() - start
+        self.log(f"[report] {name}: {self.seconds[name]:.0f} s")
+
+    def total(self) -> float:
+        """Seconds since the run began."""
+        return time.perf_counter() - self.started
+
+    # --- the stages ---------------------------------------------------------------------------
+
+    def load(self, loader: Callable[[], tuple]) -> tuple:
+        """Stage "load model and data": ``loader()`` gives (loaded model, benchmark, *anything
+        else the report needs), which is returned; the model goes to the device in eval mode and
+        the search split becomes the search tensors."""
+        from hydra_core.analysis.inputs import search_inputs
+
+        with self.stage("load model and data"):
+            loaded, benchmark, *extra = loader()
+            loaded.model.to(self.device).eval()
+            if benchmark.protocol_note():
+                self.log(f"[report] warning: {benchmark.protocol_note()}")
+            self.inputs = search_inputs(loaded.preprocess, benchmark).to(self.device)
+        self.loaded, self.benchmark = loaded, benchmark
+        return tuple(extra)
+
+    @property
+    def layout(self) -> HeadLayout:
+        return head_layout(self.loaded.model)
+
+    def search(
+        self,
+        objective: str,
+        budget: int,
+        *,
+        batch_size: int | None = None,
+        inputs: SearchInputs | None = None,
+        repeat: str = "",
+    ) -> GreedyResult:
+        """Stage "greedy search <circuit>": the greedy circuit of ``objective`` ("avg", "acc",
+        "ood") on the search tensors (cached: a finished search loads, an interrupted one
+        resumes). ``inputs``: other search tensors (a repeat on another subsample, named by
+        ``repeat``)."""
+        from hydra_core.analysis.greedy import greedy_circuit
+
+        inputs = self.inputs if inputs is None else inputs
+        name = CIRCUIT_NAMES[objective] + repeat
+        on_step = None
+        if self.progress is not None:
+            on_step = lambda step: self.progress(f"greedy {name}", step.step + 1, budget)  # noqa: E731
+        sizes = {} if batch_size is None else {"batch_size": batch_size}
+        with self.stage(f"greedy search {name} ({budget} steps)"):
+            return greedy_circuit(
+                self.loaded.model,
+                inputs.id_x,
+                inputs.id_y,
+                inputs.ood_x,
+                objective=objective,
+                budget=budget,
+                cache=self.cache,
+                progress=on_step,
+                **sizes,
+            )
+
+    def prune(
+        self,
+        circuit: GreedyResult,
+        budgets: Budgets,
+        seeds: Sequence[int],
+        *,
+        taylor_samples: int | None,
+        batch_size: int,
+        inputs: SearchInputs | None = None,
+        repeat: str = "",
+    ) -> Pruning:
+        """Stage "Taylor scores and layer-wise pruning", then the members: Taylor's layer-wise
+        member and ranking, CircAvg from ``circuit``, and one Hydra member per seed drawn from the
+        pool of least useful heads of each ranking (``inputs``, ``repeat``: as :meth:`search`)."""
+        model, layout = self.loaded.model, self.layout
+        inputs = self.inputs if inputs is None else inputs
+        with self.stage("Taylor scores and layer-wise pruning" + repeat):
+            options = dict(samples=taylor_samples, batch_size=batch_size)
+            per_layer = budgets.removed_per_layer
+            taylor = taylor_member(model, inputs, per_layer=per_layer, **options)
+            taylor_rank = taylor_ranking(model, inputs, **options)
+        ranking = circuit.ranking()
+        circavg = circuit_member(ranking, layout, budget=budgets.budget, ranking_name="CircAvg")
+        members = hydra_members(ranking, taylor_rank, layout, budgets, seeds)
+        return Pruning(taylor, taylor_rank, circavg, members)
+
+    def save_members(self, masks: Sequence[MemberMask]) -> None:
+        """``members.json``: the masks of the run, with the model's identity."""
+        save_masks(self.out / "members.json", list(masks), self.loaded.identity())
+
+    def evaluate(self, systems: Sequence[System], **options) -> SystemsReport:
+        """:func:`~hydra_core.hydra.experiment.evaluate_systems` of ``systems`` on the report
+        split, on the run's device, cache and progress (latency is timed in one stage later)."""
+        options.setdefault("latency", False)
+        return evaluate_systems(
+            self.loaded,
+            self.benchmark,
+            systems,
+            device=self.device,
+            cache=self.cache,
+            progress=self.progress,
+            **options,
+        )
+
+    # --- setup and files ----------------------------------------------------------------------
+
+    def setup(
+        self,
+        task: str | None,
+        budgets: Budgets,
+        seeds: Mapping[str, object],
+        members: Mapping[str, Sequence[MemberMask]],
+    ) -> dict:
+        """The facts every report's ``setup`` starts with: when and by what command, the
+        protocol (which items selected heads and which were reported, every seed), the model,
+        the data, the budgets and the members' overlap."""
+        data = self.benchmark.describe()
+        overlap = {label: member_overlap(ms) for label, ms in members.items()}
+        facts = {
+            "created": self.created,
+            "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
+            "protocol": protocol_facts(self.benchmark, seeds),
+            "model": self.loaded.card(),
+            "model_description": self.loaded.description,
+            "data": data.drop(columns="description").to_dict(orient="records"),
+            "data_descriptions": dict(zip(data["name"], data["description"], strict=True)),
+            "budgets": asdict(budgets),
+            "members": len(next(iter(members.values()), ())),
+            "member_overlap": {
+                label: {
+                    "mean_pairwise_jaccard": o["mean_pairwise_jaccard"],
+                    "kept_by_all": len(o["kept_by_all"]),
+                    "kept_by_any": len(o["kept_by_any"]),
+                }
+                for label, o in overlap.items()
+            },
+        }
+        return facts if task is None else {"task": task, **facts}
+
+    def finish(self, setup: dict) -> dict:
+        """``setup`` with where and how long the run took (its last entries)."""
+        return {**setup, **run_facts(self.device, self.seconds, self.total())}
+
+    def write(
+        self,
+        tables: Mapping[str, pd.DataFrame],
+        setup: dict,
+        systems: SystemsReport,
+        markdown: Callable[[Mapping[str, pd.DataFrame], dict], str],
+    ) -> dict:
+        """Every file of the report: one CSV per table, ``report.json`` (setup, every table as
+        records, every system), ``report.md`` (``markdown(tables, setup)``); returns the JSON."""
+        for name, table in tables.items():
+            table.to_csv(self.out / f"{name}.csv", index=False)
+        payload = {
+            "setup": setup,
+            **{k: records(v) for k, v in tables.items()},
+            "systems": systems.to_json()["systems"],
+        }
+        payload = nan_to_none(payload)
+        (self.out / "report.json").write_text(json.dumps(payload, indent=1))
+        (self.out / "report.md").write_text(markdown(tables, setup))
+        self.log(f"[report] wrote {self.out} in {setup['total_seconds'] / 60:.1f} minutes")
+        return payload
+
+
+def hydra_members(
+    circ_ranking: Sequence[tuple[int, int]],
+    taylor_rank: Sequence[tuple[int, int]],
+    layout: HeadLayout,
+    budgets: Budgets,
+    seeds: Sequence[int],
+) -> dict[str, list[MemberMask]]:
+    """The Hydra (Circ) and Hydra (Taylor) members: one per seed, each pruning the budget's
+    heads drawn from the pool of least useful heads of the CircAvg or Taylor ranking."""
+    rankings = {HYDRA_CIRC: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
+    return {
+        label: seed_sampled_members(
+            ranking,
+            layout,
+            budget=budgets.budget,
+            pool=budgets.pool,
+            seeds=seeds,
+            ranking_name=name,
+        )
+        for label, (name, ranking) in rankings.items()
+    }
+
+
+def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
+    """``setup["protocol"]``: which samples selected heads and which were reported, and the
+    run's ``seeds``."""
+    return {
+        "name": benchmark.protocol,
+        "note": benchmark.protocol_note(),
+        "search_ood": benchmark.search_names(),
+        "report_ood": benchmark.report_names(),
+        "id_search_n": len(benchmark.id_search),
+        "id_report_n": len(benchmark.id_report),
+        "report_n": {s.name: len(s) for s in benchmark.ood_report},
+        "seeds": dict(seeds),
+    }
+
+
+def run_facts(device: torch.device, seconds: Mapping[str, float], total: float) -> dict:
+    """Where and how long a report ran: the entries every report's ``setup`` ends with."""
+    return {
+        "device": str(device),
+        "machine": machine_description(device),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "total_seconds": round(total, 1),
+    }
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    """A table as JSON records, as ``report.json`` stores it: every metric with an interval as
+    ``{"value": v, "ci95": [lo, hi]}``, NaN as null."""
+    return [nest_intervals(row) for row in json.loads(frame.to_json(orient="records"))]
+
+
+def nan_to_none(value: object) -> object:
+    """``value`` with every NaN float, however deeply nested, replaced by None (JSON null)."""
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_to_none(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
