@@ -316,7 +316,7 @@ def shown_data(config: SetupConfig, modality: Modality) -> SetupConfig:
     set with such a model (the modality's defaults at first)."""
     if modality_of(source_of(config.model)) is modality:
         return config
-    return config.replace(**DATA_DEFAULTS, **st.session_state[DATA_KEY].get(modality.name, {}))
+    return config.replace(**(DATA_DEFAULTS | st.session_state[DATA_KEY].get(modality.name, {})))
 
 
 def remember_data(config: SetupConfig) -> None:

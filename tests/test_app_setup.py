@@ -6,6 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
+from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 from hydra_ui.context import CONFIG_KEY, SetupConfig
 
 SMALL = SetupConfig(n_search=64, n_report=300)
@@ -76,6 +77,19 @@ def test_search_and_report_sets_have_their_roles(app):
     assert not app.exception and not app.error, [e.value for e in app.error]
     assert app.session_state[CONFIG_KEY].search_ood == ("faces",)
     assert app.dataframe[1].value.set_index("name").loc["faces", "role"] == "search"
+
+
+def test_a_text_source_starts_from_the_text_defaults(app):
+    app.run()
+    app.radio[0].set_value("MiniLM sentiment (text)")
+    app.run()
+    assert not app.exception, app.exception
+    assert (app.multiselect[0].value, app.multiselect[1].value) == (
+        list(TEXT_REPORT_OOD),
+        list(TEXT_SEARCH_OOD),
+    )
+    assert app.text_input(key="setup_id_file").value == "" and app.text_area[0].value == ""
+    assert app.number_input[0].label == "Search sentences per set (head selection)"
 
 
 def test_halves_protocol_is_labelled_as_leaking(app):

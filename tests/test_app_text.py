@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 from hydra_core.analysis.greedy import single_head_importance
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import default_text_benchmark, text_file_benchmark
+from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
 from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 from hydra_core.errors import InputError
 from hydra_core.masks import MemberMask
@@ -198,6 +199,41 @@ def test_a_model_under_the_wrong_source_is_refused(app, files, checkpoint):
     errors = [e.value for e in app.error]
     assert len(errors) == 1 and "is a model of sentences, not of images" in errors[0]
     assert app.session_state[CONFIG_KEY].id_source == files["id"]  # the setup was not applied
+
+
+def test_each_modality_keeps_its_own_data_choices(app, setup, files):
+    """One set of data fields serves both modalities: an image source starts from the image
+    defaults, and the text files come back with a text source."""
+    app.run()
+    app.radio[0].set_value("Embedded default")
+    app.run()
+    assert (app.multiselect[0].value, app.multiselect[1].value) == (
+        list(REPORT_OOD),
+        list(SEARCH_OOD),
+    )
+    assert app.text_input(key="setup_id_folder").value == "" and app.text_area[0].value == ""
+    app.multiselect[1].set_value(["photos"])
+    app.button[0].click()  # Apply
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    image_setup = app.session_state[CONFIG_KEY]
+    assert image_setup.model == "default" and image_setup.ood is None  # the image defaults
+    assert (image_setup.search_ood, image_setup.id_source, image_setup.ood_sources) == (
+        ("photos",),
+        None,
+        (),
+    )
+
+    app.radio[0].set_value("Hugging Face folder (text)")
+    app.run()
+    app.text_input(key="setup_model_name").set_value(files["model"])
+    assert app.text_input(key="setup_id_file").value == files["id"]
+    assert app.text_area[0].value == "\n".join(setup.ood_sources)
+    assert (app.multiselect[0].value, app.multiselect[1].value) == ([], [])
+    app.button[0].click()
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert app.session_state[CONFIG_KEY] == setup.replace(model=files["model"])
 
 
 @pytest.mark.parametrize("page", PAGES)
