@@ -33,7 +33,7 @@ to search, test sentences to report, the ``guardian`` headlines as the search se
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -470,6 +470,27 @@ def parse_ood_folder(entry: str) -> tuple[str, str, str]:
     return "report", "far", entry.strip()
 
 
+def _with_own_sets(
+    ood: Sequence[str],
+    search_ood: Sequence[str] | None,
+    entries: Sequence[tuple[str, str, str]],
+    protocol: str,
+    default_search: Sequence[str],
+    load: Callable[[str, str], DataSet],
+) -> tuple[list[str | DataSet], list[str | DataSet] | None]:
+    """The report and the search sets of a benchmark with OOD data of your own: the named sets,
+    then each entry (:func:`parse_ood_folder`) loaded by ``load(path, group)`` in its role.
+    Under ``"dedicated"`` and without ``search_ood``, ``search:`` entries replace the default
+    search sets."""
+    if search_ood is None and protocol == "dedicated":
+        search_ood = [] if any(role == "search" for role, _, _ in entries) else default_search
+    search_sets: list[str | DataSet] | None = None if search_ood is None else list(search_ood)
+    report_sets: list[str | DataSet] = list(ood)
+    for role, group, path in entries:
+        (search_sets if role == "search" else report_sets).append(load(path, group))
+    return report_sets, search_sets
+
+
 def folder_benchmark(
     *,
     id_folder: str | None = None,
@@ -523,13 +544,14 @@ def folder_benchmark(
             protocol=protocol,
         )
     grayscale = channels == 1
-    if search_ood is None and protocol == "dedicated":
-        search_ood = [] if any(role == "search" for role, _, _ in entries) else SEARCH_OOD
-    search_sets: list[str | ImageSet] | None = None if search_ood is None else list(search_ood)
-    report_sets: list[str | ImageSet] = list(ood)
-    for role, group, path in entries:
-        folder = load_image_folder(path, size=size, group=group, grayscale=grayscale)
-        (search_sets if role == "search" else report_sets).append(folder)
+    report_sets, search_sets = _with_own_sets(
+        ood,
+        search_ood,
+        entries,
+        protocol,
+        SEARCH_OOD,
+        lambda path, group: load_image_folder(path, size=size, group=group, grayscale=grayscale),
+    )
     options = {
         "search_ood": search_sets,
         "protocol": protocol,
@@ -585,13 +607,14 @@ def text_file_benchmark(
     entries = [parse_ood_folder(entry) for entry in ood_files]
     if classes is not None and id_file is None:
         raise InputError("a class order applies to an ID file of your own, not to Rotten Tomatoes")
-    if search_ood is None and protocol == "dedicated":
-        search_ood = [] if any(role == "search" for role, _, _ in entries) else TEXT_SEARCH_OOD
-    search_sets: list[str | DataSet] | None = None if search_ood is None else list(search_ood)
-    report_sets: list[str | DataSet] = list(ood)
-    for role, group, path in entries:
-        texts = load_text_file(path, group=group)
-        (search_sets if role == "search" else report_sets).append(texts)
+    report_sets, search_sets = _with_own_sets(
+        ood,
+        search_ood,
+        entries,
+        protocol,
+        TEXT_SEARCH_OOD,
+        lambda path, group: load_text_file(path, group=group),
+    )
     options = {
         "search_ood": search_sets,
         "protocol": protocol,
