@@ -9,10 +9,13 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from hydra_core.baselines.deep_ensembles import deep_ensemble_for, stored_copies
+from hydra_core.baselines.deep_ensembles import (
+    deep_ensemble_for,
+    reference_checkpoint,
+    stored_copies,
+)
 from hydra_core.baselines.mc_dropout import dropout_modules, dropout_rate
 from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
-from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.evaluate import format_intervals
 from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
@@ -224,19 +227,20 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         help=f"On {context.device.type}, {context.config.precision}, batches of 32 {context.noun}",
     )
     repeats = int(c3.number_input("Timed calls per system", 3, 200, 20, disabled=running))
-    # a text model trains on Rotten Tomatoes' train split; a file of your own has no such split
-    train_set = load_rotten_tomatoes("train") if context.is_text else None
-    can_tune = not (context.is_text and context.config.id_file)
+    # members train on the embedded ID set's training split; data of your own has none
+    modality = context.loaded.modality
+    can_tune = context.config.id_source is None
     tune = st.toggle(
         "Fine-tune each member first (paper 4.3)",
         disabled=running or not can_tune,
         help=None
         if can_tune
-        else "Needs a training split: the text default (Rotten Tomatoes) "
-        "has one, an ID file of your own does not",
+        else f"Needs a training split: the embedded ID set ({modality.default_id}) has one, "
+        "ID data of your own does not",
     )
-    finetune = None
+    finetune, train_set = None, None
     if tune:
+        train_set = modality.load_id("train")
         d = FinetuneConfig()  # the recipe selected on validation images (hydra.finetune)
         c1, c2, c3, c4, c5 = st.columns(5)
         optimizer = c1.selectbox(
@@ -247,7 +251,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         smoothing = c4.number_input(
             "Label smoothing", 0.0, 0.5, d.label_smoothing, step=0.05, disabled=running
         )
-        most = len(train_set) if train_set is not None else 55_000
+        most = len(train_set)
         n_train = int(
             c5.number_input(
                 f"Training {context.noun}",
@@ -265,21 +269,15 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             label_smoothing=smoothing,
             n_train=n_train,
         )
-        if context.is_text:
-            st.caption(
-                "Each member is trained separately on Rotten Tomatoes training sentences (apart "
-                "from the search and report splits), then fused with the MLPs averaged; "
-                "fine-tuned weights are cached. The defaults were chosen for the image default: "
-                "a starting point here."
-            )
-        else:
-            st.caption(
-                "Each member is trained separately on Fashion-MNIST training images, then fused "
-                "with the MLPs averaged; fine-tuned weights are cached. The defaults were chosen "
-                "on validation images (held out of training, never reported); label smoothing "
-                "0.1, the paper's, made the averaged members under-confident here (see "
-                "hydra_core.hydra.finetune)."
-            )
+        st.caption(
+            f"Each member is trained separately on {modality.default_id} training "
+            f"{modality.noun} (apart from the search and report splits), then fused with the "
+            "MLPs averaged; fine-tuned weights are cached. The defaults were chosen on "
+            "Fashion-MNIST validation images for the default ViT (held out of training, never "
+            "reported; label smoothing 0.1, the paper's, made the averaged members "
+            "under-confident there, see hydra_core.hydra.finetune): for another model, a "
+            "starting point."
+        )
     copies = stored_copies(context.config.model)
     use_deep = False
     if copies:
@@ -289,13 +287,10 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             disabled=running,
         )
     else:
+        trainable = reference_checkpoint(context.config.model) is not None
         st.caption(
             "Deep Ensembles: no independently trained copies of this model are stored"
-            + (
-                "."
-                if context.is_text
-                else " (train them with `python -m hydra_core train-ensemble`)."
-            )
+            + (" (train them with `python -m hydra_core train-ensemble`)." if trainable else ".")
         )
 
     baselines = baseline_choices(context, running)
@@ -343,7 +338,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             f"{context.noun}, ID within each class, each OOD set within itself); the exact bounds "
             "are in the JSON report."
         )
-        if context.is_text:
+        if modality.shows_as_text:
             uncertain_view(context, report)
         if "single" in report.systems:
             st.subheader("Difference to the single model")
@@ -444,10 +439,9 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             icon=":material/download:",
             on_click="ignore",
         )
-        if context.is_text:
-            st.caption(
-                "The fused text model loads back with its source's tokenizer "
-                f"({context.loaded.name}): `python -m hydra_core eval --model hydra.safetensors`, "
-                "or `hydra_core.load_model(path)`; its `forward(input_ids=..., "
-                "attention_mask=...)` gives each member's logits (B, M, C)."
-            )
+        st.caption(
+            "The fused model loads back with its source's preprocessing "
+            f"({context.loaded.name}): `python -m hydra_core eval --model hydra.safetensors`, "
+            "or `hydra_core.load_model(path)`; its forward gives each member's logits (B, M, C) "
+            "from the model inputs its source takes."
+        )

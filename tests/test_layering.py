@@ -29,6 +29,12 @@ LAYERS = (
     ("hydra_core.models", "hydra_core.masks"),
     ("hydra_core.evaluate",),
     ("hydra_core.training",),
+    (  # the shipped, named models: each one's loader and the recipe that trains it
+        "hydra_core.models.default",
+        "hydra_core.models.minilm",
+        "hydra_core.models.mpnet",
+        "hydra_core.models.dinov2",
+    ),
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
     ("hydra_core.baselines",),
@@ -166,12 +172,12 @@ FOR_IN = re.compile(r"\bfor\s+[\w\s,()]+?\s+in\b")
 #: the comparisons left above the seam, (file, line) -> why; each goes when its file asks the
 #: family or the modality for what it needs (a property, a method) instead
 NAME_COMPARISONS_ALLOWED = {
+    ("hydra_core/report/text.py", "if loaded.modality is not TEXT_MODALITY:"): "the text report "
+    "is a text task (Table 2): it refuses a model of another modality",
     ("hydra_core/cli/hydra.py", 'if args.task == "text":'): "a report's name (--task text), "
     "not a model's modality",
     ("hydra_core/hydra/finetune.py", 'if data is None and modality != "image":'): "the default "
     "training set; family_of(model).modality.load_id('train') would serve both modalities",
-    ("hydra_core/report/text.py", 'if loaded.modality != "text":'): "the text report refuses an "
-    "image model; being rewritten by the lead",
     ("hydra_core/hydra/fused.py", "if families[0] == CLIP_FAMILY:"): "fusion by family name; "
     "being replaced by ModelFamily.fusion_parts",
     ("hydra_core/hydra/fused.py", "if families[0] == TEXT_FAMILY:"): "as above",
@@ -180,16 +186,6 @@ NAME_COMPARISONS_ALLOWED = {
     ("hydra_ui/context.py", "def is_text(self) -> bool:"): "Context.is_text, for "
     "pages/6_hydra.py until that page asks the modality",
     ("hydra_ui/context.py", "return self.loaded.modality is TEXT_MODALITY"): "as above",
-    (
-        "pages/6_hydra.py",
-        'train_set = load_rotten_tomatoes("train") if context.is_text else None',
-    ): ("the page is being rewritten by the lead: context.loaded.modality.load_id('train')"),
-    ("pages/6_hydra.py", "can_tune = not (context.is_text and context.config.id_file)"): (
-        "as above: a training split exists unless the setup has an id_source"
-    ),
-    ("pages/6_hydra.py", "if context.is_text:"): "as above: captions and the uncertain-sentences "
-    "view by the modality's properties (shows_as_text, default_id)",
-    ("pages/6_hydra.py", "if context.is_text"): "as above",
 }
 
 

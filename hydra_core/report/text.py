@@ -341,10 +341,11 @@ def _load(config: TextReportConfig):
     benchmark and the training sentences."""
     from hydra_core.data.text import load_rotten_tomatoes
     from hydra_core.errors import InputError
+    from hydra_core.models.modality import TEXT_MODALITY
     from hydra_core.models.registry import load_model
 
     loaded = load_model(config.model)
-    if loaded.modality != "text":
+    if loaded.modality is not TEXT_MODALITY:
         raise InputError(
             f"--task text needs a text classifier; {config.model!r} takes images (run the "
             "image report with --task image)"
