@@ -17,6 +17,10 @@ None for images); ``block_heads`` gives a block's per-head outputs Z before W_O;
 (residual, norms, MLP: pre-LN for ViTs, post-LN for BERT); ``classify`` reads the logits off the
 last stream. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``block_rest``) per block
 -> ``classify`` equals the model's own forward, tested per family.
+
+Fusion: ``fusion_parts`` reads a model into the one canonical layout of
+:mod:`hydra_core.models.parts` (per-head Q/K/V and W_O, norms, MLP, stem, classifier) that Hydra
+fusion builds on, so that fusion, too, never asks which family a model is from.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from torch import nn
 
 from hydra_core.models.modality import IMAGE_MODALITY, Modality
+from hydra_core.models.parts import FusionParts
 
 
 class UnsupportedModelError(ValueError):
@@ -328,3 +333,16 @@ class ModelFamily:
     def concat_contexts(self, contexts: Sequence[Context]) -> Context:
         """The contexts of consecutive batches as one."""
         return contexts[0] if contexts else None
+
+    # --- fusion ----------------------------------------------------------------------------------
+
+    def fusion_parts(self, model: nn.Module, where: str = "this model") -> FusionParts:
+        """``model`` in the one canonical layout that Hydra fusion reads
+        (:class:`~hydra_core.models.parts.FusionParts`: the stem, per-block Q/K/V and W_O whose
+        heads can be sliced, norms, MLP, classifier; its ``kind``, pre-norm or post-norm, picks
+        the fused model). Tensors are detached, not copied. Raises
+        :class:`UnsupportedModelError` starting with ``where`` ("this model", "member 2") and
+        naming what the parts cannot describe, so that fusability is checked by calling this."""
+        raise UnsupportedModelError(
+            f"{where} cannot be fused: Hydra fusion does not support {self.name or 'this'} models"
+        )

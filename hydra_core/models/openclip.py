@@ -17,7 +17,9 @@ logits over its classes (B, C). Refused, each with a message naming the cause: t
 backbone (``TimmModel``), ``CustomResidualAttentionBlock`` (qk-norm, scaled cosine attention,
 head scales: something between the heads and W_O, or attention Hydra Lab does not reproduce),
 attentional pooling, towers that return tokens or no pooled embedding, layers whose heads differ
-in width.
+in width. For Hydra fusion, :func:`fusion_parts` maps a tower onto pre-norm
+:class:`~hydra_core.models.parts.FusionParts` (its zero-shot head, if any, included), refusing
+also towers without ``proj``, non-LayerNorm norms and MLPs other than open_clip's.
 
 open_clip is never imported here unless a model of it was handed in (which imported it already).
 """
@@ -42,6 +44,15 @@ from hydra_core.models.family import (
     shallow_copy,
 )
 from hydra_core.models.modality import IMAGE_MODALITY
+from hydra_core.models.part_readers import block_parts, fused_qkv, norm_parts
+from hydra_core.models.parts import (
+    BlockParts,
+    FusionParts,
+    LinearParts,
+    PatchStem,
+    ZeroShotHead,
+    plain_patch_conv,
+)
 from hydra_core.models.vit import _head_rows, _linear_from, attention
 from hydra_core.models.zero_shot import ZeroShotClassifier
 
@@ -291,6 +302,122 @@ def _check_block(index: int, block: nn.Module) -> None:
         )
 
 
+# --- fusion parts -------------------------------------------------------------------------------
+
+#: open_clip's ``pool_type`` -> the canonical pooling ('avg' leaves the class token out)
+_POOLS = {"tok": "token", "avg": "avg"}
+
+
+def _fusion_refusal(where: str, what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"{where} cannot be fused: {what}; Hydra fusion supports open_clip "
+        "VisionTransformers (ResidualAttentionBlock with nn.MultiheadAttention, 'tok' or "
+        "'avg' pooling)"
+    )
+
+
+def _check_fusable(tower: nn.Module, where: str, embed_dim: int) -> None:
+    """Refuse what a pre-norm :class:`~hydra_core.models.parts.FusionParts` cannot describe."""
+    from open_clip.transformer import LayerScale
+    from timm.layers import LayerScale as TimmLayerScale
+
+    if tower.proj is None:
+        raise _fusion_refusal(where, "it has no output projection (proj is None)")
+    if not plain_patch_conv(tower.conv1):
+        raise _fusion_refusal(where, "the patch embedding is not a plain non-overlapping Conv2d")
+    tokens = tower.grid_size[0] * tower.grid_size[1] + 1
+    if tuple(tower.positional_embedding.shape) != (tokens, embed_dim):
+        raise _fusion_refusal(
+            where,
+            f"the position embedding has shape {tuple(tower.positional_embedding.shape)}; "
+            f"expected ({tokens}, {embed_dim}) for the class token and the patches",
+        )
+    for layer, block in enumerate(tower.transformer.resblocks):
+        for name in ("ls_1", "ls_2"):
+            scale = getattr(block, name)
+            if not isinstance(scale, (nn.Identity, LayerScale, TimmLayerScale)):
+                raise _fusion_refusal(where, f"block {layer}: {name} is a {type(scale).__name__}")
+        mlp = block.mlp
+        parts = dict(mlp.named_children()) if isinstance(mlp, nn.Sequential) else {}
+        if list(parts) != ["c_fc", "gelu", "c_proj"] or not all(
+            isinstance(parts[n], nn.Linear) for n in ("c_fc", "c_proj")
+        ):
+            raise _fusion_refusal(
+                where, f"block {layer}: the MLP is not open_clip's c_fc, activation, c_proj"
+            )
+
+
+def _resblock_parts(resblock: nn.Module, where: str) -> BlockParts:
+    """open_clip's names: the ``nn.MultiheadAttention``'s ``in_proj_weight`` / ``in_proj_bias``
+    (q | k | v rows) and ``out_proj``; ``ln_1``, ``ln_2``; ``mlp.c_fc``, ``mlp.gelu``,
+    ``mlp.c_proj``; ``ls_1``, ``ls_2``."""
+    attn, mlp = resblock.attn, resblock.mlp
+    return block_parts(
+        where,
+        num_heads=int(attn.num_heads),
+        qkv=fused_qkv(attn.in_proj_weight, attn.in_proj_bias),
+        out=attn.out_proj,
+        norms=(resblock.ln_1, resblock.ln_2),
+        mlp=(mlp.c_fc, mlp.gelu, mlp.c_proj),
+        layer_scales=(resblock.ls_1, resblock.ls_2),
+    )
+
+
+def fusion_parts(model: nn.Module, where: str = "this model") -> FusionParts:
+    """An open_clip VisionTransformer (bare, or in a zero-shot classifier, whose head becomes
+    ``zero_shot``) as pre-norm :class:`~hydra_core.models.parts.FusionParts`: ``conv1`` -> the
+    patch embedding; ``class_embedding`` -> the class token; ``positional_embedding`` (its row 0
+    is the class token's) -> the position embedding; ``ln_pre`` -> ``norm_pre``; in a block,
+    ``in_proj_weight`` / ``in_proj_bias`` -> Q/K/V, ``out_proj`` -> W_O, ``ln_1`` / ``ln_2`` ->
+    norm1 / norm2, ``ls_1`` / ``ls_2`` -> the layer scales, ``mlp.c_fc`` / ``mlp.c_proj`` -> the
+    MLP; ``ln_post`` -> ``norm`` before pooling or, with ``final_ln_after_pool``, ``fc_norm``
+    after it; ``proj`` (d, D) -> the head, without bias."""
+    try:
+        # the family refuses custom blocks, attentional pooling, pool_type 'none', returned tokens
+        layout = OPENCLIP.layout(model)
+    except UnsupportedModelError as error:
+        raise _fusion_refusal(where, str(error)) from None
+    tower = visual_of(model)
+    _check_fusable(tower, where, layout.embed_dim)
+    conv = tower.conv1
+    stem = PatchStem(
+        img_size=tuple(int(s) for s in tower.image_size),
+        patch_weight=conv.weight.detach(),  # (d, 3, p, p)
+        patch_bias=None if conv.bias is None else conv.bias.detach(),
+        patch_norm=None,
+        cls_token=tower.class_embedding.detach()[None],  # (1, d)
+        reg_token=None,
+        pos_embed=tower.positional_embedding.detach(),  # (1 + patches, d)
+        no_embed_class=False,
+        norm_pre=norm_parts(tower.ln_pre, where),
+    )
+    post = norm_parts(tower.ln_post, where)
+    after_pool = bool(tower.final_ln_after_pool)
+    zero_shot = None
+    if isinstance(model, ZeroShotClassifier):
+        zero_shot = ZeroShotHead(
+            class_embeddings=model.class_embeddings.detach(),
+            logit_scale=model.logit_scale.detach(),
+            classes=tuple(model.classes),
+            templates=tuple(model.templates),
+        )
+    return FusionParts(
+        kind="pre-norm",
+        arch=OPENCLIP.name,
+        embed_dim=layout.embed_dim,
+        head_dim=layout.head_dim,
+        stem=stem,
+        blocks=tuple(_resblock_parts(b, where) for b in tower.transformer.resblocks),
+        head=LinearParts(tower.proj.detach().t(), None),  # (D, d)
+        norm=None if after_pool else post,
+        global_pool=_POOLS[tower.pool_type],
+        num_prefix_tokens=1,
+        pool_include_prefix=False,
+        fc_norm=post if after_pool else None,
+        zero_shot=zero_shot,
+    )
+
+
 # --- the family ---------------------------------------------------------------------------------
 
 
@@ -472,6 +599,9 @@ class OpenClipFamily(ModelFamily):
         return PreNormParts(
             block.ls_1, scales[0], block.ln_2, mlp.c_fc, mlp.gelu, mlp.c_proj, block.ls_2
         )
+
+    def fusion_parts(self, model: nn.Module, where: str = "this model") -> FusionParts:
+        return fusion_parts(model, where)
 
 
 OPENCLIP = OpenClipFamily()

@@ -39,6 +39,8 @@ from hydra_core.models.family import (
     shallow_copy,
 )
 from hydra_core.models.modality import TEXT_MODALITY
+from hydra_core.models.part_readers import block_parts, norm_parts
+from hydra_core.models.parts import POSITION_BUCKETS, FusionParts, LinearParts, TokenStem
 
 #: the tokens a sentence is cut to (the default for :class:`TextPreprocess`)
 MAX_TOKENS = 128
@@ -175,6 +177,20 @@ def unpack(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :end], mask[:, :end]
 
 
+def forward_inputs(
+    inputs: torch.Tensor | None = None,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a text model's ``forward`` takes -> (token ids, attention mask) as :func:`unpack`
+    gives them: packed inputs (B, 2, T), or ``input_ids`` (B, T) and an ``attention_mask``."""
+    if inputs is None:
+        if input_ids is None:
+            raise ValueError("pass packed inputs (B, 2, T) or input_ids (and attention_mask)")
+        inputs = pack(input_ids, attention_mask)
+    return unpack(inputs)
+
+
 class TextPreprocess:
     """Sentences -> packed token ids and attention masks (N, 2, ``max_length``), via a Hugging Face
     tokenizer (truncated to ``max_length`` tokens, padded to it)."""
@@ -220,11 +236,7 @@ class TextClassifier(nn.Module):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if inputs is None:
-            if input_ids is None:
-                raise ValueError("pass packed inputs (B, 2, T) or input_ids (and attention_mask)")
-            inputs = pack(input_ids, attention_mask)
-        ids, mask = unpack(inputs)
+        ids, mask = forward_inputs(inputs, input_ids, attention_mask)
         return self.hf(input_ids=ids, attention_mask=mask).logits
 
 
@@ -288,6 +300,19 @@ def _slice_linear(linear: nn.Linear, rows=None, cols=None) -> nn.Linear:
     new.weight = nn.Parameter(weight.clone())
     new.bias = None if bias is None else nn.Parameter(bias.clone())
     return new
+
+
+def _classifier_layers(hf: nn.Module, backbone: str) -> tuple[nn.Linear, str, nn.Linear]:
+    """The classifier on the class token: (dense layer, its activation, output layer)."""
+    if backbone == "bert":
+        return hf.bert.pooler.dense, "tanh", hf.classifier
+    if backbone == "distilbert":
+        return hf.pre_classifier, "relu", hf.classifier
+    return hf.classifier.dense, "tanh", hf.classifier.out_proj  # RoBERTa, MPNet: token 0
+
+
+def _fusion_refusal(where: str, what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{where} cannot be fused: {what}")
 
 
 class TextFamily(ModelFamily):
@@ -477,12 +502,7 @@ class TextFamily(ModelFamily):
         arch = self.arch(model)
         hf = hf_model(model)
         block = self.blocks(model)[0]
-        if arch.backbone == "bert":
-            dense = hf.bert.pooler.dense
-        elif arch.backbone == "distilbert":
-            dense = hf.pre_classifier
-        else:
-            dense = hf.classifier.dense  # RoBERTa, MPNet: dense, then out_proj
+        dense, _, _ = _classifier_layers(hf, arch.backbone)
         return CostSizes(
             num_tokens=MAX_TOKENS if inputs is None else unpack(inputs)[0].shape[1],
             mlp_hidden=int(_get(block, arch.fc1).out_features),
@@ -598,6 +618,71 @@ class TextFamily(ModelFamily):
         arch = self._arch_of_block(block)
         return PostNormParts(
             *(_get(block, p) for p in (arch.norm1, arch.fc1, arch.act, arch.fc2, arch.norm2))
+        )
+
+    def fusion_parts(self, model: nn.Module, where: str = "this model") -> FusionParts:
+        """Post-norm :class:`~hydra_core.models.parts.FusionParts`: the word, position and token
+        type 0 embeddings and their LayerNorm; per block Q, K, V, W_O, the two LayerNorms and the
+        MLP (by the paths of :class:`_Arch`); MPNet's relative position bias, one table (buckets
+        x original heads) shared by all layers, as each block's columns of its heads (a pruned
+        MPNet block maps its heads back through ``kept_heads``); the classifier on the class
+        token (BERT's pooler, RoBERTa's and MPNet's classification head, DistilBERT's
+        pre-classifier)."""
+        arch = self.arch(model)
+        try:
+            layout = self.layout(model)
+        except UnsupportedModelError as error:
+            raise _fusion_refusal(where, str(error)) from None
+        hf = hf_model(model)
+        backbone = getattr(hf, arch.backbone)
+        table = None
+        if arch.backbone == "mpnet":
+            table = backbone.encoder.relative_attention_bias.weight.detach()  # (buckets, heads)
+            if table.shape[0] < POSITION_BUCKETS:
+                raise _fusion_refusal(
+                    where,
+                    f"its relative position bias has {table.shape[0]} buckets, fewer than the "
+                    f"{POSITION_BUCKETS} MPNet uses",
+                )
+        blocks = []
+        for n, block in zip(layout.num_heads, self.blocks(model), strict=True):
+            kept = self._kept_heads(block)  # a pruned MPNet block's original heads
+            heads = torch.arange(n) if kept is None else kept
+            qkv = None  # a block that keeps no head has no Q/K/V
+            if n:
+                qkv = [LinearParts.of(_get(block, p)) for p in (arch.query, arch.key, arch.value)]
+            blocks.append(
+                block_parts(
+                    where,
+                    num_heads=n,
+                    qkv=qkv,
+                    out=self.output_projection(block),
+                    norms=(_get(block, arch.norm1), _get(block, arch.norm2)),
+                    mlp=tuple(_get(block, p) for p in (arch.fc1, arch.act, arch.fc2)),
+                    position_bias=None if table is None else table[:POSITION_BUCKETS, heads],
+                )
+            )
+        embeddings = backbone.embeddings
+        token_type = getattr(embeddings, "token_type_embeddings", None)
+        padding = arch.backbone in ("roberta", "mpnet")  # positions count the real tokens
+        pooler, pooler_act, classifier = _classifier_layers(hf, arch.backbone)
+        stem = TokenStem(
+            word=embeddings.word_embeddings.weight.detach(),  # (vocab, d)
+            position=embeddings.position_embeddings.weight.detach(),  # (positions, d)
+            token_type=None if token_type is None else token_type.weight.detach()[0],  # (d,)
+            padding_idx=int(embeddings.padding_idx) if padding else None,
+            norm=norm_parts(embeddings.LayerNorm, where, required=True),
+        )
+        return FusionParts(
+            kind="post-norm",
+            arch=arch.backbone,
+            embed_dim=layout.embed_dim,
+            head_dim=layout.head_dim,
+            stem=stem,
+            blocks=tuple(blocks),
+            head=LinearParts.of(classifier),
+            pooler=LinearParts.of(pooler),
+            pooler_act=pooler_act,
         )
 
     def sample_lengths(self, inputs: torch.Tensor) -> torch.Tensor | None:

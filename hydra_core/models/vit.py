@@ -3,7 +3,9 @@
 input of ``blocks[l].attn.proj``; the input is a batch of preprocessed images (B, C, H, W).
 
 Models whose attention puts a norm or a gate between the heads and ``proj`` are refused, rather than
-ablating the wrong thing.
+ablating the wrong thing. For Hydra fusion, :func:`fusion_parts` maps a model onto pre-norm
+:class:`~hydra_core.models.parts.FusionParts` (a plain Conv2d patch embedding, timm's ``Block`` and
+``Mlp``, LayerNorms, a Linear head; the rest refused in one line).
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from hydra_core.models.family import (
     shallow_copy,
 )
 from hydra_core.models.modality import IMAGE_MODALITY
+from hydra_core.models.part_readers import block_parts, fused_qkv, norm_parts
+from hydra_core.models.parts import (
+    POOLS,
+    BlockParts,
+    FusionParts,
+    LinearParts,
+    PatchStem,
+    plain_patch_conv,
+)
 
 
 def _blocks(model: nn.Module) -> Sequence[nn.Module]:
@@ -272,6 +283,104 @@ def attention_projection(block: nn.Module, z: torch.Tensor) -> torch.Tensor:
     return block.attn.proj(z.reshape(b, n, -1))
 
 
+# --- fusion parts --------------------------------------------------------------------------------
+
+
+def _fusion_refusal(where: str, what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"{where} cannot be fused: {what}; Hydra fusion supports timm "
+        "VisionTransformers (Conv2d patch embedding, Block, Mlp)"
+    )
+
+
+def _check_fusable(model: nn.Module, where: str) -> None:
+    """Refuse what a pre-norm :class:`~hydra_core.models.parts.FusionParts` cannot describe."""
+    for attr in ("patch_embed", "norm_pre", "norm", "fc_norm", "head", "global_pool"):
+        if not hasattr(model, attr):
+            raise _fusion_refusal(where, f"{type(model).__name__} has no `{attr}`")
+    pe = model.patch_embed
+    if not plain_patch_conv(getattr(pe, "proj", None)):
+        raise _fusion_refusal(where, "the patch embedding is not a plain non-overlapping Conv2d")
+    if getattr(model, "dynamic_img_size", False) or getattr(pe, "dynamic_img_pad", False):
+        raise _fusion_refusal(where, "dynamic image sizes are not supported")
+    if getattr(model, "attn_pool", None) is not None:
+        raise _fusion_refusal(where, "attention pooling (global_pool='map') is not supported")
+    if model.global_pool not in POOLS:
+        raise _fusion_refusal(
+            where, f"global_pool={model.global_pool!r} is not one of {', '.join(POOLS)}"
+        )
+    if not isinstance(model.head, nn.Linear):
+        raise _fusion_refusal(where, "the classifier head is not a Linear layer (num_classes=0?)")
+    from timm.layers import LayerScale
+
+    for layer, block in enumerate(_blocks(model)):
+        for name in ("q_norm", "k_norm"):
+            if not isinstance(getattr(block.attn, name, nn.Identity()), nn.Identity):
+                raise _fusion_refusal(where, f"block {layer} normalises queries/keys ({name})")
+        for name in ("ls1", "ls2"):
+            if not isinstance(getattr(block, name), (nn.Identity, LayerScale)):
+                kind = type(getattr(block, name)).__name__
+                raise _fusion_refusal(where, f"block {layer}: {name} is a {kind}")
+        mlp = block.mlp
+        linear = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("fc1", "fc2"))
+        if not linear or not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+            raise _fusion_refusal(
+                where, f"block {layer}: the MLP is a {type(mlp).__name__}, not timm's Mlp"
+            )
+
+
+def _block_parts(block: nn.Module, where: str) -> BlockParts:
+    """timm's names: ``attn.qkv`` (q | k | v rows), ``attn.proj``, ``norm1``, ``norm2``,
+    ``mlp.fc1``, ``mlp.act``, ``mlp.fc2``, ``ls1``, ``ls2``."""
+    return block_parts(
+        where,
+        num_heads=int(block.attn.num_heads),
+        qkv=fused_qkv(block.attn.qkv.weight, block.attn.qkv.bias),
+        out=block.attn.proj,
+        norms=(block.norm1, block.norm2),
+        mlp=(block.mlp.fc1, block.mlp.act, block.mlp.fc2),
+        layer_scales=(block.ls1, block.ls2),
+    )
+
+
+def fusion_parts(model: nn.Module, where: str = "this model") -> FusionParts:
+    """A timm VisionTransformer as pre-norm :class:`~hydra_core.models.parts.FusionParts`."""
+    try:
+        layout = head_layout(model)
+    except UnsupportedModelError as error:
+        raise _fusion_refusal(where, str(error)) from None
+    _check_fusable(model, where)
+    pe = model.patch_embed
+    conv = pe.proj
+    tokens = [getattr(model, n, None) for n in ("cls_token", "reg_token", "pos_embed")]
+    cls_token, reg_token, pos_embed = (None if t is None else t.detach()[0] for t in tokens)
+    stem = PatchStem(
+        img_size=tuple(int(s) for s in pe.img_size),
+        patch_weight=conv.weight.detach(),  # (d, C, p_h, p_w)
+        patch_bias=None if conv.bias is None else conv.bias.detach(),
+        patch_norm=norm_parts(pe.norm, where),
+        cls_token=cls_token,  # (1, d)
+        reg_token=reg_token,  # (R, d)
+        pos_embed=pos_embed,  # (N_pos, d)
+        no_embed_class=bool(getattr(model, "no_embed_class", False)),
+        norm_pre=norm_parts(model.norm_pre, where),
+    )
+    return FusionParts(
+        kind="pre-norm",
+        arch=VIT.name,
+        embed_dim=layout.embed_dim,
+        head_dim=layout.head_dim,
+        stem=stem,
+        blocks=tuple(_block_parts(block, where) for block in _blocks(model)),
+        head=LinearParts.of(model.head),
+        norm=norm_parts(model.norm, where),
+        global_pool=model.global_pool,
+        num_prefix_tokens=int(model.num_prefix_tokens),
+        pool_include_prefix=bool(getattr(model, "pool_include_prefix", False)),
+        fc_norm=norm_parts(model.fc_norm, where),
+    )
+
+
 class VitFamily(ModelFamily):
     """timm ``VisionTransformer`` models (the context is always None)."""
 
@@ -378,6 +487,9 @@ class VitFamily(ModelFamily):
         ):
             return None
         return PreNormParts(block.ls1, scale1, norm, mlp.fc1, mlp.act, mlp.fc2, block.ls2)
+
+    def fusion_parts(self, model: nn.Module, where: str = "this model") -> FusionParts:
+        return fusion_parts(model, where)
 
 
 VIT = VitFamily()
