@@ -7,13 +7,22 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hydra_core.hydra import ensemble_probs, fuse_members, load_hydra, save_hydra
-from hydra_core.hydra.fused import HydraConfig
-from hydra_core.models.adapter import UnsupportedModelError, ablate, head_layout, prune_heads
+from hydra_core.hydra.fused import HydraConfig, check_fusable
+from hydra_core.models.adapter import (
+    UnsupportedModelError,
+    ablate,
+    family_of,
+    head_layout,
+    prune_heads,
+)
 from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+from hydra_core.models.family import ModelFamily
+from hydra_core.models.parts import ACTIVATIONS, FusionParts, NormParts
 from tests.conftest import make_tiny_vit, random_mask
 
 ATOL = 1e-5
@@ -355,3 +364,68 @@ def test_bad_member_lists_are_refused():
         fuse_members([(torch.nn.Linear(2, 2), keep)])
     with pytest.raises(UnsupportedModelError, match="q_norm"):
         fuse_members([(make_tiny_vit(qk_norm=True), keep)])
+
+
+# --- the canonical parts a family hands fusion ------------------------------------------------
+
+
+def layer_norm(x: torch.Tensor, norm: NormParts | None) -> torch.Tensor:
+    return x if norm is None else F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+
+def linear(x: torch.Tensor, parts) -> torch.Tensor:
+    return F.linear(x, parts.weight, parts.bias)
+
+
+def attention_heads(block, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The block's attention output (B, N, d) through W_O, from its per-head Q/K/V rows."""
+    if block.query is None:
+        return x.new_zeros(x.shape) + (0 if block.out.bias is None else block.out.bias)
+    q, k, v = (
+        linear(x, lin).unflatten(-1, (block.num_heads, -1)).transpose(1, 2)  # (B, H, N, d_k)
+        for lin in (block.query, block.key, block.value)
+    )
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, N, d_k)
+    return linear(z.transpose(1, 2).flatten(2), block.out)  # heads concatenated -> W_O
+
+
+def canonical_pre_norm_outputs(parts: FusionParts, images: torch.Tensor) -> torch.Tensor:
+    """The pre-norm forward that :mod:`hydra_core.models.parts` describes, written from the parts
+    alone (class token, position embedding over every token, 'token' or 'avg' pooling)."""
+    stem = parts.stem
+    x = F.conv2d(images, stem.patch_weight, stem.patch_bias, stride=stem.patch_weight.shape[2:])
+    x = layer_norm(x.flatten(2).transpose(1, 2), stem.patch_norm)  # (B, patches, d)
+    x = torch.cat([stem.cls_token.expand(len(x), -1, -1), x], 1) + stem.pos_embed
+    x = layer_norm(x, stem.norm_pre)
+    for block in parts.blocks:
+        attn = attention_heads(block, layer_norm(x, block.norm1))
+        x = x + (attn if block.ls1 is None else attn * block.ls1)
+        hidden = ACTIVATIONS[block.act](linear(layer_norm(x, block.norm2), block.fc1))
+        mlp = linear(hidden, block.fc2)
+        x = x + (mlp if block.ls2 is None else mlp * block.ls2)
+    x = layer_norm(x, parts.norm)
+    pooled = x[:, 0] if parts.global_pool == "token" else x[:, parts.num_prefix_tokens :].mean(1)
+    return linear(layer_norm(pooled, parts.fc_norm), parts.head)
+
+
+@pytest.mark.parametrize("config", [{}, {"init_values": 0.5}, {"global_pool": "avg"}])
+@torch.no_grad()
+def test_a_vits_parts_alone_compute_its_logits(images, config):
+    model = make_tiny_vit(**config)
+    for member in (model, prune_heads(model, member_masks()[1])):
+        parts = family_of(member).fusion_parts(member)
+        assert parts.kind == "pre-norm" and parts.num_heads == head_layout(member).num_heads
+        assert_close(canonical_pre_norm_outputs(parts, images), member(images))
+    qkv = model.blocks[0].attn.qkv.weight
+    query = family_of(model).fusion_parts(model).blocks[0].query.weight
+    assert query.data_ptr() == qkv.data_ptr()  # a view of the model's weight, not a copy
+
+
+def test_a_family_without_fusion_parts_is_refused():
+    class Other(ModelFamily):
+        name = "other"
+
+    with pytest.raises(UnsupportedModelError, match="member 2 cannot be fused: .*other models"):
+        Other().fusion_parts(torch.nn.Linear(2, 2), "member 2")
+    with pytest.raises(UnsupportedModelError, match="this model cannot be fused: .*Tanh"):
+        check_fusable(make_tiny_vit(act_layer=torch.nn.Tanh))

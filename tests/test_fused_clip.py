@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -20,7 +21,13 @@ from hydra_core.hydra.cost import (
 )
 from hydra_core.hydra.fused import HydraViT, check_fusable, fuse_members, load_hydra, save_hydra
 from hydra_core.hydra.fused_clip import HydraZeroShot, check_clip_fusable, fuse_clip_members
-from hydra_core.models.adapter import UnsupportedModelError, ablate, head_layout, prune_heads
+from hydra_core.models.adapter import (
+    UnsupportedModelError,
+    ablate,
+    family_of,
+    head_layout,
+    prune_heads,
+)
 from tests.conftest import (
     CLIP_CLASSES,
     clip_images,
@@ -29,6 +36,7 @@ from tests.conftest import (
     make_tiny_zero_shot,
     random_mask,
 )
+from tests.test_fused import canonical_pre_norm_outputs
 
 ATOL = 1e-5
 #: open_clip tower configurations (make_tiny_clip keywords): layer scale, pooling, where ln_post
@@ -391,3 +399,28 @@ def test_a_tiny_clip_costs_what_the_formula_says(zero_shot):
     assert count_macs(model, image) == formula_macs(shape, [[4, 4, 4]])
     assert count_macs(pruned, image) == formula_macs(shape, counts[:1])
     assert count_macs(fused, image) == formula_macs(shape, counts, fused=True)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@torch.no_grad()
+def test_a_towers_parts_alone_compute_its_embeddings(variant):
+    images = clip_images()
+    visual = tower(**VARIANTS[variant])
+    for member in (visual, prune_heads(visual, member_masks()[1])):
+        parts = family_of(member).fusion_parts(member)
+        assert parts.kind == "pre-norm" and parts.zero_shot is None
+        torch.testing.assert_close(
+            canonical_pre_norm_outputs(parts, images), member(images), rtol=0, atol=ATOL
+        )
+
+
+@torch.no_grad()
+def test_a_zero_shot_classifiers_parts_carry_its_head():
+    images = clip_images()
+    classifier = make_tiny_zero_shot()
+    parts = family_of(classifier).fusion_parts(classifier)
+    head = parts.zero_shot
+    assert head.classes == CLIP_CLASSES and head.templates == classifier.templates
+    embeddings = canonical_pre_norm_outputs(parts, images)
+    logits = head.logit_scale * F.normalize(embeddings, dim=-1) @ head.class_embeddings.T
+    torch.testing.assert_close(logits, classifier(images), rtol=0, atol=ATOL)

@@ -13,10 +13,17 @@ from safetensors import safe_open
 
 from hydra_core.hydra import HydraText, ensemble_probs, fuse_members, load_hydra, save_hydra
 from hydra_core.hydra.fused import check_fusable
-from hydra_core.models.adapter import UnsupportedModelError, ablate, head_layout, prune_heads
+from hydra_core.models.adapter import (
+    UnsupportedModelError,
+    ablate,
+    family_of,
+    head_layout,
+    prune_heads,
+)
+from hydra_core.models.parts import ACTIVATIONS, FusionParts, relative_position_buckets
 from hydra_core.models.text import TextClassifier, pack
-from hydra_core.models.text_parts import relative_position_buckets
 from tests.conftest import TEXT_KINDS, make_tiny_text, make_tiny_vit, random_mask, text_batch
+from tests.test_fused import attention_heads, layer_norm, linear
 
 ATOL = 1e-5
 DEPTH = 3
@@ -403,3 +410,44 @@ def test_bad_member_lists_are_refused():
     hydra = fuse_members([(model, keep)])
     with pytest.raises(ValueError, match="pass packed inputs"):
         hydra()
+
+
+def canonical_post_norm_logits(
+    parts: FusionParts, ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The post-norm forward that :mod:`hydra_core.models.parts` describes, written from the
+    parts alone."""
+    stem = parts.stem
+    n = ids.shape[1]
+    if stem.padding_idx is None:
+        positions = torch.arange(n)[None]  # (1, N)
+    else:
+        real = ids.ne(stem.padding_idx).long()
+        positions = real.cumsum(1) * real + stem.padding_idx  # (B, N)
+    x = stem.word[ids] + stem.position[positions]
+    if stem.token_type is not None:
+        x = x + stem.token_type
+    x = layer_norm(x, stem.norm)
+    padding = torch.zeros(mask.shape).masked_fill(~mask.bool(), torch.finfo(x.dtype).min)
+    for block in parts.blocks:
+        bias = padding[:, None, None]  # (B, 1, 1, N)
+        if block.position_bias is not None:
+            buckets = relative_position_buckets(n, num_buckets=block.position_bias.shape[0])
+            bias = bias + block.position_bias[buckets].permute(2, 0, 1)  # (H, N, N)
+        x = layer_norm(x + attention_heads(block, x, bias), block.norm1)
+        hidden = ACTIVATIONS[block.act](linear(x, block.fc1))
+        x = layer_norm(x + linear(hidden, block.fc2), block.norm2)
+    act = {"tanh": torch.tanh, "relu": torch.relu}[parts.pooler_act]
+    return linear(act(linear(x[:, 0], parts.pooler)), parts.head)
+
+
+@torch.no_grad()
+def test_a_text_models_parts_alone_compute_its_logits(kind):
+    model = make_model(kind)
+    ids, mask = text_batch(seed=1)
+    for member in (model, prune_heads(model, member_masks()[1])):
+        parts = family_of(member).fusion_parts(member)
+        assert parts.kind == "post-norm" and parts.arch == kind
+        assert parts.num_heads == head_layout(member).num_heads
+        expected = member(input_ids=ids, attention_mask=mask).logits
+        assert_close(canonical_post_norm_logits(parts, ids, mask), expected)

@@ -12,8 +12,8 @@ splits into M member streams at the first per-member weight.
 - :class:`Stem`: patch embedding, prefix tokens and position embedding;
 - :func:`stack_members`: per-member tensors stacked on the member axis, S = 1 when all are equal.
 
-:class:`~hydra_core.hydra.fused.HydraViT` and :class:`~hydra_core.hydra.fused_text.HydraText` are
-composed from these.
+:class:`~hydra_core.hydra.fusion.pre_norm.HydraViT` and
+:class:`~hydra_core.hydra.fusion.post_norm.HydraText` are composed from these.
 """
 
 from __future__ import annotations
@@ -24,15 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: MLP activations by name (the name is stored in a saved Hydra model's header)
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "relu": F.relu,
-    "silu": F.silu,
-}
-#: in-place versions, used when no gradient is recorded (they overwrite their input)
+from hydra_core.models.parts import ACTIVATIONS
+
+#: in-place versions of :data:`~hydra_core.models.parts.ACTIVATIONS` (the MLP activations by
+#: name), used when no gradient is recorded (they overwrite their input)
 ACTIVATIONS_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": torch.ops.aten.gelu_,
     "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
