@@ -15,7 +15,7 @@ import torch
 from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.evaluate import resolve_device
-from hydra_core.models.modality import TEXT_MODALITY, Modality, modality_named
+from hydra_core.models.modality import Modality, modality_named
 from hydra_core.models.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
 from hydra_core.models.zero_shot import folder_classes
 
@@ -64,11 +64,6 @@ class SetupConfig:
             return None
         return modality.search_ood if self.search_ood is None else self.search_ood
 
-    @property
-    def id_file(self) -> str | None:
-        """:attr:`id_source`, under the name pages/6_hydra.py reads for a text model."""
-        return self.id_source
-
     def replace(self, **changes) -> SetupConfig:
         return replace(self, **changes)
 
@@ -83,11 +78,6 @@ class Context:
     @property
     def bf16(self) -> bool:
         return self.config.precision == "bf16"
-
-    @property
-    def is_text(self) -> bool:
-        """A text model; what pages/6_hydra.py asks instead of the modality's properties."""
-        return self.loaded.modality is TEXT_MODALITY
 
     @property
     def noun(self) -> str:

@@ -178,14 +178,6 @@ NAME_COMPARISONS_ALLOWED = {
     "not a model's modality",
     ("hydra_core/hydra/finetune.py", 'if data is None and modality != "image":'): "the default "
     "training set; family_of(model).modality.load_id('train') would serve both modalities",
-    ("hydra_core/hydra/fused.py", "if families[0] == CLIP_FAMILY:"): "fusion by family name; "
-    "being replaced by ModelFamily.fusion_parts",
-    ("hydra_core/hydra/fused.py", "if families[0] == TEXT_FAMILY:"): "as above",
-    ("hydra_core/hydra/fused.py", "if family == TEXT_FAMILY:"): "as above",
-    ("hydra_core/hydra/fused.py", "elif family == CLIP_FAMILY:"): "as above",
-    ("hydra_ui/context.py", "def is_text(self) -> bool:"): "Context.is_text, for "
-    "pages/6_hydra.py until that page asks the modality",
-    ("hydra_ui/context.py", "return self.loaded.modality is TEXT_MODALITY"): "as above",
 }
 
 
