@@ -32,3 +32,9 @@ report = hc.evaluate_systems(loaded, bench, members, cache=cache)
 print(report.summary().round(4).to_string())  # one row per system: ID metrics, near/far OOD
 print(report.table().round(4).to_string())  # every system x every set (ID, each OOD set, averages)
 print(report.cost.round(3).to_string())  # params, multiply-adds, latency on this device
+
+# 4. The same with baselines beside Hydra: a list of systems, every one on the same report items
+# (paired intervals). MC Dropout at a post-hoc rate: the default ViT was trained without dropout.
+systems = [hc.Single(), hc.Hydra(members), hc.TemperatureBaseline(), hc.MCDropoutBaseline(rate=0.1)]
+report = hc.evaluate_systems(loaded, bench, systems, cache=cache)
+print(report.differences("single").round(4).to_string())  # each minus single, paired 95% interval

@@ -50,3 +50,5 @@ def test_example_runs(tmp_path, monkeypatch, capsys):
     unfused = summary.set_index("system").loc["Hydra (unfused)"]
     assert fused["accuracy"] == pytest.approx(unfused["accuracy"], abs=1e-6)  # zero-shot: equal
     assert "removed:" in out and "Hydra (fused)" in out
+    baselines = set(summary["system"])  # the last report: Hydra beside the baselines
+    assert {"Temperature Scaling", "MC Dropout (p=0.1, post hoc)"} <= baselines
