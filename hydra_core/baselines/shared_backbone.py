@@ -20,15 +20,8 @@ from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.images import take
 from hydra_core.data.text import TextSet
 from hydra_core.models.adapter import family_of
-from hydra_core.training.top import (
-    StateBatch,
-    TopFinetuneConfig,
-    TopFinetuned,
-    finetune_copy,
-    state_batches,
-    trained_parameters,
-    unstamped,
-)
+from hydra_core.training.prefix import StateBatch, state_batches, trained_parameters
+from hydra_core.training.top import TopFinetuneConfig, TopFinetuned, finetune_copy, unstamped
 from hydra_core.types import Log, StageProgress
 
 #: the system's name in the reports (the paper's "Deep Ensembles (D)")

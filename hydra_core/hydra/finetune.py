@@ -90,7 +90,6 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
@@ -104,11 +103,12 @@ from hydra_core.metrics.classification import classification_metrics
 from hydra_core.models.adapter import as_keep_mask, family_of, head_layout, prune_heads
 from hydra_core.models.family import PARAMETER_KINDS
 from hydra_core.models.vit import VIT
+from hydra_core.training.schedules import Schedule, warmup_cosine_to_floor
+from hydra_core.training.trainer import OPTIMIZERS, TrainerConfig, train
 
 #: Changes whenever the weights a fine-tuning run produces change; part of every cache key.
 FINETUNE_VERSION = "finetune-1"
 FINETUNE_CACHE_KIND = "finetune"
-OPTIMIZERS = ("adamw", "sgd")
 #: Parameter groups that :attr:`FinetuneConfig.trainable` can name (each family sorts its
 #: parameters into them).
 PARAMETER_GROUPS = PARAMETER_KINDS
@@ -204,12 +204,12 @@ class FinetuneConfig:
 def learning_rate(config: FinetuneConfig, step: int, total: int) -> float:
     """The learning rate of (0-based) ``step`` of ``total``: linear warm-up, then cosine decay
     from ``lr`` to ``lr * min_lr_fraction`` at the last step."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    decay_steps = max(1, total - config.warmup_steps - 1)
-    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
-    floor = config.lr * config.min_lr_fraction
-    return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
+    return schedule_of(config, total)(step)
+
+
+def schedule_of(config: FinetuneConfig, total: int) -> Schedule:
+    """The learning rate of every step of a run of ``total`` steps (:func:`learning_rate`)."""
+    return warmup_cosine_to_floor(config.lr, config.warmup_steps, total, config.min_lr_fraction)
 
 
 def parameter_group(name: str, model: nn.Module | None = None) -> str:
@@ -221,17 +221,15 @@ def parameter_group(name: str, model: nn.Module | None = None) -> str:
     return family_of(model).parameter_kind(model, name)
 
 
-def set_trainable(model: nn.Module, groups: Sequence[str]) -> list[str]:
-    """Freeze every parameter outside ``groups`` (and unfreeze those inside); returns the names of
-    the trainable ones."""
+def trainable_parameters(model: nn.Module, groups: Sequence[str]) -> dict[str, nn.Parameter]:
+    """The parameters of ``model`` in ``groups`` (:func:`parameter_group`), by name, in model
+    order: what fine-tuning updates."""
     family = family_of(model)
-    names = []
-    for name, p in model.named_parameters():
-        train = family.parameter_kind(model, name) in groups
-        p.requires_grad_(train)
-        if train:
-            names.append(name)
-    return names
+    return {
+        name: p
+        for name, p in model.named_parameters()
+        if family.parameter_kind(model, name) in groups
+    }
 
 
 @dataclass
@@ -557,26 +555,7 @@ def best_grid_point(table: pd.DataFrame, criterion: str = "nll") -> int:
     return min(range(len(table)), key=lambda i: (-accuracies[i], nlls[i]))
 
 
-# --- the training loop --------------------------------------------------------------------------
-
-
-def _optimizer(model: nn.Module, config: FinetuneConfig) -> torch.optim.Optimizer:
-    # weight matrices decay; biases, norms, tokens and embedding tables do not
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            matrix = p.ndim >= 2 and id(p) not in tables
-            (
-                decay if matrix and "pos_embed" not in name and "token" not in name else no_decay
-            ).append(p)
-    groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
-    return torch.optim.AdamW(groups, lr=config.lr)
+# --- the training run ---------------------------------------------------------------------------
 
 
 def _train(
@@ -588,36 +567,40 @@ def _train(
     device: torch.device,
     progress: Callable[[int, int], None] | None,
 ) -> list[dict]:
-    model.to(device).train()
-    set_trainable(model, config.trainable)
+    """Fine-tune ``model`` in place with :func:`~hydra_core.training.trainer.train`: the
+    ``config.trainable`` groups, cross-entropy on preprocessed samples in a new random order
+    every epoch (from ``seed``); dropout draws from the caller's random state."""
+    model.to(device)
     system = callable_model(model)  # a text model: one that takes packed token ids
-    optimizer = _optimizer(model, config)
-    trainable = [p for p in model.parameters() if p.requires_grad]
     n = len(data)
     total = config.total_steps(n)
-    batches_per_epoch = math.ceil(n / config.batch_size)
-    generator = torch.Generator().manual_seed(int(seed))
-    history, order = [], None
-    for step in range(total):
-        b = step % batches_per_epoch
-        if b == 0:  # a new pass over the data, in a new order
-            order = torch.randperm(n, generator=generator)
-        index = order[b * config.batch_size : (b + 1) * config.batch_size]
+
+    def shuffled(generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return torch.randperm(n, generator=generator).split(config.batch_size)
+
+    def logits_and_labels(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = preprocess(_items(data.inputs, index)).to(device)  # token ids stay ints
-        y = data.labels[index].to(device)
-        lr = learning_rate(config, step, total)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = F.cross_entropy(system(x), y, label_smoothing=config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
-        optimizer.step()
-        history.append({"step": step + 1, "lr": lr, "loss": loss.item()})
-        if progress:
-            progress(step + 1, total)
-    return history
+        return system(x), data.labels[index].to(device)
+
+    result = train(
+        model,
+        trainable_parameters(model, config.trainable),
+        logits_and_labels,
+        shuffled,
+        TrainerConfig(
+            steps=total,
+            lr=config.lr,
+            optimizer=config.optimizer,
+            weight_decay=config.weight_decay,
+            momentum=config.momentum,
+            grad_clip=config.grad_clip,
+            label_smoothing=config.label_smoothing,
+            seed=int(seed),
+        ),
+        schedule_of(config, total),
+        progress=progress,
+    )
+    return [{"step": s.step, "lr": s.lr, "loss": s.loss} for s in result.steps]
 
 
 def _training_set(

@@ -26,6 +26,8 @@ from timm.models.vision_transformer import VisionTransformer
 from hydra_core.files import atomic_write
 from hydra_core.models.preprocess import normalize_images
 from hydra_core.paths import ASSETS_DIR
+from hydra_core.training import trainer
+from hydra_core.training.schedules import warmup_cosine
 
 DEFAULT_CHECKPOINT = ASSETS_DIR / "fmnist_vit_default.safetensors"
 DEFAULT_NAME = "fmnist-vit-default"
@@ -137,17 +139,38 @@ def load_default_model() -> VisionTransformer:
     return model
 
 
-def _augment(x: torch.Tensor, generator: torch.Generator, cfg: TrainConfig) -> torch.Tensor:
-    n = x.shape[0]
+@dataclass(frozen=True)
+class Augmentation:
+    """One batch's random augmentation draws: crop offsets (None: no crop) and flips."""
+
+    dy: torch.Tensor | None  # (B,) int
+    dx: torch.Tensor | None  # (B,) int
+    flip: torch.Tensor | None  # (B,) bool
+
+
+def draw_augmentation(n: int, generator: torch.Generator, cfg: TrainConfig) -> Augmentation:
+    """The draws for a batch of ``n`` images, in the recipe's order: crop rows, crop columns,
+    flips."""
+    dy = dx = flip = None
     if cfg.pad_crop:
-        p = cfg.pad_crop
-        padded = F.pad(x, (p, p, p, p))
-        dy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
-        dx = torch.randint(0, 2 * p + 1, (n,), generator=generator)
-        x = torch.stack([padded[i, :, dy[i] : dy[i] + 28, dx[i] : dx[i] + 28] for i in range(n)])
+        dy = torch.randint(0, 2 * cfg.pad_crop + 1, (n,), generator=generator)
+        dx = torch.randint(0, 2 * cfg.pad_crop + 1, (n,), generator=generator)
     if cfg.hflip:
         flip = torch.rand(n, generator=generator) < 0.5
-        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return Augmentation(dy, dx, flip)
+
+
+def augment(x: torch.Tensor, draws: Augmentation, cfg: TrainConfig) -> torch.Tensor:
+    """(B, C, 28, 28) images padded and cropped back, and flipped, as ``draws`` say."""
+    if draws.dy is not None:
+        p = cfg.pad_crop
+        padded = F.pad(x, (p, p, p, p))
+        dy, dx = draws.dy, draws.dx
+        x = torch.stack(
+            [padded[i, :, dy[i] : dy[i] + 28, dx[i] : dx[i] + 28] for i in range(len(x))]
+        )
+    if draws.flip is not None:
+        x = torch.where(draws.flip[:, None, None, None], x.flip(-1), x)
     return x
 
 
@@ -179,65 +202,45 @@ def train_vit(
     from hydra_core.data.fashion_mnist import load_fashion_mnist
 
     train, val, test = (load_fashion_mnist(s) for s in ("train", "validation", "test"))
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the initialisation (the model has no dropout)
     model = build_vit(arch)
-    decay = [
-        p
-        for n, p in model.named_parameters()
-        if p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n
-    ]
-    no_decay = [
-        p
-        for n, p in model.named_parameters()
-        if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)
-    ]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-    )
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
-    warmup = int(cfg.warmup_epochs * steps_per_epoch)
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return cfg.lr * (step + 1) / warmup
-        return 0.5 * cfg.lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-    generator = torch.Generator().manual_seed(cfg.seed)
-    history = []
-    step = 0
-    start_time = time.perf_counter()
-    for epoch in range(cfg.epochs):
-        model.train()
+    def epoch_batches(generator: torch.Generator) -> list[tuple[torch.Tensor, Augmentation]]:
+        # every draw of an epoch: its order, then each batch's augmentation in turn
         order = torch.randperm(len(train), generator=generator)
-        running = 0.0
-        for b in range(steps_per_epoch):
-            index = order[b * cfg.batch_size : (b + 1) * cfg.batch_size]
-            x = _augment(preprocess(train.images[index]), generator, cfg)
-            loss = F.cross_entropy(model(x), train.labels[index])
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            running += loss.item()
-            step += 1
-            if progress:
-                progress(step, total)
-        val_acc = accuracy_on(model, val.images, val.labels)
-        history.append(
-            {"epoch": epoch + 1, "loss": running / steps_per_epoch, "val_accuracy": val_acc}
-        )
+        return [
+            (index, draw_augmentation(len(index), generator, cfg))
+            for index in order.split(cfg.batch_size)
+        ]
+
+    def logits_and_labels(batch: tuple[torch.Tensor, Augmentation]):
+        index, draws = batch
+        return model(augment(preprocess(train.images[index]), draws, cfg)), train.labels[index]
+
+    history = []
+    start_time = time.perf_counter()
+
+    def record(epoch: trainer.EpochRecord) -> None:
+        val_acc = epoch.scores["accuracy"]
+        history.append({"epoch": epoch.epoch, "loss": epoch.loss, "val_accuracy": val_acc})
         log(
-            f"epoch {epoch + 1}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  "
-            f"val acc {val_acc:.4f}"
+            f"epoch {epoch.epoch}/{cfg.epochs}  loss {epoch.loss:.4f}  val acc {val_acc:.4f}"
             f"  ({time.perf_counter() - start_time:.0f} s)"
         )
-    model.eval()
+
+    trainer.train(
+        model,
+        dict(model.named_parameters()),
+        logits_and_labels,
+        epoch_batches,
+        trainer.TrainerConfig(steps=total, lr=cfg.lr, weight_decay=cfg.weight_decay, seed=cfg.seed),
+        warmup_cosine(cfg.lr, int(cfg.warmup_epochs * steps_per_epoch), total),
+        validate=lambda: {"accuracy": accuracy_on(model, val.images, val.labels)},
+        on_epoch=record,
+        progress=progress,
+    )
     test_acc = accuracy_on(model, test.images, test.labels)
     log(f"test accuracy {test_acc:.4f}")
     summary = {

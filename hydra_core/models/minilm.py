@@ -43,7 +43,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +58,9 @@ from hydra_core.errors import InputError
 from hydra_core.files import atomic_write
 from hydra_core.models.text import TEXT, TextClassifier, TextContext, TextPreprocess
 from hydra_core.paths import ASSETS_DIR
+from hydra_core.training import trainer
+from hydra_core.training.prefix import prefix_forward, top_logits
+from hydra_core.training.schedules import warmup_linear
 
 NAME = "minilm-sentiment"
 ASSET = ASSETS_DIR / "minilm_sentiment.safetensors"
@@ -273,24 +276,13 @@ def _frozen_features(
     inputs = preprocess(texts)  # (N, 2, T)
     lengths = inputs[:, 1].sum(1)
     order = lengths.argsort().tolist()  # similar lengths together: little padding
-    blocks = TEXT.blocks(model)
     states: list[torch.Tensor | None] = [None] * len(texts)
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        batch = TEXT.prepare(model, inputs[index])  # unused padding columns dropped
-        x, context = TEXT.embed(model, batch)
-        for block in blocks[:frozen]:
-            x = TEXT.block_forward(block, x, context)
+        x, _ = prefix_forward(model, inputs[index], frozen)  # unused padding columns dropped
         for i, row in zip(index, x, strict=True):
             states[i] = row[: int(lengths[i])].clone()
     return _Features(states, labels)
-
-
-def _top(model: nn.Module, x: torch.Tensor, context: TextContext, frozen: int) -> torch.Tensor:
-    """Logits from the stream leaving the frozen blocks: the trained blocks, pooler, classifier."""
-    for block in TEXT.blocks(model)[frozen:]:
-        x = TEXT.block_forward(block, x, context)
-    return TEXT.classify(model, x, context)
 
 
 @torch.inference_mode()
@@ -302,7 +294,7 @@ def _evaluate(
     correct, nll = 0, 0.0
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        logits = _top(model, *features.batch(index), frozen)
+        logits = top_logits(model, frozen, *features.batch(index))
         target = features.labels[index]
         correct += int((logits.argmax(-1) == target).sum())
         nll += float(F.cross_entropy(logits, target, reduction="sum"))
@@ -348,86 +340,67 @@ def _sample(data: TextSet, n: int | None, seed: int) -> TextSet:
     return data.subset(keep[:n].sort().values)
 
 
-def _optimizer(model: nn.Module, prefixes: Sequence[str], cfg: TextTrainConfig):
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        trained = name.startswith(tuple(prefixes))
-        p.requires_grad_(trained)
-        if trained:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-    )
-
-
 def train_epochs(
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    prefixes: Sequence[str],
     cfg,
     n_train: int,
-    epoch_batches: Callable[[], Iterable[torch.Tensor]],
-    batch_loss: Callable[[torch.Tensor], torch.Tensor],
+    epoch_batches: Callable[[torch.Generator], Sequence[torch.Tensor]],
+    logits_and_labels: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     validate: Callable[[], dict],
     *,
     started: float,
     log: Callable[[str], None] = print,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[dict], dict, int]:
-    """The training loop ``train-text`` runs for every base: ``cfg.epochs`` epochs of
-    ``epoch_batches()`` (sample indices; called once per epoch), AdamW at ``cfg.lr`` with a linear
-    warm-up over ``cfg.warmup`` of the steps and a linear decay to zero, ``validate()`` (a dict with
-    ``accuracy`` and ``nll``) after each epoch. ``module`` ends in eval mode with the weights of the
-    epoch of lowest validation NLL (ties: higher accuracy). Returns the per-epoch history, that
-    epoch's validation scores and its number."""
-    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    warmup = max(1, round(cfg.warmup * total))
+    """The recipe ``train-text`` runs for every base, in the one training loop
+    (:func:`~hydra_core.training.trainer.train`): the parameters of ``model`` whose names start
+    with ``prefixes`` trained for ``cfg.epochs`` epochs of ``epoch_batches(generator)`` (sample
+    indices; the generator seeded with ``cfg.seed``, as dropout is), AdamW at ``cfg.lr`` with
+    ``cfg.weight_decay`` on weight matrices, a linear warm-up over ``cfg.warmup`` of the steps
+    and a linear decay to zero, ``validate()`` (a dict with ``accuracy`` and ``nll``) after each
+    epoch. ``model`` ends in eval mode with the weights of the epoch of lowest validation NLL
+    (ties: higher accuracy). Returns the per-epoch history, that epoch's validation scores and
+    its number."""
+    total = cfg.epochs * math.ceil(n_train / cfg.batch_size)
+    trained = {n: p for n, p in model.named_parameters() if n.startswith(tuple(prefixes))}
+    history = []
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return cfg.lr * (step + 1) / warmup
-        return cfg.lr * max(0.0, (total - step) / max(1, total - warmup))
-
-    history, best, step = [], None, 0
-    for epoch in range(1, cfg.epochs + 1):
-        module.train()
-        running = 0.0
-        for index in epoch_batches():
-            loss = batch_loss(index)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            running += loss.item()
-            step += 1
-            if progress:
-                progress(step, total)
-        module.eval()
-        val = validate()
+    def record(epoch: trainer.EpochRecord) -> None:
+        val = epoch.scores
         history.append(
             {
-                "epoch": epoch,
-                "train_loss": round(running / steps_per_epoch, 4),
+                "epoch": epoch.epoch,
+                "train_loss": round(epoch.loss, 4),
                 "val_accuracy": val["accuracy"],
                 "val_nll": round(val["nll"], 4),
             }
         )
         log(
-            f"epoch {epoch}/{cfg.epochs}  loss {running / steps_per_epoch:.4f}  val acc "
+            f"epoch {epoch.epoch}/{cfg.epochs}  loss {epoch.loss:.4f}  val acc "
             f"{val['accuracy']:.4f}  val NLL {val['nll']:.4f}  "
             f"({time.perf_counter() - started:.0f} s)"
         )
-        if best is None or (-val["nll"], val["accuracy"]) > (-best[0]["nll"], best[0]["accuracy"]):
-            best = (val, epoch, {k: v.clone() for k, v in module.state_dict().items()})
-    val, chosen, state = best
-    module.load_state_dict(state)
-    module.eval()
-    return history, val, chosen
+
+    result = trainer.train(
+        model,
+        trained,
+        logits_and_labels,
+        epoch_batches,
+        trainer.TrainerConfig(
+            steps=total,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            seed=cfg.seed,
+            dropout_seed=cfg.seed,
+        ),
+        warmup_linear(cfg.lr, max(1, round(cfg.warmup * total)), total),
+        validate=validate,
+        rank=lambda val: (val["nll"], -val["accuracy"]),
+        on_epoch=record,
+        progress=progress,
+    )
+    return history, result.chosen_scores, result.chosen
 
 
 def train_minilm(
@@ -461,22 +434,19 @@ def train_minilm(
     }
     log(f"frozen layers 0-{frozen - 1} run once ({time.perf_counter() - started:.0f} s)")
 
-    optimizer = _optimizer(model, prefixes, cfg)
-    generator = torch.Generator().manual_seed(cfg.seed)  # batch order
-    torch.manual_seed(cfg.seed)  # dropout
     lengths = [len(s) for s in features["train"].states]
 
-    def batch_loss(index: torch.Tensor) -> torch.Tensor:
+    def logits_and_labels(index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         x, context = features["train"].batch(index)
-        return F.cross_entropy(_top(model, x, context, frozen), features["train"].labels[index])
+        return top_logits(model, frozen, x, context), features["train"].labels[index]
 
     history, val, chosen = train_epochs(
         model,
-        optimizer,
+        prefixes,
         cfg,
         len(lengths),
-        lambda: _length_batches(lengths, cfg.batch_size, generator),
-        batch_loss,
+        lambda generator: _length_batches(lengths, cfg.batch_size, generator),
+        logits_and_labels,
         lambda: _evaluate(model, features["validation"], frozen),
         started=started,
         log=log,

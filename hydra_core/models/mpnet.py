@@ -365,28 +365,24 @@ def train_mpnet_head(
     features_seconds = time.perf_counter() - started
 
     head, labels = model.classifier, {name: s.labels for name, s in splits.items()}
-    optimizer = minilm._optimizer(model, TRAINED, cfg)  # the head only
-    generator = torch.Generator().manual_seed(cfg.seed)  # batch order
-    torch.manual_seed(cfg.seed)  # dropout
     n_train = len(labels["train"])
 
-    def batch_loss(index: torch.Tensor) -> torch.Tensor:
+    def logits_and_labels(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = head(states["train"][index, None])  # (B, 1, d) -> (B, C), dropout on
-        return F.cross_entropy(logits, labels["train"][index])
+        return logits, labels["train"][index]
 
     history, val, chosen = minilm.train_epochs(
-        head,
-        optimizer,
+        model,
+        TRAINED,  # the head only
         cfg,
         n_train,
-        lambda: torch.randperm(n_train, generator=generator).split(cfg.batch_size),
-        batch_loss,
+        lambda generator: torch.randperm(n_train, generator=generator).split(cfg.batch_size),
+        logits_and_labels,
         lambda: _head_scores(head, states["validation"], labels["validation"]),
         started=started,
         log=log,
         progress=progress,
     )
-    model.eval()
     train_seconds = time.perf_counter() - started - features_seconds
 
     test_fp32 = _head_scores(head, states["test"], labels["test"])

@@ -2,10 +2,11 @@
 and the fresh heads of Deep Ensembles (D).
 
 The frozen layers (embedding and the first blocks) run once over the training sentences
-(:func:`state_batches`); every optimiser step then runs only the trained blocks and the head
-(:func:`top_logits`). :func:`finetune_top` trains a copy of a model (pruned first when a head mask
-is given), reading and writing the trained tensors through the disk cache.
-"""
+(:func:`~hydra_core.training.prefix.state_batches`); every optimiser step then runs only the
+trained blocks and the head (:func:`~hydra_core.training.prefix.top_logits`), in the one training
+loop (:func:`~hydra_core.training.trainer.train`). :func:`finetune_top` trains a copy of a model
+(pruned first when a head mask is given), reading and writing the trained tensors through the
+disk cache."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.images import take
 from hydra_core.data.text import TextSet
 from hydra_core.models.adapter import family_of, prune_heads
-from hydra_core.models.preprocess import TrimmedPreprocess
+from hydra_core.training.prefix import StateBatch, state_batches, top_logits, trained_parameters
+from hydra_core.training.schedules import warmup_linear
+from hydra_core.training.trainer import TrainerConfig, train
 
 #: part of every fine-tuning cache key; changes whenever the weights a run produces change
 TOP_FINETUNE_VERSION = "text-top-finetune-1"
@@ -84,64 +87,6 @@ def unstamped(model: nn.Module) -> nn.Module:
     return model
 
 
-@dataclass
-class StateBatch:
-    """The stream entering the trained layers for a batch of sentences, with its context."""
-
-    states: torch.Tensor  # (B, T, d)
-    context: object  # the family's context (attention mask, ...)
-    labels: torch.Tensor  # (B,)
-
-
-@torch.no_grad()
-def state_batches(
-    model: nn.Module,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    data: TextSet,
-    frozen: int,
-    batch_size: int,
-    device: torch.device,
-) -> list[StateBatch]:
-    """Run the embedding and the first ``frozen`` blocks of ``model`` (eval mode) once over
-    ``data``, in batches of similar lengths. ``no_grad``, not ``inference_mode``: the states are
-    inputs of the training graph."""
-    family = family_of(model)
-    blocks = family.blocks(model)
-    model.eval()
-    packed = preprocess(data.inputs)  # (N, 2, T)
-    order = torch.argsort(packed[:, 1].sum(1), stable=True)
-    trim = TrimmedPreprocess(lambda x: x)  # already packed
-    batches = []
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        inputs = family.prepare(model, trim(packed[index]).to(device))
-        x, context = family.embed(model, inputs)
-        for block in blocks[:frozen]:
-            x = family.block_forward(block, x, context)
-        batches.append(StateBatch(x, context, data.labels[index].to(device)))
-    return batches
-
-
-def top_logits(model: nn.Module, frozen: int, batch: StateBatch) -> torch.Tensor:
-    """Logits from the stream leaving the frozen blocks: the trained blocks, then the head."""
-    family = family_of(model)
-    x = batch.states
-    for block in family.blocks(model)[frozen:]:
-        x = family.block_forward(block, x, batch.context)
-    return family.classify(model, x, batch.context)
-
-
-def trained_parameters(model: nn.Module, frozen: int) -> dict[str, nn.Parameter]:
-    """The parameters of the blocks from ``frozen`` on and of the head, by name."""
-    family = family_of(model)
-    top = {id(p) for block in family.blocks(model)[frozen:] for p in block.parameters()}
-    return {
-        name: p
-        for name, p in model.named_parameters()
-        if id(p) in top or family.parameter_kind(model, name) == "head"
-    }
-
-
 def reinit_head(model: nn.Module, seed: int) -> None:
     """Re-initialise every layer made of "head" parameters only (PyTorch's default
     initialisation), from ``seed``; the caller's random state is left as it was."""
@@ -163,7 +108,7 @@ def state_nll(model: nn.Module, frozen: int, batches: Sequence[StateBatch]) -> t
     model.eval()
     nll, correct, n = 0.0, 0, 0
     for batch in batches:
-        logits = top_logits(model, frozen, batch)
+        logits = top_logits(model, frozen, batch.states, batch.context)
         nll += float(F.cross_entropy(logits, batch.labels, reduction="sum"))
         correct += int((logits.argmax(-1) == batch.labels).sum())
         n += len(batch.labels)
@@ -179,61 +124,50 @@ def train_top(
     validation: Sequence[StateBatch] | None,
     progress: Callable[[int, int], None] | None,
 ) -> list[dict]:
-    """Train the top of ``model`` in place (AdamW, warm-up then linear decay, clipping; dropout
-    on); with several epochs and validation batches, keep the epoch of lowest validation NLL."""
-    trained = trained_parameters(model, frozen)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    decay, no_decay = [], []
-    for p in trained.values():
-        p.requires_grad_(True)
-        (decay if p.ndim >= 2 else no_decay).append(p)
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=config.lr,
-    )
+    """Train the top of ``model`` in place with :func:`~hydra_core.training.trainer.train`: AdamW,
+    linear warm-up then linear decay, clipping, dropout on; the state batches in a new random
+    order every epoch. With several epochs and validation batches, the epoch of lowest
+    validation NLL is kept. Returns the history: per step, its learning rate and loss (and the
+    validation scores at an epoch's end), then the chosen epoch."""
     total = config.steps or config.epochs * len(batches)
-    warmup = max(1, round(config.warmup * total))
-    generator = torch.Generator().manual_seed(seed)  # batch order
-    history, best, order = [], None, []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # dropout
-        model.train()
-        for step in range(total):
-            if not order:
-                order = torch.randperm(len(batches), generator=generator).tolist()
-            batch = batches[order.pop()]
-            lr = config.lr * (
-                (step + 1) / warmup if step < warmup else (total - step) / max(1, total - warmup)
+    choose = bool(validation) and config.epochs > 1 and config.steps is None
+
+    def shuffled(generator: torch.Generator) -> list[StateBatch]:
+        order = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in reversed(order)]
+
+    def scores() -> dict:
+        nll, accuracy = state_nll(model, frozen, validation)
+        return {"nll": nll, "accuracy": accuracy}
+
+    result = train(
+        model,
+        trained_parameters(model, frozen),
+        lambda batch: (top_logits(model, frozen, batch.states, batch.context), batch.labels),
+        shuffled,
+        TrainerConfig(
+            steps=total,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            grad_clip=config.grad_clip,
+            seed=seed,
+            dropout_seed=seed,
+        ),
+        warmup_linear(config.lr, max(1, round(config.warmup * total)), total, fraction_first=True),
+        validate=scores if choose else None,
+        rank=lambda s: (s["nll"],),
+        progress=progress,
+    )
+    history = [{"step": s.step, "lr": s.lr, "loss": round(s.loss, 5)} for s in result.steps]
+    for epoch in result.epochs:
+        if epoch.scores:
+            history[epoch.steps - 1].update(
+                val_nll=round(epoch.scores["nll"], 5), val_accuracy=epoch.scores["accuracy"]
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = F.cross_entropy(top_logits(model, frozen, batch), batch.labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip is not None:
-                nn.utils.clip_grad_norm_(list(trained.values()), config.grad_clip)
-            optimizer.step()
-            history.append({"step": step + 1, "lr": lr, "loss": round(loss.item(), 5)})
-            if progress:
-                progress(step + 1, total)
-            epoch_end = config.steps is None and (step + 1) % len(batches) == 0
-            if epoch_end and validation and config.epochs > 1:
-                nll, accuracy = state_nll(model, frozen, validation)
-                history[-1].update(val_nll=round(nll, 5), val_accuracy=accuracy)
-                if best is None or nll < best[0]:
-                    state = {k: p.detach().clone() for k, p in trained.items()}
-                    best = (nll, (step + 1) // len(batches), state)
-                model.train()
-    if best is not None:
-        with torch.no_grad():
-            for name, p in trained.items():
-                p.copy_(best[2][name])
-        history.append({"chosen_epoch": best[1], "val_nll": round(best[0], 5)})
-    model.eval()
+    if result.chosen is not None:
+        history.append(
+            {"chosen_epoch": result.chosen, "val_nll": round(result.chosen_scores["nll"], 5)}
+        )
     for p in model.parameters():
         p.requires_grad_(True)
     return history
