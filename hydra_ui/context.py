@@ -124,31 +124,11 @@ def setup_model(config: SetupConfig) -> LoadedModel:
 
 
 @st.cache_resource(show_spinner="Loading the data sets...")
-def cached_benchmark(
-    modality: str,
-    id_source: str | None,
-    ood: tuple[str, ...],
-    search_ood: tuple[str, ...] | None,
-    ood_sources: tuple[str, ...],
-    protocol: str,
-    n_search: int,
-    n_report: int | None,
-    classes: tuple[str, ...] | None,
-    image_format: tuple[int, int] | None,
-) -> Benchmark:
-    """The benchmark the modality named ``modality`` builds from these arguments
-    (:meth:`~hydra_core.models.modality.Modality.benchmark`), loaded once per them."""
-    return modality_named(modality).benchmark(
-        id_source=id_source,
-        ood=ood,
-        search_ood=search_ood,
-        ood_sources=ood_sources,
-        protocol=protocol,
-        n_search=n_search,
-        n_report=n_report,
-        classes=classes,
-        image_format=image_format,
-    )
+def cached_benchmark(modality: str, **options) -> Benchmark:
+    """The benchmark the modality named ``modality`` builds from ``options`` (the keyword
+    arguments of :meth:`~hydra_core.models.modality.Modality.benchmark`, all hashable), loaded
+    once per them."""
+    return modality_named(modality).benchmark(**options)
 
 
 def setup_benchmark(config: SetupConfig, loaded: LoadedModel) -> Benchmark:
@@ -161,15 +141,15 @@ def setup_benchmark(config: SetupConfig, loaded: LoadedModel) -> Benchmark:
         classes = (classes or loaded.classes) if config.id_source else None
     return cached_benchmark(
         modality.name,
-        config.id_source,
-        config.report_sets(modality),
-        config.search_sets(modality),
-        config.ood_sources,
-        config.protocol,
-        config.n_search,
-        config.n_report,
-        None if classes is None else tuple(classes),
-        loaded.image_format,  # used only when image folders are involved
+        id_source=config.id_source,
+        ood=config.report_sets(modality),
+        search_ood=config.search_sets(modality),
+        ood_sources=config.ood_sources,
+        protocol=config.protocol,
+        n_search=config.n_search,
+        n_report=config.n_report,
+        classes=None if classes is None else tuple(classes),
+        image_format=loaded.image_format,  # used only when image folders are involved
     )
 
 

@@ -18,7 +18,7 @@ from hydra_core.evaluate import interval_columns
 from hydra_core.hydra.systems import SUMMARY_METRICS, SystemsReport
 
 if TYPE_CHECKING:
-    from hydra_core.analysis.greedy import GreedyResult
+    pass
 
 CIRCAVG = "CircAvg"
 
@@ -50,25 +50,6 @@ PERCENT = ("accuracy", "auroc", "fpr95", "aupr_in", "aupr_out")
 def pick(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """``columns`` of ``frame`` that it has, each metric followed by its interval."""
     return frame[[c for c in interval_columns(columns) if c in frame]]
-
-
-def circuit_table(circuit: GreedyResult) -> pd.DataFrame:
-    """The CircAvg search: its scores on the search split and the heads in removal order."""
-    return pd.DataFrame(
-        [
-            {
-                "circuit": CIRCAVG,
-                "objective": "avg",
-                "heads_removed": circuit.steps,
-                "search_accuracy": circuit.accuracy[-1],
-                "search_auroc": circuit.auroc[-1],
-                "dense_search_accuracy": circuit.base_accuracy,
-                "dense_search_auroc": circuit.base_auroc,
-                "seconds": circuit.seconds,
-                "removed": " ".join(circuit.labels()),
-            }
-        ]
-    )
 
 
 def claim_metric(column: str) -> tuple[str, str]:

@@ -73,7 +73,7 @@ def report_tables(
         "table9_diversity": _table9(summary, deep, finetuned),
         "table11_fusion": _table11(systems, finetuned),
         "table7_cost": systems.cost.reset_index(),
-        "circuits": _circuits_table(circuits),
+        "circuits": circuits_table(circuits),
         "summary_all_systems": summary.reset_index(),
         "all_sets": systems.table(),
     }
@@ -177,7 +177,7 @@ def _table11(systems: SystemsReport, finetuned: Sequence[str]) -> pd.DataFrame:
     ]
 
 
-def _circuits_table(circuits: Mapping[str, GreedyResult]) -> pd.DataFrame:
+def circuits_table(circuits: Mapping[str, GreedyResult]) -> pd.DataFrame:
     """One row per greedy search: its scores on the search split and the heads it removed."""
     return pd.DataFrame(
         [

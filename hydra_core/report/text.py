@@ -88,7 +88,7 @@ from hydra_core.masks import MemberMask, per_layer_counts
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.paths import REPO_DIR
-from hydra_core.report.claims import CIRCAVG, circuit_table, paired_claim, pick
+from hydra_core.report.claims import CIRCAVG, paired_claim, pick
 from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import (
     HYDRA_CIRC,
@@ -97,6 +97,7 @@ from hydra_core.report.tables import (
     HYDRA_TAYLOR_FT,
     NEAR_FAR,
     OOD_METRICS,
+    circuits_table,
     fused,
 )
 from hydra_core.report.text_markdown import text_markdown
@@ -623,7 +624,7 @@ def text_tables(
         "paper_table2": paper_table2(),
         "paper_claims": _claims(systems),
         "heads_per_layer": heads,
-        "circuit": circuit_table(circuit),
+        "circuit": circuits_table({"avg": circuit}),
         "fusion_check": fusion,
         "table7_cost": systems.cost.reset_index(),
         "summary_all_systems": summary,

@@ -45,7 +45,6 @@ from hydra_core.hydra.systems import SystemsReport, system_name
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.claims import (
-    circuit_table,
     paired_claim,
     paper_frame,
     pick,
@@ -54,7 +53,7 @@ from hydra_core.report.claims import (
 )
 from hydra_core.report.markdown import markdown_table
 from hydra_core.report.pipeline import Budgets, Pipeline
-from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, fused
+from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, circuits_table, fused
 from hydra_core.types import Log, StageProgress
 
 DEFAULT_ZERO_SHOT_OUT = REPO_DIR / "docs" / "report" / "zero-shot"
@@ -305,7 +304,7 @@ def zero_shot_tables(systems: SystemsReport, circuit) -> dict[str, pd.DataFrame]
         "differences_to_single": systems.differences(SINGLE, list(DIFFERENCES)),
         "paper_table3": paper_table3(),
         "paper_claims": _claims(systems),
-        "circuit": circuit_table(circuit),
+        "circuit": circuits_table({"avg": circuit}),
         "table7_cost": systems.cost.reset_index(),
         "summary_all_systems": summary,
         "all_sets": table,
