@@ -71,12 +71,10 @@ def load_inputs(n_id: int, n_ood: int) -> tuple[torch.Tensor, torch.Tensor, torc
 def load_named(name: str, n_id: int, n_ood: int):
     """A registry model and its search inputs (ID search part, pooled search-role OOD sets)."""
     from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.data.benchmark import default_benchmark, default_text_benchmark
     from hydra_core.models.registry import load_model as load_registered
 
     loaded = load_registered(name)
-    text = loaded.modality == "text"
-    benchmark = (default_text_benchmark if text else default_benchmark)(n_search=n_id)
+    benchmark = loaded.modality.benchmark(n_search=n_id)  # the modality's default sets
     inputs = search_inputs(loaded.preprocess, benchmark, n_ood=n_ood)
     note = f"{len(inputs.id_x)} {benchmark.id_search.name} (search part)"
     return (
