@@ -82,15 +82,13 @@ def test_decay_split_exempts_biases_norms_tokens_and_embedding_tables():
     decay, no_decay = decay_split(vit, named)
     name_of = {id(p): n for n, p in named.items()}
     decaying = [name_of[id(p)] for p in decay]
-    assert decaying == [n for n, p in named.items() if p.ndim >= 2 and n not in TOKENS]
+    tokens = ("cls_token", "reg_token", "pos_embed")  # matrices by shape, never decayed
+    assert decaying == [n for n, p in named.items() if p.ndim >= 2 and n not in tokens]
     assert [name_of[id(p)] for p in no_decay] == [n for n in named if n not in decaying]
     text = make_tiny_text("bert")
     decay, _ = decay_split(text, dict(text.named_parameters()))
     tables = {id(m.weight) for m in text.modules() if isinstance(m, nn.Embedding)}
     assert len(tables) == 3 and not tables & {id(p) for p in decay}
-
-
-TOKENS = ("cls_token", "reg_token", "pos_embed")
 
 
 def _toy_run(steps: int, epochs_seen: list, **kwargs):
