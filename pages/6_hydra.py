@@ -15,7 +15,11 @@ from hydra_core.baselines.deep_ensembles import (
     stored_copies,
 )
 from hydra_core.baselines.mc_dropout import dropout_modules, dropout_rate
-from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
+from hydra_core.baselines.systems import (
+    MCDropoutBaseline,
+    SharedBackboneBaseline,
+    TemperatureBaseline,
+)
 from hydra_core.evaluate import format_intervals
 from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
@@ -133,12 +137,27 @@ def fused_file(hydra, loaded) -> bytes:
         return path.read_bytes()
 
 
-def baseline_choices(context, running: bool) -> list:
-    """The baselines the user ticks: temperature scaling, and MC Dropout with the model's own
-    dropout or, for a model trained without dropout, a post-hoc rate."""
+def baseline_choices(context, running: bool, train_split: bool) -> list:
+    """The baselines the user ticks: temperature scaling, MC Dropout with the model's own dropout
+    or, for a model trained without dropout, a post-hoc rate, and Deep Ensembles (D) on a shared
+    backbone when the ID set has a training split."""
     st.markdown("**Baselines** (evaluated on the same report split, paired intervals)")
+    modality = context.loaded.modality
+    if st.checkbox(
+        "Deep Ensembles (D): three fresh heads on the model's backbone",
+        value=False,
+        disabled=running or not train_split,
+        help=f"The paper's text baseline: the backbone shared, one head per seed trained on the "
+        f"{modality.default_id} training {modality.noun} (3 epochs, the epoch of lowest NLL on "
+        "the ID search split kept)"
+        if train_split
+        else "Needs the embedded ID set's training split; ID data of your own has none",
+    ):
+        shared = [SharedBackboneBaseline(train_set=lambda: modality.load_id("train"))]
+    else:
+        shared = []
     c1, c2, c3 = st.columns(3)
-    chosen = []
+    chosen = shared
     if c1.checkbox(
         "Temperature scaling",
         value=True,
@@ -293,7 +312,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             + (" (train them with `python -m hydra_core train-ensemble`)." if trainable else ".")
         )
 
-    baselines = baseline_choices(context, running)
+    baselines = baseline_choices(context, running, can_tune)
 
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running

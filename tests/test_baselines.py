@@ -157,3 +157,29 @@ def test_shorthand_and_mistakes_are_explained(loaded, benchmark, members):
         "Temperature Scaling",
         "MC Dropout (p=0.2, post hoc)",
     ]
+
+
+def test_shared_backbone_heads_on_an_image_model(loaded, benchmark):
+    """Deep Ensembles (D) on a ViT: fresh heads on the shared backbone's final states; the members
+    differ only in their heads, and each member is the model with its own head."""
+    from dataclasses import replace
+
+    from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS
+    from hydra_core.baselines.systems import SharedBackboneBaseline
+
+    train = image_set("train", 40, "id", 9, labelled=True)
+    config = replace(DEEP_HEADS, steps=2, n_train=None, batch_size=16)
+    deep = SharedBackboneBaseline(seeds=(0, 1), config=config, train_set=train)
+    report = evaluate_systems(loaded, benchmark, [Single(), deep], device="cpu", latency=False)
+    ensemble = report.info[DEEP].models[0]
+    first, second = ensemble.copies
+    assert first.patch_embed.proj.weight is second.patch_embed.proj.weight  # shared backbone
+    assert not torch.equal(first.head.weight, second.head.weight)  # own heads, by seed
+    logits = report.evaluations[DEEP].id.logits  # (N, 2, C)
+    with torch.no_grad():
+        own = first(preprocess(benchmark.id_report.inputs))
+    torch.testing.assert_close(logits[:, 0], own, rtol=1e-5, atol=1e-5)
+    skipped = evaluate_systems(
+        loaded, benchmark, [Single(), SharedBackboneBaseline()], device="cpu", latency=False
+    )
+    assert "training split" in skipped.setup["skipped"][DEEP]

@@ -147,7 +147,9 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME",
         help="baselines evaluated beside Hydra: mc-dropout (the model's own dropout, or "
-        "--mc-dropout-rate), temperature (temperature scaling fitted on the ID search split)",
+        "--mc-dropout-rate), temperature (temperature scaling fitted on the ID search split), "
+        "shared-backbone (Deep Ensembles (D): three fresh heads on the model's backbone, trained "
+        "on the embedded ID set's training split)",
     )
     p.add_argument(
         "--mc-passes", type=int, default=5, help="MC Dropout's forwards (default: %(default)s)"
@@ -174,7 +176,7 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
 def _hydra(args: argparse.Namespace) -> int:
     """Assemble a Hydra ensemble from a mask file, evaluate every system, export the fused model."""
     from hydra_core.baselines.deep_ensembles import deep_ensemble_for
-    from hydra_core.baselines.systems import baseline_systems
+    from hydra_core.baselines.systems import SharedBackboneBaseline, baseline_systems
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
     from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
@@ -185,6 +187,10 @@ def _hydra(args: argparse.Namespace) -> int:
 
     baselines = _baselines(args, baseline_systems)
     loaded, benchmark = load_for_cli(args)
+    if not (getattr(args, "id_folder", None) or getattr(args, "id_file", None)):
+        for baseline in baselines:  # heads train on the embedded ID set's training split
+            if isinstance(baseline, SharedBackboneBaseline):
+                baseline.train_set = lambda: loaded.modality.load_id("train")
     layout = head_layout(loaded.model)
     identity = loaded.identity()
     members = load_masks(args.masks, layout, identity, allow_identical=args.allow_identical)

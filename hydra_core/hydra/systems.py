@@ -50,7 +50,7 @@ from hydra_core.evaluate import (
     probabilities,
 )
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
-from hydra_core.models.adapter import head_layout
+from hydra_core.models.adapter import UnsupportedModelError, head_layout
 
 #: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
 #: or an OOD average ("near", "far", "all"); MI and disagreement on OOD data average all OOD sets.
@@ -422,11 +422,15 @@ def _set_names(evaluation: Evaluation) -> list[str]:
     return [s.name for s in [evaluation.id, *evaluation.ood]]
 
 
-def _formula_params(system: SystemInfo, shape: VitShape) -> int:
-    """The paper's per-layer weight count (Appendix B.4), summed over layers."""
+def _formula_params(system: SystemInfo, shape: VitShape) -> float:
+    """The paper's per-layer weight count (Appendix B.4), summed over layers; NaN for a system
+    the formula does not describe (a shared-backbone ensemble, whose members share layers)."""
     if system.kind == "fused":
         return formula_params(shape, system.models[0].member_head_counts(), merged_mlp=True)
-    heads = [list(head_layout(_unwrapped(m)).num_heads) for m in system.models]
+    try:
+        heads = [list(head_layout(_unwrapped(m)).num_heads) for m in system.models]
+    except UnsupportedModelError:
+        return math.nan
     return formula_params(shape, heads, merged_mlp=False)
 
 

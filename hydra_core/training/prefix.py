@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hydra_core.data.text import TextSet
+from hydra_core.data.text import DataSet
 from hydra_core.models.adapter import family_of
-from hydra_core.models.preprocess import TrimmedPreprocess
 
 
 @dataclass
@@ -57,23 +56,25 @@ def top_logits(
 @torch.no_grad()
 def state_batches(
     model: nn.Module,
-    preprocess: Callable[[Sequence[str]], torch.Tensor],
-    data: TextSet,
+    preprocess: Callable[[Sequence], torch.Tensor],
+    data: DataSet,
     frozen: int,
     batch_size: int,
     device: torch.device,
 ) -> list[StateBatch]:
     """Run the embedding and the first ``frozen`` blocks of ``model`` (eval mode) once over
-    ``data``, in batches of similar lengths. ``no_grad``, not ``inference_mode``: the states are
-    inputs of the training graph."""
+    ``data``, in batches of neighbours in the family's order (text: by length, each batch cut to
+    its longest sentence by the family's ``prepare``). ``no_grad``, not ``inference_mode``: the
+    states are inputs of the training graph."""
     model.eval()
-    packed = preprocess(data.inputs)  # (N, 2, T)
-    order = torch.argsort(packed[:, 1].sum(1), stable=True)
-    trim = TrimmedPreprocess(lambda x: x)  # already packed
+    inputs = preprocess(data.inputs)  # text: (N, 2, T) packed ids and mask; images: (N, C, H, W)
+    order = family_of(model).sample_order(inputs)
+    if order is None:
+        order = torch.arange(len(inputs))
     batches = []
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        x, context = prefix_forward(model, trim(packed[index]).to(device), frozen)
+        x, context = prefix_forward(model, inputs[index].to(device), frozen)
         batches.append(StateBatch(x, context, data.labels[index].to(device)))
     return batches
 
