@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra_core.hydra import fuse_members  # noqa: E402
 from hydra_core.hydra.cost import cost_table, forward_fn, measure_latencies  # noqa: E402
 from hydra_core.models.adapter import prune_heads  # noqa: E402
-from hydra_core.models.default import VitConfig  # noqa: E402
 from hydra_core.models.text import TextClassifier, pack  # noqa: E402
+from hydra_core.zoo.default import VitConfig  # noqa: E402
 
 SHAPES = {
     "default": asdict(VitConfig()),

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra_core.analysis import greedy_circuit  # noqa: E402
 from hydra_core.analysis._suffix import class_token_pooling, cpu_rows_per_pass  # noqa: E402
 from hydra_core.models.adapter import embed, head_layout  # noqa: E402
-from hydra_core.models.default import build_vit, load_default_model, preprocess  # noqa: E402
+from hydra_core.zoo.default import build_vit, load_default_model, preprocess  # noqa: E402
 
 
 def loadavg() -> float:
@@ -71,7 +71,7 @@ def load_inputs(n_id: int, n_ood: int) -> tuple[torch.Tensor, torch.Tensor, torc
 def load_named(name: str, n_id: int, n_ood: int):
     """A registry model and its search inputs (ID search part, pooled search-role OOD sets)."""
     from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.models.registry import load_model as load_registered
+    from hydra_core.zoo.registry import load_model as load_registered
 
     loaded = load_registered(name)
     benchmark = loaded.modality.benchmark(n_search=n_id)  # the modality's default sets

@@ -72,8 +72,8 @@ _EXPORTS = {
         "seed_sampled_masks",
     ),
     "hydra_core.models.adapter": ("ablate", "head_label", "head_layout", "prune_heads"),
-    "hydra_core.models.default": ("load_default_model",),
-    "hydra_core.models.registry": ("LoadedModel", "load_model"),
+    "hydra_core.zoo.default": ("load_default_model",),
+    "hydra_core.zoo.registry": ("LoadedModel", "load_model"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -429,7 +429,7 @@ def auroc_changes(
     bootstrap interval; ``significant`` = the interval excludes 0. The report sets are never
     used to select heads, so this is how much of a search's gain transfers to them.
 
-    ``loaded`` is a :class:`~hydra_core.models.registry.LoadedModel`, ``benchmark`` a
+    ``loaded`` is a :class:`~hydra_core.zoo.registry.LoadedModel`, ``benchmark`` a
     :class:`~hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present.
     """
     options = dict(device=device, cache=cache, batch_size=batch_size)
@@ -595,7 +595,7 @@ def model_card(
     """Layers, heads, parameters, ID accuracy and MSP AUROC per OOD set on the report split, with
     their 95% intervals: ``id_accuracy_ci95`` [lo, hi] and ``ood_auroc_ci95`` {set: [lo, hi]}.
 
-    ``loaded`` is a :class:`hydra_core.models.registry.LoadedModel`, ``benchmark`` a
+    ``loaded`` is a :class:`hydra_core.zoo.registry.LoadedModel`, ``benchmark`` a
     :class:`hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present."""
     evaluation = evaluate_model(
         loaded.model,

@@ -16,8 +16,8 @@ from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.modality import Modality, modality_named
-from hydra_core.models.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
 from hydra_core.models.zero_shot import folder_classes
+from hydra_core.zoo.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
 
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"

@@ -12,8 +12,8 @@ from hydra_core.evaluate import model_card
 from hydra_core.hydra.fused import check_fusable
 from hydra_core.models import hf
 from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
-from hydra_core.models.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, PROMPT_SETS
+from hydra_core.zoo.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
 from hydra_ui.context import (
     SetupConfig,
     disk_cache,

@@ -94,7 +94,7 @@ def _state(prefix: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _case_vit(crop: bool = False, full_epoch: bool = False) -> tuple[dict, dict]:
-    from hydra_core.models.default import TrainConfig, VitConfig, train_vit
+    from hydra_core.zoo.default import TrainConfig, VitConfig, train_vit
 
     if not full_epoch:
         _fashion_mnist_subsets({"train": 2600, "validation": 500, "test": 500})
@@ -104,7 +104,7 @@ def _case_vit(crop: bool = False, full_epoch: bool = False) -> tuple[dict, dict]
 
 
 def _case_minilm() -> tuple[dict, dict]:
-    from hydra_core.models.minilm import TextTrainConfig, train_minilm, trained_state
+    from hydra_core.zoo.minilm import TextTrainConfig, train_minilm, trained_state
 
     cfg = TextTrainConfig(n_train=400, n_eval=200, epochs=2)
     model, header = train_minilm(cfg, log=lambda line: None)
@@ -115,7 +115,7 @@ def _case_minilm() -> tuple[dict, dict]:
 
 def _case_mpnet() -> tuple[dict, dict]:
     from hydra_core.cache import DiskCache
-    from hydra_core.models.mpnet import HeadTrainConfig, train_mpnet_head
+    from hydra_core.zoo.mpnet import HeadTrainConfig, train_mpnet_head
 
     cfg = HeadTrainConfig(n_train=200, n_eval=100, epochs=3)
     with tempfile.TemporaryDirectory(prefix="hydra-parity-") as folder:
@@ -126,7 +126,7 @@ def _case_mpnet() -> tuple[dict, dict]:
 
 def _case_finetune() -> tuple[dict, dict]:
     from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
-    from hydra_core.models.default import load_default_model, preprocess
+    from hydra_core.zoo.default import load_default_model, preprocess
 
     model = load_default_model()
     keep = _pruned_mask(6, 12, 4)
@@ -153,7 +153,7 @@ def _case_finetune() -> tuple[dict, dict]:
 
 def _minilm_sentiment():
     from hydra_core.data.text import load_rotten_tomatoes
-    from hydra_core.models.registry import load_model
+    from hydra_core.zoo.registry import load_model
 
     loaded = load_model("minilm-sentiment")
     train = load_rotten_tomatoes("train")

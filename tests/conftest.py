@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+from hydra_core.zoo.default import VitConfig, build_vit, save_checkpoint
 
 # Tiny models gain nothing from threads, and OpenMP threads that spin-wait for a busy core slow
 # every small op down badly on a loaded 2-core machine.

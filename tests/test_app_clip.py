@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 from hydra_core.analysis.greedy import single_head_importance
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import folder_benchmark
-from hydra_core.models.registry import load_model
 from hydra_core.models.zero_shot import folder_classes
+from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
 from tests.conftest import save_tiny_clip

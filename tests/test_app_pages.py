@@ -18,7 +18,7 @@ from hydra_core.analysis.inputs import report_sample, search_inputs
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
 

@@ -22,7 +22,7 @@ from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 from hydra_core.errors import InputError
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.diversity import mutual_information
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import hover_text, rank_percentile
 from hydra_ui.texts import markdown_literal, report_sample_texts

@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 
 from hydra_core.cli import main
 from hydra_core.errors import InputError
-from hydra_core.models.default import save_checkpoint
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.default import save_checkpoint
+from hydra_core.zoo.registry import load_model
 
 DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
 

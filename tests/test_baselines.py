@@ -19,7 +19,7 @@ from hydra_core.data.images import ImageSet
 from hydra_core.hydra.experiment import Hydra, Pruned, Single, evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.temperature import fit_temperature
-from hydra_core.models.registry import LoadedModel
+from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import make_tiny_vit
 
 

@@ -13,7 +13,7 @@ import pytest
 from hydra_core.cli import COMMANDS, build_parser, main
 from hydra_core.masks import load_masks
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.models.default import build_vit
+from hydra_core.zoo.default import build_vit
 from tests.conftest import TINY
 
 DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]

@@ -24,7 +24,7 @@ from hydra_core.hydra.fused import load_hydra
 from hydra_core.masks import load_masks
 from hydra_core.metrics import accuracy
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.models.default import DEFAULT_CHECKPOINT, preprocess
+from hydra_core.zoo.default import DEFAULT_CHECKPOINT, preprocess
 from tests.conftest import TINY
 
 DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
@@ -244,7 +244,7 @@ def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatc
 
 def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     from hydra_core.masks import MemberMask, save_masks
-    from hydra_core.models.registry import load_model
+    from hydra_core.zoo.registry import load_model
 
     keep = torch.ones(2, 4, dtype=torch.bool)
     keep[0, 0] = keep[1, 3] = False

@@ -17,7 +17,6 @@ import hydra_core.models.zero_shot as zero_shot
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
 from hydra_core.models.preprocess import describe, input_format
-from hydra_core.models.registry import load_model
 from hydra_core.models.zero_shot import (
     DEFAULT_TEMPLATE,
     class_words,
@@ -26,6 +25,7 @@ from hydra_core.models.zero_shot import (
     prompt_templates,
     prompts,
 )
+from hydra_core.zoo.registry import load_model
 from tests.conftest import (
     CLIP_CLASSES,
     PREPROCESS_CFG,
@@ -249,7 +249,7 @@ def test_an_image_tower_other_than_open_clips_vit_is_refused(tmp_path):
 
 
 def test_a_zero_shot_chance_note_speaks_of_class_names():
-    from hydra_core.models.registry import chance_note
+    from hydra_core.zoo.registry import chance_note
 
     note = chance_note(0.3, 3, zero_shot=True)
     assert "knows the classes only by name" in note and "--classes" not in note

@@ -11,8 +11,8 @@ import torch
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import take
-from hydra_core.models import dinov2
 from hydra_core.models.adapter import ablate, head_layout, prune_heads
+from hydra_core.zoo import dinov2
 from tests.conftest import missing_data, random_mask
 
 try:

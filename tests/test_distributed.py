@@ -28,8 +28,8 @@ from hydra_core.cli import main
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.masks import MemberMask
-from hydra_core.models.default import TrainConfig
-from hydra_core.models.registry import LoadedModel
+from hydra_core.zoo.default import TrainConfig
+from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import TINY, TINY_CONFIGS, make_tiny_vit
 from tests.test_cli_hydra import _tiny_fashion_mnist
 from tests.test_greedy import assert_identical, make_data

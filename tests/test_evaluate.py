@@ -31,7 +31,7 @@ from hydra_core.evaluate import (
 )
 from hydra_core.metrics.bootstrap import BootstrapConfig
 from hydra_core.models.adapter import ablate
-from hydra_core.models.registry import LoadedModel
+from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import make_tiny_vit, random_mask
 
 

@@ -20,9 +20,9 @@ from hydra_core.models.adapter import (
     head_layout,
     prune_heads,
 )
-from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
 from hydra_core.models.family import ModelFamily
 from hydra_core.models.parts import ACTIVATIONS, FusionParts, NormParts
+from hydra_core.zoo.default import VitConfig, build_vit, save_checkpoint
 from tests.conftest import make_tiny_vit, random_mask
 
 ATOL = 1e-5

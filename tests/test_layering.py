@@ -29,16 +29,11 @@ LAYERS = (
     ("hydra_core.models", "hydra_core.masks"),
     ("hydra_core.evaluate",),
     ("hydra_core.training",),
-    (  # the shipped, named models: each one's loader and the recipe that trains it
-        "hydra_core.models.default",
-        "hydra_core.models.minilm",
-        "hydra_core.models.mpnet",
-        "hydra_core.models.dinov2",
-    ),
+    ("hydra_core.zoo",),  # the shipped, named models: each one's loader and training recipe
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
     ("hydra_core.baselines",),
-    ("hydra_core.models.registry",),  # loads every model source, fused Hydra files included
+    ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )

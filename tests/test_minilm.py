@@ -11,13 +11,13 @@ import torch
 from hydra_core.cli import main
 from hydra_core.errors import InputError
 from hydra_core.models.hf import UntrainedClassifierWarning
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.registry import load_model
 from tests.conftest import WORDS, block_network, make_tiny_text, missing_data, save_tiny_folder
 
 transformers = pytest.importorskip("transformers")
 
 try:
-    from hydra_core.models.minilm import (
+    from hydra_core.zoo.minilm import (
         ASSET,
         MAX_LENGTH,
         base_classifier,

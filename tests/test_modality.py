@@ -23,7 +23,7 @@ from hydra_core.models.modality import (
     TEXT_MODALITY,
     modality_named,
 )
-from hydra_core.models.registry import LoadedModel, load_model
+from hydra_core.zoo.registry import LoadedModel, load_model
 from tests.conftest import make_tiny_clip, make_tiny_text, make_tiny_vit, missing_data
 
 

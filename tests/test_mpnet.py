@@ -15,13 +15,13 @@ import torch
 from hydra_core.cli import main
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import ablate, head_layout, prune_heads
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.registry import load_model
 from tests.conftest import missing_data, random_mask
 
 transformers = pytest.importorskip("transformers")
 
-from hydra_core.models import mpnet  # noqa: E402
-from hydra_core.models.minilm import predict_texts  # noqa: E402
+from hydra_core.zoo import mpnet  # noqa: E402
+from hydra_core.zoo.minilm import predict_texts  # noqa: E402
 
 try:
     PIECES = mpnet.wheel_pieces()
@@ -175,7 +175,7 @@ def test_mpnet_sentiment_is_the_text_family_with_12_by_12_heads(loaded):
 
 
 def test_a_fused_export_finds_its_tokenizer_again(loaded, tmp_path):
-    from hydra_core.models.registry import _text_preprocess
+    from hydra_core.zoo.registry import _text_preprocess
 
     spec = {"tokenizer": loaded.preprocess.source, "max_length": loaded.preprocess.max_length}
     again = _text_preprocess(spec, tmp_path / "hydra.safetensors")  # what a fused file stores

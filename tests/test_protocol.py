@@ -18,7 +18,7 @@ import torch
 from hydra_core.analysis import greedy
 from hydra_core.cli import main
 from hydra_core.data import REPORT_OOD, SEARCH_OOD, load_fashion_mnist, load_ood_sets
-from hydra_core.models.registry import load_model
+from hydra_core.zoo.registry import load_model
 from tests.conftest import missing_data
 
 SMALL = ["--n-search", "40", "--n-report", "60", "--device", "cpu"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_core.models.default import DEFAULT_CHECKPOINT
+from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "example.py"

@@ -19,13 +19,13 @@ from hydra_core.baselines.shared_backbone import (
     SharedBackboneEnsemble,
     sharing_copy,
 )
+from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.cli import main
 from hydra_core.data.text import TextSet
 from hydra_core.hydra.cost import count_params
 from hydra_core.models.adapter import prune_heads
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.models.text import TextClassifier, TextPreprocess
-from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.report.claims import verdict as claim_verdict
 from hydra_core.report.text import FINETUNE, SINGLE, paper_table2
 from hydra_core.training.top import finetune_top

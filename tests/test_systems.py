@@ -19,7 +19,7 @@ from hydra_core.hydra.finetune import FinetuneConfig, finetune_members
 from hydra_core.hydra.systems import SUMMARY_METRICS, SystemInfo, system_name
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import ablate, prune_heads
-from hydra_core.models.registry import LoadedModel
+from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import make_tiny_vit
 
 ATOL = 1e-5

@@ -22,13 +22,13 @@ from hydra_core.data.text import TextSet
 from hydra_core.evaluate import callable_model
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member, training_subset
 from hydra_core.models.adapter import family_of, prune_heads
-from hydra_core.models.default import TrainConfig, train_vit
-from hydra_core.models.minilm import TextTrainConfig, train_epochs
 from hydra_core.models.text import TextClassifier, pack
 from hydra_core.training.prefix import state_batches, top_logits, trained_parameters
 from hydra_core.training.schedules import warmup_cosine, warmup_cosine_to_floor, warmup_linear
 from hydra_core.training.top import TopFinetuneConfig, state_nll, train_top
 from hydra_core.training.trainer import TrainerConfig, decay_split, train
+from hydra_core.zoo.default import TrainConfig, train_vit
+from hydra_core.zoo.minilm import TextTrainConfig, train_epochs
 from tests.conftest import TINY, make_tiny_text, make_tiny_vit
 
 
@@ -521,8 +521,8 @@ def test_train_text_epochs_are_the_plain_loop():
 
 def _plain_train_vit(cfg, arch, fashion_mnist):
     """default.py's train_vit before the trainer (weights and per-epoch history)."""
-    from hydra_core.models.default import accuracy_on, build_vit
-    from hydra_core.models.default import preprocess as vit_preprocess
+    from hydra_core.zoo.default import accuracy_on, build_vit
+    from hydra_core.zoo.default import preprocess as vit_preprocess
 
     train_set, val = fashion_mnist("train"), fashion_mnist("validation")
     torch.manual_seed(cfg.seed)

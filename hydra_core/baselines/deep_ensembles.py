@@ -26,7 +26,8 @@ from torch import nn
 
 from hydra_core import distributed
 from hydra_core.cache import cache_key
-from hydra_core.models.default import (
+from hydra_core.paths import cache_dir
+from hydra_core.zoo.default import (
     DEFAULT_CHECKPOINT,
     DEFAULT_NAME,
     TrainConfig,
@@ -36,7 +37,6 @@ from hydra_core.models.default import (
     save_checkpoint,
     train_vit,
 )
-from hydra_core.paths import cache_dir
 
 FOLDER = "deep_ensembles"
 _NAME = re.compile(r"seed(\d+)-([0-9a-f]+)\.safetensors")
@@ -181,7 +181,7 @@ def stored_seeds(
 
 def reference_checkpoint(model_source: str) -> Path | None:
     """The checkpoint whose copies make up the Deep Ensemble of a model source (as
-    :func:`~hydra_core.models.registry.load_model` takes it): the shipped checkpoint for
+    :func:`~hydra_core.zoo.registry.load_model` takes it): the shipped checkpoint for
     ``"default"`` / ``"fmnist-vit-default"``, the file itself for an existing ``.safetensors``
     checkpoint, None for anything else (DINOv2, timm names, other weight files)."""
     if model_source in ("default", DEFAULT_NAME):

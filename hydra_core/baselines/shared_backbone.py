@@ -139,7 +139,7 @@ def train_text_ensemble(
     top layers, pooler and classifier: initialisation of the classifier, batch order and dropout
     by seed); the trained tensors are rounded to float16 as the shipped asset stores them.
     Returns the ensemble and, per seed, the run's header (validation and test accuracy)."""
-    from hydra_core.models.minilm import TextTrainConfig, read_asset_header, train_minilm
+    from hydra_core.zoo.minilm import TextTrainConfig, read_asset_header, train_minilm
 
     shipped = read_asset_header()
     frozen = shipped["num_layers"] - len(shipped["trained_layers"])

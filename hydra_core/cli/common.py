@@ -73,11 +73,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def zero_shot_options(args: argparse.Namespace) -> dict:
-    """``classes`` and ``templates`` for :func:`~hydra_core.models.registry.load_model` of an
+    """``classes`` and ``templates`` for :func:`~hydra_core.zoo.registry.load_model` of an
     OpenCLIP model: the classes are --classes, else the --id-folder's class folders (sorted),
     else Fashion-MNIST's; --prompts on any other model is refused."""
-    from hydra_core.models.registry import OPENCLIP_PREFIX
     from hydra_core.models.zero_shot import folder_classes
+    from hydra_core.zoo.registry import OPENCLIP_PREFIX
 
     prompts = getattr(args, "prompts", None)
     if not args.model.startswith(OPENCLIP_PREFIX):
@@ -210,7 +210,7 @@ def shows_progress() -> bool:
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
     Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
-    from hydra_core.models.registry import check_fit, load_model, parse_arch_kwargs
+    from hydra_core.zoo.registry import check_fit, load_model, parse_arch_kwargs
 
     loaded = load_model(
         args.model,
@@ -258,7 +258,7 @@ def _check_data_kind(args: argparse.Namespace, modality: Modality) -> None:
 def warn_near_chance(args: argparse.Namespace, loaded, accuracy: float) -> None:
     """On an ID folder of the user's own, warn when accuracy is near chance (labels that do not
     match the model's classes)."""
-    from hydra_core.models.registry import chance_note
+    from hydra_core.zoo.registry import chance_note
 
     own = args.id_folder or getattr(args, "id_file", None)
     zero_shot = loaded.is_zero_shot

@@ -280,7 +280,7 @@ def _baselines(args: argparse.Namespace, baseline_systems) -> list:
 
 
 def _train_ensemble_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.models.default import DEFAULT_CHECKPOINT
+    from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
     p.add_argument(
         "--seeds",

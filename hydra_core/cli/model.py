@@ -17,7 +17,7 @@ from hydra_core.cli.common import (
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.models.default import DEFAULT_CHECKPOINT, TrainConfig
+    from hydra_core.zoo.default import DEFAULT_CHECKPOINT, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
@@ -45,7 +45,7 @@ def _train(args: argparse.Namespace) -> int:
     """Train the default ViT architecture on Fashion-MNIST (reproduces the shipped checkpoint)."""
     from tqdm import tqdm
 
-    from hydra_core.models.default import TrainConfig, VitConfig, save_checkpoint, train_vit
+    from hydra_core.zoo.default import TrainConfig, VitConfig, save_checkpoint, train_vit
 
     cfg = TrainConfig(
         seed=args.seed,

@@ -11,8 +11,8 @@ BASES = {"minilm": "minilm-sentiment", "mpnet": "mpnet-sentiment"}
 
 
 def _train_text_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.models.minilm import TextTrainConfig
-    from hydra_core.models.mpnet import HeadTrainConfig
+    from hydra_core.zoo.minilm import TextTrainConfig
+    from hydra_core.zoo.mpnet import HeadTrainConfig
 
     d, h = TextTrainConfig(), HeadTrainConfig()
 
@@ -78,7 +78,7 @@ def _train_text(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hydra_core.errors import InputError
-    from hydra_core.models import minilm, mpnet
+    from hydra_core.zoo import minilm, mpnet
 
     for option, least in (("n_train", 2), ("n_eval", 2), ("epochs", 1), ("trained_layers", 1)):
         value = getattr(args, option)

@@ -50,7 +50,7 @@ class Run:
     """What every system of one :func:`evaluate_systems` call shares, and what they produced.
 
     Attributes:
-        loaded: the source model (:class:`~hydra_core.models.registry.LoadedModel`), on ``device``.
+        loaded: the source model (:class:`~hydra_core.zoo.registry.LoadedModel`), on ``device``.
         benchmark: the :class:`~hydra_core.data.benchmark.Benchmark`; systems are evaluated on its
             report parts, and may fit on its search parts only (temperature scaling).
         options: keyword arguments of every evaluation (device, cache, batch size, score, bf16,
@@ -345,7 +345,7 @@ def evaluate_systems(
     """Evaluate ``systems`` on the report split, one after another, and measure their cost.
 
     Args:
-        loaded: a :class:`~hydra_core.models.registry.LoadedModel` (the source model).
+        loaded: a :class:`~hydra_core.zoo.registry.LoadedModel` (the source model).
         benchmark: a :class:`~hydra_core.data.benchmark.Benchmark`; systems are reported on its
             report parts.
         systems: :class:`System` objects (the first is the reference of the paired intervals:

@@ -1,7 +1,7 @@
 """What a model's inputs are (images or text), and the data that follows from it.
 
 A :class:`Modality` is reached from a model's family (``family_of(model).modality``, or
-``loaded.modality`` of a :class:`~hydra_core.models.registry.LoadedModel`): its default
+``loaded.modality`` of a :class:`~hydra_core.zoo.registry.LoadedModel`): its default
 in-distribution set, its named OOD sets and their default roles, what its items are called, and
 one benchmark builder (:meth:`Modality.benchmark`) that the command line, the app and the tests
 share. Code above :mod:`hydra_core.models` asks the modality instead of comparing names.
@@ -104,7 +104,7 @@ class Modality:
             n_report: items per report part (ID and each report set); all when None.
             classes: the model's classes in output order, to label ``id_source`` by class name.
             image_format: (channels, size) of the model's input
-                (:attr:`~hydra_core.models.registry.LoadedModel.image_format`): image parts are
+                (:attr:`~hydra_core.zoo.registry.LoadedModel.image_format`): image parts are
                 brought to it when folders are involved; None keeps 1 x 28. None for text.
         """
         if ood is None:

@@ -126,4 +126,3 @@ class TrimmedPreprocess:
         packed = self.preprocess(texts)  # (N, 2, T)
         used = max(1, int(packed[:, 1].sum(1).max())) if len(packed) else packed.shape[-1]
         return packed[..., :used]
-

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult
     from hydra_core.analysis.inputs import SearchInputs
     from hydra_core.data.benchmark import Benchmark
-    from hydra_core.models.registry import LoadedModel
+    from hydra_core.zoo.registry import LoadedModel
 
 #: the ensemble labels of the two Hydra variants every report builds
 HYDRA_CIRC = "Hydra (Circ)"

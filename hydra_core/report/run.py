@@ -52,7 +52,7 @@ from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
-    from hydra_core.models.registry import LoadedModel
+    from hydra_core.zoo.registry import LoadedModel
 
 DEFAULT_OUT = REPO_DIR / "docs" / "report"
 
@@ -67,7 +67,7 @@ class ReportConfig:
     ``n_search`` / ``n_report`` give less noisy rankings and tables at a proportional cost.
 
     Args:
-        model: model source (see :func:`~hydra_core.models.registry.load_model`).
+        model: model source (see :func:`~hydra_core.zoo.registry.load_model`).
         n_search: images per search part (ID and each OOD set): head selection only; the greedy
             search scores candidates on n_search ID + n_search pooled OOD images.
         n_report: images per report part: every table (None: the whole Fashion-MNIST test set
@@ -145,7 +145,7 @@ def run_report(
     Returns the key numbers (also in ``report.json``): per table, the rows written.
     """
     from hydra_core.data.benchmark import default_benchmark
-    from hydra_core.models.registry import load_model
+    from hydra_core.zoo.registry import load_model
 
     run = Pipeline(out, cache, config.device, progress, log)
     device, cache, stages = run.device, run.cache, run.stage

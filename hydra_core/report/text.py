@@ -108,7 +108,7 @@ if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.data.text import TextSet
-    from hydra_core.models.registry import LoadedModel
+    from hydra_core.zoo.registry import LoadedModel
 
 DEFAULT_TEXT_OUT = REPO_DIR / "docs" / "report" / "text"
 
@@ -125,7 +125,7 @@ class TextReportConfig:
     """What the text report runs.
 
     Args:
-        model: model source (see :func:`~hydra_core.models.registry.load_model`).
+        model: model source (see :func:`~hydra_core.zoo.registry.load_model`).
         n_search: sentences per search part (ID validation, and each search OOD set). 128: the
             512 + 512 of the issue made a budget-36 search take hours on two shared cores.
         n_report: sentences per report part: the ID test sentences and each report OOD set
@@ -343,7 +343,7 @@ def _load(config: TextReportConfig):
     from hydra_core.data.text import load_rotten_tomatoes
     from hydra_core.errors import InputError
     from hydra_core.models.modality import TEXT_MODALITY
-    from hydra_core.models.registry import load_model
+    from hydra_core.zoo.registry import load_model
 
     loaded = load_model(config.model)
     if loaded.modality is not TEXT_MODALITY:
@@ -693,7 +693,7 @@ def _training_row(system: str, tuned: TopFinetuned) -> dict:
 
 def _deep_kind(config: TextReportConfig, loaded: LoadedModel, log: Log) -> str | None:
     """How Deep Ensembles (D) is made for this model (see :class:`TextReportConfig`)."""
-    from hydra_core.models.minilm import NAME
+    from hydra_core.zoo.minilm import NAME
 
     if config.deep not in ("train-text", "heads", None):
         raise ValueError(f"deep must be 'train-text', 'heads' or None, got {config.deep!r}")

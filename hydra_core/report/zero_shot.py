@@ -183,8 +183,8 @@ def _load(config: ZeroShotReportConfig):
     is not an OpenCLIP source."""
     from hydra_core.data.benchmark import default_benchmark, folder_benchmark
     from hydra_core.models.preprocess import input_format
-    from hydra_core.models.registry import load_model
     from hydra_core.models.zero_shot import folder_classes
+    from hydra_core.zoo.registry import load_model
 
     if not config.model.startswith("openclip:"):
         raise InputError(

@@ -10,8 +10,8 @@
   on states cached below it.
 
 The recipes are configurations of the one loop: the default ViT
-(:func:`hydra_core.models.default.train_vit`), ``train-text``
-(:func:`hydra_core.models.minilm.train_minilm`, :func:`hydra_core.models.mpnet.train_mpnet_head`),
+(:func:`hydra_core.zoo.default.train_vit`), ``train-text``
+(:func:`hydra_core.zoo.minilm.train_minilm`, :func:`hydra_core.zoo.mpnet.train_mpnet_head`),
 fine-tuning after pruning (:func:`hydra_core.hydra.finetune.finetune_member`) and
 :func:`~hydra_core.training.top.finetune_top`.
 """

@@ -1,5 +1,5 @@
 """The one training loop. Every recipe - the default ViT from scratch
-(:func:`hydra_core.models.default.train_vit`), the text models' top layers and heads
+(:func:`hydra_core.zoo.default.train_vit`), the text models' top layers and heads
 (``train-text``), fine-tuning after pruning (:mod:`hydra_core.hydra.finetune`), a text model's top
 on states cached below a frozen prefix (:mod:`hydra_core.training.top`) - is a call of
 :func:`train` with its own pieces:

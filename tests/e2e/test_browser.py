@@ -56,7 +56,7 @@ def free_port() -> int:
 def tiny_checkpoint(folder: Path) -> str:
     import torch
 
-    from hydra_core.models.default import VitConfig, build_vit, save_checkpoint
+    from hydra_core.zoo.default import VitConfig, build_vit, save_checkpoint
 
     config = VitConfig(embed_dim=48, depth=3, num_heads=6, mlp_ratio=2.0)  # 18 heads
     torch.manual_seed(0)
@@ -314,7 +314,7 @@ def assemble_hydra(
 
 def test_setup_search_masks_hydra(server, browser, tmp_path):
     url, _ = server
-    from hydra_core.models.default import DEFAULT_CHECKPOINT
+    from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
     driver = browser
     driver.get(url)

@@ -64,9 +64,9 @@ from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.errors import InputError
 from hydra_core.files import atomic_write
-from hydra_core.models import minilm
 from hydra_core.models.text import TextClassifier, TextPreprocess, unpack
 from hydra_core.paths import ASSETS_DIR, cache_dir
+from hydra_core.zoo import minilm
 
 NAME = "mpnet-sentiment"
 ASSET = ASSETS_DIR / "mpnet_sentiment.safetensors"
@@ -343,7 +343,7 @@ def train_mpnet_head(
     encoder frozen.
 
     Returns the classifier (an ``MPNetForSequenceClassification``, eval mode) at the epoch of best
-    validation NLL, and the header for :func:`~hydra_core.models.minilm.save_asset`: the recipe,
+    validation NLL, and the header for :func:`~hydra_core.zoo.minilm.save_asset`: the recipe,
     the history, the validation accuracy and NLL of the chosen epoch, the test accuracy in float32
     and as stored (float16 head) with its 95 % bootstrap interval, the accuracy on the sentences
     the tests check, the time taken. ``progress(done, total)`` is called while the encoder runs

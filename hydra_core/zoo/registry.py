@@ -11,6 +11,7 @@ way.
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -215,7 +216,7 @@ def chance_note(accuracy: float, num_classes: int, *, zero_shot: bool = False) -
 
 def _load_default() -> LoadedModel:
     from hydra_core.data.fashion_mnist import CLASSES
-    from hydra_core.models.default import DEFAULT_NAME, load_default_model, preprocess
+    from hydra_core.zoo.default import DEFAULT_NAME, load_default_model, preprocess
 
     return LoadedModel(
         DEFAULT_NAME, load_default_model(), preprocess, BUILTIN_MODELS["default"], CLASSES
@@ -224,7 +225,7 @@ def _load_default() -> LoadedModel:
 
 def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None) -> LoadedModel:
     from hydra_core.data.fashion_mnist import CLASSES
-    from hydra_core.models.dinov2 import (
+    from hydra_core.zoo.dinov2 import (
         DEFAULT_IMG_SIZE,
         dinov2_preprocess,
         load_dinov2_classifier,
@@ -242,7 +243,7 @@ def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None
 
 
 def _load_minilm() -> LoadedModel:
-    from hydra_core.models.minilm import NAME, describe_trained, load_minilm_sentiment
+    from hydra_core.zoo.minilm import NAME, describe_trained, load_minilm_sentiment
 
     model, preprocess, meta = load_minilm_sentiment()
     trained = describe_trained(meta)
@@ -256,7 +257,7 @@ def _load_minilm() -> LoadedModel:
 
 
 def _load_mpnet() -> LoadedModel:
-    from hydra_core.models.mpnet import NAME, TRAINED_PARTS, load_mpnet_sentiment
+    from hydra_core.zoo.mpnet import NAME, TRAINED_PARTS, load_mpnet_sentiment
 
     model, preprocess, meta = load_mpnet_sentiment()
     description = (
@@ -267,6 +268,27 @@ def _load_mpnet() -> LoadedModel:
     )
     details = {"trained": TRAINED_PARTS, "max_tokens": meta["max_length"]}
     return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
+
+
+#: the named models (and their aliases) -> their loaders; ``options`` of :func:`load_model` go to
+#: the loader (the DINOv2 probe's ``img_size``, ``n_train``, ``progress``)
+NAMED: dict[str, Callable[..., LoadedModel]] = {
+    "default": _load_default,
+    "fmnist-vit-default": _load_default,
+    "dinov2-s": _load_dinov2,
+    "dinov2": _load_dinov2,
+    "minilm-sentiment": _load_minilm,
+    "mpnet-sentiment": _load_mpnet,
+}
+
+
+def _load_named(name: str, options: dict) -> LoadedModel:
+    """A named model, with the options its loader takes (an InputError naming the others)."""
+    loader = NAMED[name]
+    unknown = sorted(set(options) - set(inspect.signature(loader).parameters))
+    if unknown:
+        raise InputError(f"{name!r} takes no option {', '.join(unknown)}")
+    return loader(**options)
 
 
 def _from_hf(text) -> LoadedModel:
@@ -431,10 +453,10 @@ def _load_file(
 def _load_configured(path: Path, meta: dict[str, str]) -> LoadedModel:
     """A checkpoint that carries its architecture: ``vit_config`` (timm ``VisionTransformer``
     keyword arguments) in its header, and optionally ``preprocess`` (``mean``, ``std``) and
-    ``classes``; what :func:`~hydra_core.models.default.save_checkpoint` writes."""
+    ``classes``; what :func:`~hydra_core.zoo.default.save_checkpoint` writes."""
     from timm.models.vision_transformer import VisionTransformer
 
-    from hydra_core.models.default import MEAN, STD
+    from hydra_core.zoo.default import MEAN, STD
 
     try:
         kwargs = json.loads(meta["vit_config"])
@@ -494,11 +516,11 @@ def _text_preprocess(spec: dict, path: Path):
 
     source = spec["tokenizer"]
     if source == "minilm-sentiment":
-        from hydra_core.models.minilm import NAME, load_tokenizer
+        from hydra_core.zoo.minilm import NAME, load_tokenizer
 
         return TextPreprocess(load_tokenizer(), spec["max_length"], source=NAME)
     if source == "mpnet-sentiment":
-        from hydra_core.models import mpnet
+        from hydra_core.zoo import mpnet
 
         return TextPreprocess(mpnet.load_tokenizer(), spec["max_length"], source=mpnet.NAME)
     from transformers import AutoTokenizer
@@ -607,7 +629,7 @@ def load_model(
             a timm model name (``vit_small_patch16_224``, needs the network for pretrained
             weights; ``timm:`` prefix optional), a checkpoint file: one that carries its
             configuration (``vit_config`` in its safetensors header, as
-            :func:`~hydra_core.models.default.save_checkpoint` writes), or any timm ViT state
+            :func:`~hydra_core.zoo.default.save_checkpoint` writes), or any timm ViT state
             dict with ``arch``; a Hugging Face BERT, RoBERTa, MPNet or DistilBERT sequence
             classifier by hub name (needs the network; ``hf:`` prefix optional for names with an
             owner or a BERT-family name, e.g. ``bert-base-uncased``) or a local folder written by
@@ -645,25 +667,11 @@ def load_model(
             f"(--model openclip:...), not to {source!r}"
         )
     path = Path(source).expanduser()
-    builtin = (
-        "default",
-        "fmnist-vit-default",
-        "dinov2-s",
-        "dinov2",
-        "minilm-sentiment",
-        "mpnet-sentiment",
-    )
     text = source.startswith("hf:") or hf.is_hf_folder(path)
-    if (source in builtin or text) and (arch or arch_kwargs):
+    if (source in NAMED or text) and (arch or arch_kwargs):
         raise InputError(f"--arch and --arch-kwargs apply to checkpoint files, not to {source!r}")
-    if source in ("default", "fmnist-vit-default"):
-        return _load_default()
-    if source in ("dinov2-s", "dinov2"):
-        return _load_dinov2(**options)
-    if source == "minilm-sentiment":
-        return _load_minilm()
-    if source == "mpnet-sentiment":
-        return _load_mpnet()
+    if source in NAMED:
+        return _load_named(source, options)
     if hf.is_hf_folder(path):
         return _from_hf(hf.load_folder(path))
     if path.is_dir():
