@@ -171,8 +171,6 @@ NAME_COMPARISONS_ALLOWED = {
     "is a text task (Table 2): it refuses a model of another modality",
     ("hydra_core/cli/hydra.py", 'if args.task == "text":'): "a report's name (--task text), "
     "not a model's modality",
-    ("hydra_core/hydra/finetune.py", 'if data is None and modality != "image":'): "the default "
-    "training set; family_of(model).modality.load_id('train') would serve both modalities",
 }
 
 

@@ -19,7 +19,6 @@ from hydra_core.analysis.representations import (
 )
 from hydra_core.analysis.taylor import taylor_prune, taylor_scores
 from hydra_core.data.text import TextSet
-from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model
 from hydra_core.hydra.cost import (
     ModelShape,
@@ -362,8 +361,10 @@ def test_finetune_a_text_member(train_set):
         group = parameter_group(name, member.model)
         assert changed == (group in trained), name
     assert not member.model.training
-    with pytest.raises(InputError, match="train_set is needed for a text model"):
-        finetune_member(model, keep, config, preprocess=word_ids)
+    # no training set: the text modality's embedded one, Rotten Tomatoes' training sentences
+    default = finetune_member(model, keep, config, preprocess=word_ids)
+    assert head_layout(default.model).num_heads == (3, 1)
+    assert not torch.equal(default.model.classifier.weight, member.model.classifier.weight)
 
 
 def test_select_finetune_config_on_text(train_set):

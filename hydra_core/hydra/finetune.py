@@ -2,7 +2,8 @@
 
 Each member is cut out of the source model structurally (:func:`prune_heads`: only its kept heads'
 Q/K/V rows and W_O columns remain) and trained on its own with cross-entropy on training samples
-(by default Fashion-MNIST training images; a text model needs its own labelled texts), a fixed
+(by default the training split of the embedded ID set of the model's modality: Fashion-MNIST
+images, Rotten Tomatoes sentences), a fixed
 subset (:attr:`FinetuneConfig.n_train`, never a validation or test sample), with a per-step linear
 warm-up and a cosine decay to a floor, as in D.2. Only the parameter groups in
 :attr:`FinetuneConfig.trainable` are updated - by default attention, MLPs, LayerNorms and the
@@ -95,7 +96,6 @@ from torch import nn
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.images import take
 from hydra_core.data.text import DataSet
-from hydra_core.errors import InputError
 from hydra_core.evaluate import callable_model
 from hydra_core.inference import predict
 from hydra_core.masks import MemberMask
@@ -313,8 +313,9 @@ def finetune_member(
         model: the source model; never modified.
         keep: the member's head mask on ``model``.
         preprocess: a set's inputs (uint8 images, texts) -> model inputs (the loaded model's).
-        train_set: a labelled training set (default: Fashion-MNIST train; a text model needs
-            one); the run uses ``config.n_train`` of its samples, a fixed subset.
+        train_set: a labelled training set (default: the training split of the embedded ID set
+            of the model's modality: Fashion-MNIST, Rotten Tomatoes); the run uses
+            ``config.n_train`` of its samples, a fixed subset.
         seed: the batch-order seed.
         device: where to train.
         cache: load the weights from it when present, save them after training.
@@ -483,7 +484,7 @@ def select_finetune_config(
             point.
         train_set: as :func:`finetune_member`.
         validation_set: the labelled samples that score each grid point (default:
-            :func:`validation_subset`; a text model needs one).
+            :func:`validation_subset` of the modality's embedded ID set's validation split).
         seed, device, cache: as :func:`finetune_member`; every grid point uses the same seed.
         progress: ``progress(grid point, done, total)`` after every optimiser step.
     """
@@ -492,7 +493,7 @@ def select_finetune_config(
     configs = grid_configs(FinetuneConfig() if base is None else base, grid)
     train_set = _labelled(_training_set(model, train_set), "train", "training")
     validation = (
-        validation_subset(validation_set=_training_set(model, None, "validation_set"))
+        validation_subset(validation_set=_training_set(model, None, "validation"))
         if validation_set is None
         else _labelled(validation_set, "validation", "validation")
     )
@@ -603,18 +604,10 @@ def _train(
     return [{"step": s.step, "lr": s.lr, "loss": s.loss} for s in result.steps]
 
 
-def _training_set(
-    model: nn.Module, data: DataSet | None, argument: str = "train_set"
-) -> DataSet | None:
-    """``data``; refused when None (Fashion-MNIST, the default) for a model that does not take
-    images."""
-    modality = family_of(model).modality
-    if data is None and modality != "image":
-        raise InputError(
-            f"{argument} is needed for a {modality} model (the default is Fashion-MNIST images): "
-            f"pass a labelled set of {modality}s, e.g. a TextSet"
-        )
-    return data
+def _training_set(model: nn.Module, data: DataSet | None, split: str = "train") -> DataSet:
+    """``data``, or when None the ``split`` of the embedded ID set of ``model``'s modality
+    (Fashion-MNIST for images, Rotten Tomatoes for text)."""
+    return family_of(model).modality.load_id(split) if data is None else data
 
 
 def _labelled(data: DataSet | None, split: str, role: str) -> DataSet:
