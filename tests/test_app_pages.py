@@ -297,3 +297,39 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert len(drawn) == 4
     assert drawn[0].data[0].name == "no difference"
     assert drawn[-1].data[0].error_y.arrayminus is not None  # AUROC with its interval
+
+
+def test_hydra_page_compares_baselines_on_the_default_model(tmp_path, monkeypatch):
+    """On the shipped default ViT (trained without dropout): Hydra beside temperature scaling and
+    the post-hoc MC Dropout, each with its paired difference to the single model."""
+    from hydra_core.zoo.default import DEFAULT_CHECKPOINT
+
+    if not DEFAULT_CHECKPOINT.is_file():
+        pytest.skip("needs the shipped checkpoint")
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()
+    setup = SetupConfig(model="default", ood=OOD, n_search=N_SEARCH, n_report=N_REPORT)
+    app = AppTest.from_file("../app.py", default_timeout=180)
+    app.session_state[CONFIG_KEY] = setup.replace(device="cpu")
+    keep = torch.ones(6, 12, dtype=torch.bool)
+    first, second = keep.clone(), keep.clone()
+    first[0, :4], second[5, 4:8] = False, False
+    members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
+    app.session_state["results"] = {
+        "_setup": app.session_state[CONFIG_KEY].key,
+        "jobs": {},
+        "members": members,
+    }
+    open_page(app, "pages/6_hydra.py")
+    app.number_input[0].set_value(3)
+    button(app, "Assemble and evaluate").click()
+    app.run()
+    finish_job(app, "hydra")
+    assert not app.error, [e.value for e in app.error]
+    summary = app.dataframe[0].value.set_index("system")
+    baselines = ["Temperature Scaling", "MC Dropout (p=0.1, post hoc)"]
+    assert list(summary.index)[-2:] == baselines
+    report = app.session_state["results"]["hydra"][0]
+    assert report.info["Temperature Scaling"].models[0].temperature > 0
+    differences = app.dataframe[1].value.set_index("system")
+    assert set(baselines) <= set(differences.index)
