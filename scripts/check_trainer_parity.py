@@ -39,6 +39,7 @@ run against the shipped asset).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -68,6 +69,16 @@ def compare_files(a: str | Path, b: str | Path) -> list[str]:
 # --- the cases (run inside a checkout's process; only names both checkouts have) ---------------
 
 
+def _zoo(name: str):
+    """A shipped model's module (or the registry): ``hydra_core.zoo.<name>``, or
+    ``hydra_core.models.<name>`` in a checkout from before ``zoo/``."""
+    import hydra_core
+
+    # by the folder, not find_spec: an editable install would find another checkout's zoo/
+    zoo = (Path(hydra_core.__file__).parent / "zoo").is_dir()
+    return importlib.import_module(f"hydra_core.{'zoo' if zoo else 'models'}.{name}")
+
+
 def _pruned_mask(layers: int, heads: int, per_layer: int) -> torch.Tensor:
     keep = torch.ones(layers, heads, dtype=torch.bool)
     for layer in range(layers):
@@ -94,41 +105,40 @@ def _state(prefix: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _case_vit(crop: bool = False, full_epoch: bool = False) -> tuple[dict, dict]:
-    from hydra_core.zoo.default import TrainConfig, VitConfig, train_vit
-
+    default = _zoo("default")
     if not full_epoch:
         _fashion_mnist_subsets({"train": 2600, "validation": 500, "test": 500})
-    cfg = TrainConfig(epochs=1 if full_epoch else 2, pad_crop=2 if crop else 0)
-    model, summary = train_vit(cfg, VitConfig(), log=lambda line: None)
+    cfg = default.TrainConfig(epochs=1 if full_epoch else 2, pad_crop=2 if crop else 0)
+    model, summary = default.train_vit(cfg, default.VitConfig(), log=lambda line: None)
     return _state("vit", model), {"history": summary["history"], "test": summary["test_accuracy"]}
 
 
 def _case_minilm() -> tuple[dict, dict]:
-    from hydra_core.zoo.minilm import TextTrainConfig, train_minilm, trained_state
-
-    cfg = TextTrainConfig(n_train=400, n_eval=200, epochs=2)
-    model, header = train_minilm(cfg, log=lambda line: None)
-    tensors = {f"minilm/{k}": v for k, v in trained_state(model, header["trained"]).items()}
+    minilm = _zoo("minilm")
+    cfg = minilm.TextTrainConfig(n_train=400, n_eval=200, epochs=2)
+    model, header = minilm.train_minilm(cfg, log=lambda line: None)
+    state = minilm.trained_state(model, header["trained"])
+    tensors = {f"minilm/{k}": v for k, v in state.items()}
     keys = ("history", "chosen_epoch", "validation_nll", "test_accuracy", "test_nll")
     return tensors, {k: header[k] for k in keys}
 
 
 def _case_mpnet() -> tuple[dict, dict]:
     from hydra_core.cache import DiskCache
-    from hydra_core.zoo.mpnet import HeadTrainConfig, train_mpnet_head
 
-    cfg = HeadTrainConfig(n_train=200, n_eval=100, epochs=3)
+    mpnet = _zoo("mpnet")
+    cfg = mpnet.HeadTrainConfig(n_train=200, n_eval=100, epochs=3)
     with tempfile.TemporaryDirectory(prefix="hydra-parity-") as folder:
-        model, header = train_mpnet_head(cfg, log=lambda line: None, cache=DiskCache(folder))
+        model, header = mpnet.train_mpnet_head(cfg, log=lambda line: None, cache=DiskCache(folder))
     keys = ("history", "chosen_epoch", "validation_nll", "test_accuracy", "test_nll")
     return _state("mpnet", model.classifier), {k: header[k] for k in keys}
 
 
 def _case_finetune() -> tuple[dict, dict]:
     from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
-    from hydra_core.zoo.default import load_default_model, preprocess
 
-    model = load_default_model()
+    default = _zoo("default")
+    model, preprocess = default.load_default_model(), default.preprocess
     keep = _pruned_mask(6, 12, 4)
     configs = {
         "sgd": FinetuneConfig(n_train=1000, epochs=1.5),
@@ -153,9 +163,8 @@ def _case_finetune() -> tuple[dict, dict]:
 
 def _minilm_sentiment():
     from hydra_core.data.text import load_rotten_tomatoes
-    from hydra_core.zoo.registry import load_model
 
-    loaded = load_model("minilm-sentiment")
+    loaded = _zoo("registry").load_model("minilm-sentiment")
     train = load_rotten_tomatoes("train")
     validation = load_rotten_tomatoes("validation")
     return loaded, train, validation.subset(torch.arange(0, len(validation), 5))
@@ -227,7 +236,12 @@ RUNNERS = {
 
 
 def run_case(case: str, out: Path) -> None:
-    """Run ``case`` with the ``hydra_core`` importable here; save its tensors and histories."""
+    """Run ``case`` with the ``hydra_core`` of the checkout this process runs in; save its
+    tensors and histories."""
+    import hydra_core
+
+    if not Path(hydra_core.__file__).resolve().is_relative_to(Path.cwd().resolve()):
+        raise RuntimeError(f"hydra_core comes from {hydra_core.__file__}, not from {Path.cwd()}")
     tensors, meta = RUNNERS[case]()
     torch.save({"tensors": tensors, "meta": json.loads(json.dumps(meta))}, out)
 
