@@ -304,17 +304,22 @@ def tiny_texts(n: int, seed: int = 0) -> tuple[TextSet, Callable]:
 
 
 def test_finetune_member_of_a_text_model_is_the_plain_loop():
-    """A text member trains in its callable form; its dropout draws from the global state."""
+    """A text member trains in its callable form; its dropout is seeded by the member's seed, so
+    the caller's random state does not change its weights."""
     model = make_tiny_text("bert", scale=1.0)
     keep = torch.ones(2, 4, dtype=torch.bool)
     keep[1, 2] = False
     data, packed = tiny_texts(30)
     config = FinetuneConfig(optimizer="adamw", lr=0.01, n_train=20, batch_size=8, steps=4)
     torch.manual_seed(7)
-    member = finetune_member(model, keep, config, preprocess=packed, train_set=data)
-    torch.manual_seed(7)  # before pruning, which draws from the global state too
+    member = finetune_member(model, keep, config, preprocess=packed, train_set=data, seed=3)
+    torch.manual_seed(11)  # another random state before the call: the same weights
+    again = finetune_member(model, keep, config, preprocess=packed, train_set=data, seed=3)
+    assert_same_weights(member.model, again.model)
     plain = prune_heads(model, keep)
-    history = _plain_finetune(plain, training_subset(config, data), config, packed, 0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)  # dropout
+        history = _plain_finetune(plain, training_subset(config, data), config, packed, 3)
     assert_same_weights(member.model, plain.eval())
     assert member.history == history
 

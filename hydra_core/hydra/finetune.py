@@ -107,7 +107,7 @@ from hydra_core.training.schedules import Schedule, warmup_cosine_to_floor
 from hydra_core.training.trainer import OPTIMIZERS, TrainerConfig, train
 
 #: Changes whenever the weights a fine-tuning run produces change; part of every cache key.
-FINETUNE_VERSION = "finetune-1"
+FINETUNE_VERSION = "finetune-2"  # 2: a text member's dropout is seeded by its seed
 FINETUNE_CACHE_KIND = "finetune"
 #: Parameter groups that :attr:`FinetuneConfig.trainable` can name (each family sorts its
 #: parameters into them).
@@ -570,7 +570,8 @@ def _train(
 ) -> list[dict]:
     """Fine-tune ``model`` in place with :func:`~hydra_core.training.trainer.train`: the
     ``config.trainable`` groups, cross-entropy on preprocessed samples in a new random order
-    every epoch (from ``seed``); dropout draws from the caller's random state."""
+    every epoch and dropout (a text model's) both from ``seed``, so that the same member, config
+    and seed give the same weights whatever ran before (the cache key assumes so)."""
     model.to(device)
     system = callable_model(model)  # a text model: one that takes packed token ids
     n = len(data)
@@ -597,6 +598,7 @@ def _train(
             grad_clip=config.grad_clip,
             label_smoothing=config.label_smoothing,
             seed=int(seed),
+            dropout_seed=int(seed),
         ),
         schedule_of(config, total),
         progress=progress,
