@@ -16,7 +16,7 @@ from hydra_core.report.claims import (
     signed,
     verdict_counts,
 )
-from hydra_core.report.markdown import markdown_table
+from hydra_core.report.markdown import cost_columns, markdown_table
 
 
 def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
@@ -380,22 +380,6 @@ def _claims_section(claims: pd.DataFrame, setup: dict) -> list[str]:
 
 def _fusion_cost_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
     cost = tables["table7_cost"]
-    columns = [
-        c
-        for c in (
-            "system",
-            "params",
-            "macs",
-            "latency_ms",
-            "latency_iqr_ms",
-            "latency_bf16_ms",
-            "params_ratio",
-            "macs_ratio",
-            "latency_ratio",
-            "latency_bf16_ratio",
-        )
-        if c in cost
-    ]
     config = setup["config"]
     return [
         "## Fused vs separately run members (Table 11)",
@@ -418,7 +402,7 @@ def _fusion_cost_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> lis
         "and Deep Ensembles at about three times; a small model on a CPU need not behave the "
         "same.",
         "",
-        markdown_table(cost[columns]),
+        markdown_table(cost_columns(cost)),
         "",
         "Training runs (Deep Ensembles' members, and fine-tuning after pruning; `seed`: the "
         "training seed, batch order and dropout, and for Deep Ensembles also the classifier's "
