@@ -138,12 +138,7 @@ def base_classifier(seed: int = 0, classes: Sequence[str] = CLASSES) -> nn.Modul
 
     folder = wheel_folder()
     config = BertConfig.from_json_file(str(folder / "config.json"))
-    config.num_labels = len(classes)
-    config.id2label = dict(enumerate(classes))
-    config.label2id = {name: i for i, name in enumerate(classes)}
-    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
-        torch.manual_seed(seed)
-        model = BertForSequenceClassification(config)
+    model = seeded_classifier(BertForSequenceClassification, config, classes, seed)
     state = {f"bert.{k}": v for k, v in load_file(str(folder / "model.safetensors")).items()}
     own = model.state_dict()
     state = {k: v for k, v in state.items() if k in own}  # position_ids: a buffer, not a weight
@@ -526,3 +521,15 @@ def predict_texts(
             logits = torch.empty(len(texts), out.shape[-1])
         logits[index] = out
     return logits
+
+
+def seeded_classifier(model_class: type, config, classes: Sequence[str], seed: int) -> nn.Module:
+    """A Hugging Face sequence classifier of ``config`` for ``classes`` (labels named in the
+    config), its random initialisation drawn from ``seed`` inside a forked random state (the
+    caller's stays as it was)."""
+    config.num_labels = len(classes)
+    config.id2label = dict(enumerate(classes))
+    config.label2id = {name: i for i, name in enumerate(classes)}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model_class(config)

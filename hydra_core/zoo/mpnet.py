@@ -231,12 +231,7 @@ def base_classifier(seed: int = 0, classes: Sequence[str] = CLASSES) -> nn.Modul
     path, files = _read_files(("config.json", "model.safetensors"))
     config = MPNetConfig.from_dict(json.loads(files["config.json"]))
     weights = load_safetensors(files.pop("model.safetensors"))
-    config.num_labels = len(classes)
-    config.id2label = dict(enumerate(classes))
-    config.label2id = {name: i for i, name in enumerate(classes)}
-    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
-        torch.manual_seed(seed)
-        model = MPNetForSequenceClassification(config)
+    model = minilm.seeded_classifier(MPNetForSequenceClassification, config, classes, seed)
     own = model.state_dict()
     state = {f"mpnet.{k}": v for k, v in weights.items() if f"mpnet.{k}" in own}
     missing = sorted(set(own) - set(state))
