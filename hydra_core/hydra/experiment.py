@@ -136,6 +136,14 @@ class Run:
         self.record(name, evaluation, SystemInfo(kind, str(kept), models=[alone]))
         return kept
 
+    def add_fused(self, name: str, hydra: nn.Module, kept: Sequence[int]) -> None:
+        """Evaluate a fused Hydra model (its member logits (B, M, C) give the ensemble and its
+        diversity) as the system ``name``; ``kept``: each member's heads. Predictions are cached
+        under the fused model's weights."""
+        hydra = hydra.to(self.device).eval()
+        evaluation = self.evaluate_module(name, hydra, ("hydra", model_fingerprint(hydra)))
+        self.record(name, evaluation, SystemInfo("fused", heads_label(kept), len(kept), [hydra]))
+
     def add_ensemble(
         self,
         name: str,
@@ -233,12 +241,8 @@ class Hydra(System):
         parts = [run.evaluations[n] for n in names]
         models = [run.info[n].models[0] for n in names]
         run.add_ensemble(system_name(self.label, "unfused"), "unfused", parts, models, kept)
-        hydra = run.timed("fuse", lambda: self._fused(run.model, tuned).to(run.device).eval())
-        parts = ("hydra", model_fingerprint(hydra))
-        evaluation = run.evaluate_module(self.name, hydra, parts)
-        run.record(
-            self.name, evaluation, SystemInfo("fused", heads_label(kept), len(kept), [hydra])
-        )
+        hydra = run.timed("fuse", lambda: self._fused(run.model, tuned))
+        run.add_fused(self.name, hydra, kept)
 
     def describe(self) -> dict:
         return {

@@ -132,6 +132,12 @@ class Pipeline:
         self.seconds[name] = time.perf_counter() - start
         self.log(f"[report] {name}: {self.seconds[name]:.0f} s")
 
+    def fine_tune_progress(self, name: str) -> Callable[[int, int], None] | None:
+        """The run's progress for one training run, its stage named after the model."""
+        if self.progress is None:
+            return None
+        return lambda done, total: self.progress(f"fine-tune {name}", done, total)
+
     def total(self) -> float:
         """Seconds since the run began."""
         return time.perf_counter() - self.started

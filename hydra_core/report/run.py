@@ -7,7 +7,7 @@ to :func:`~hydra_core.report.tables.report_tables` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -266,7 +266,7 @@ def _finetuned_systems(
             name=name,
             device=run.device,
             cache=run.cache,
-            progress=_member_progress(run.progress, name),
+            progress=run.fine_tune_progress(name),
         )
         evaluation = evaluate_model(
             member.model,
@@ -287,15 +287,6 @@ def _finetuned_systems(
         hydra = Hydra(members, label, ft, ft_seeds, train_set)
         systems = systems.merge(run.evaluate([Single(), hydra], batch_size=config.batch_size))
     return systems
-
-
-def _member_progress(
-    progress: StageProgress | None, name: str
-) -> Callable[[int, int], None] | None:
-    """``progress`` for one fine-tuning run, its stage named after the model."""
-    if progress is None:
-        return None
-    return lambda done, total: progress(f"fine-tune {name}", done, total)
 
 
 def _cost_systems(
@@ -389,11 +380,10 @@ def _repeats(
             circ, budgets, seeds, taylor_samples=n, batch_size=b, inputs=inputs, repeat=again
         )
         members, taylor = pruning.members, pruning.taylor
-        pruned = {"CircAvg": circ.keep_mask(), "Taylor": taylor.keep}
-        pruned = [Pruned(name, keep) for name, keep in pruned.items()]
         repeat = [
             Single(),
-            *pruned,
+            Pruned("CircAvg", circ.keep_mask()),
+            Pruned("Taylor", taylor.keep),
             Hydra(members[HYDRA_CIRC], HYDRA_CIRC),
             Hydra(members[HYDRA_TAYLOR], HYDRA_TAYLOR),
         ]

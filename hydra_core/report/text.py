@@ -78,12 +78,12 @@ from hydra_core.baselines.systems import (
     MCDropoutBaseline,
     SharedBackboneBaseline,
 )
-from hydra_core.cache import DiskCache, model_fingerprint
+from hydra_core.cache import DiskCache
 from hydra_core.evaluate import callable_model, probabilities
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
-from hydra_core.hydra.experiment import Run, heads_label
+from hydra_core.hydra.experiment import Run
 from hydra_core.hydra.fused import fuse_members
-from hydra_core.hydra.systems import SystemInfo, SystemsReport
+from hydra_core.hydra.systems import SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
@@ -287,7 +287,7 @@ def run_text_report(
     with stages("fuse and evaluate Hydra (Taylor) and Hydra (Circ), zero-shot"):
         for label in (HYDRA_TAYLOR, HYDRA_CIRC):
             hydras[label] = fuse_members([(model, m.keep) for m in members[label]])
-            _add_fused(systems, label, hydras[label], members[label])
+            systems.add_fused(fused(label), hydras[label], _kept(members[label]))
 
     tuned: dict[str, TopFinetuned] = {}
     tuned_members: dict[str, list[TopFinetuned]] = {}
@@ -301,7 +301,7 @@ def run_text_report(
                     config.finetune,
                     keep=keep,
                     name=name,
-                    progress=_steps(progress, name),
+                    progress=run.fine_tune_progress(name),
                     **train,
                 )
             for label in (HYDRA_TAYLOR, HYDRA_CIRC):
@@ -312,7 +312,7 @@ def run_text_report(
                         config.finetune,
                         keep=m.keep,
                         name=m.name,
-                        progress=_steps(progress, m.name),
+                        progress=run.fine_tune_progress(m.name),
                         **train,
                     )
                     for m in members[label]
@@ -323,7 +323,7 @@ def run_text_report(
             for label, ft_label in ((HYDRA_TAYLOR, HYDRA_TAYLOR_FT), (HYDRA_CIRC, HYDRA_CIRC_FT)):
                 parts = [(t.model, head_layout(t.model).all_kept()) for t in tuned_members[label]]
                 hydras[ft_label] = fuse_members(parts)  # MLPs averaged over the members
-                _add_fused(systems, ft_label, hydras[ft_label], members[label])
+                systems.add_fused(fused(ft_label), hydras[ft_label], _kept(members[label]))
 
     with stages("fused vs separately run members"):
         fusion = _fusion_check(model, members, hydras, tuned_members, systems, config)
@@ -361,20 +361,9 @@ def _load(config: TextReportConfig):
     return loaded, benchmark, train_set
 
 
-def _add_fused(systems: Run, label: str, hydra: nn.Module, members: Sequence[MemberMask]) -> None:
-    """A fused Hydra model; its member logits (B, M, C) give the ensemble and diversity."""
-    hydra = hydra.to(systems.device).eval()
-    kept = [int(m.keep.sum()) for m in members]
-    evaluation = systems.evaluate_module(fused(label), hydra, ("hydra", model_fingerprint(hydra)))
-    info = SystemInfo("fused", heads_label(kept), len(kept), [hydra])
-    systems.record(fused(label), evaluation, info)
-
-
-def _steps(progress: StageProgress | None, name: str) -> Callable[[int, int], None] | None:
-    """``progress`` for one training run, its stage named after the model."""
-    if progress is None:
-        return None
-    return lambda done, total: progress(f"fine-tune {name}", done, total)
+def _kept(members: Sequence[MemberMask]) -> list[int]:
+    """Each member's number of kept heads."""
+    return [int(m.keep.sum()) for m in members]
 
 
 def _sample(data: TextSet, n: int, purpose: str) -> TextSet:
