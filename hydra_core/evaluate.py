@@ -198,9 +198,10 @@ class _SetArrays:
     scores: np.ndarray  # (N,) OOD score, higher = more in-distribution
     probs: np.ndarray  # (N, C) the system's probabilities (an ensemble's: mean over members)
     diversity: dict[str, np.ndarray]  # metric -> (N,) per sample; ensembles of 2+ members only
+    log_p_true: np.ndarray | None = None  # (N,) exact log p_y from the logits; labelled sets only
 
     @classmethod
-    def of(cls, logits: torch.Tensor, score: str) -> _SetArrays:
+    def of(cls, logits: torch.Tensor, score: str, labels: torch.Tensor | None = None) -> _SetArrays:
         diversity = {}
         if logits.ndim == 3 and logits.shape[1] > 1:
             members = logits.float().softmax(-1)  # (N, M, C)
@@ -209,7 +210,8 @@ class _SetArrays:
                 "disagreement": metrics.disagreement(members, reduction="none"),
             }
         probs = probabilities(logits).detach().cpu().double().numpy()
-        return cls(ood_score(logits, score), probs, diversity)
+        log_p = None if labels is None else metrics.log_p_true(logits, labels)
+        return cls(ood_score(logits, score), probs, diversity, log_p)
 
     def diversity_means(self) -> dict[str, float]:
         return {m: float(v.mean()) for m, v in self.diversity.items()}
@@ -237,13 +239,17 @@ class Evaluation:
     def _sets(self) -> list[_SetArrays]:
         """Scores, probabilities and per-sample diversity of the ID set, then each OOD set."""
         if self._arrays is None:
-            self._arrays = [_SetArrays.of(s.logits, self.score) for s in (self.id, *self.ood)]
+            self._arrays = [
+                _SetArrays.of(s.logits, self.score, s.labels) for s in (self.id, *self.ood)
+            ]
         return self._arrays
 
     def id_metrics(self) -> dict[str, float]:
         """Classification metrics on the ID set (and diversity for an ensemble)."""
         arrays = self._sets()[0]
-        row = metrics.classification_metrics(arrays.probs, self.id.labels)
+        row = metrics.classification_metrics(
+            arrays.probs, self.id.labels, log_p_true=arrays.log_p_true
+        )
         return {**row, **arrays.diversity_means()}
 
     def ood_rows(self) -> list[dict]:
@@ -310,7 +316,9 @@ class Evaluation:
 
     def _compute_replicates(self, resamples: Resamples) -> dict[str, dict[str, np.ndarray]]:
         id_arrays, *ood_arrays = self._sets()
-        id_reps = classification_replicates(id_arrays.probs, self.id.labels, resamples.id_counts)
+        id_reps = classification_replicates(
+            id_arrays.probs, self.id.labels, resamples.id_counts, log_p_true=id_arrays.log_p_true
+        )
         per_set = ood_replicates_per_set(
             id_arrays.scores,
             [a.scores for a in ood_arrays],

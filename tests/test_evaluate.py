@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import log_loss, roc_auc_score
 
 from hydra_core import metrics
 from hydra_core.cache import DiskCache
@@ -276,3 +276,37 @@ def test_auroc_changes_of_a_circuit_against_the_dense_model():
     delta = changed.loc["o", "circuit_auroc"] - changed.loc["o", "dense_auroc"]
     assert changed.loc["o", "delta_auroc"] == pytest.approx(delta)
     assert changed.loc["o", "delta_auroc_lo"] <= delta <= changed.loc["o", "delta_auroc_hi"]
+
+
+def test_ensemble_nll_is_log_mean_exp_of_members_exact_and_finite():
+    # member 0 is sure of the wrong class: its p_y underflows to 0 in float32; the ensemble's NLL
+    # comes from the members' log-probabilities, exact (not a clip) and equal to scikit-learn's
+    # log_loss wherever p_y is representable
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, 3, 4, generator=g) * 4
+    labels = torch.randint(0, 4, (40,), generator=g)
+    logits[0, :, labels[0]] = -200.0
+    evaluation = Evaluation(
+        "ens",
+        SetPredictions("id", "id", logits, labels),
+        [SetPredictions("o", "far", torch.randn(10, 3, 4, generator=g))],
+        bootstrap=BootstrapConfig(n_boot=50),
+    )
+    log_p = (torch.logsumexp(logits.double().log_softmax(-1), dim=1) - np.log(3))[
+        torch.arange(40), labels
+    ]
+    expected = -log_p.mean().item()
+    found = evaluation.id_metrics()["nll"]
+    assert np.isfinite(found) and found == pytest.approx(expected, rel=1e-12)
+    assert found > 200 / 40  # the sure-and-wrong item counts in full, not clipped
+    rest = evaluation._sets()[0].probs[1:]
+    rest = rest / rest.sum(1, keepdims=True)
+    assert metrics.nll(rest, labels[1:]) == pytest.approx(
+        log_loss(labels[1:].numpy(), rest, labels=range(4)), rel=1e-9
+    )
+    # every resample's NLL is the count-weighted mean of the same per-item values
+    counts = evaluation.resamples().id_counts
+    per_item = -log_p.numpy()
+    np.testing.assert_allclose(
+        evaluation.replicates()["id"]["nll"], counts @ per_item / counts.sum(1), rtol=1e-10
+    )

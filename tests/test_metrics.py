@@ -29,6 +29,7 @@ from hydra_core.metrics import (
     energy,
     fpr_at_95,
     fpr_at_95_tpr_id,
+    log_p_true,
     max_logit,
     mean_replicates,
     msp,
@@ -390,12 +391,57 @@ def test_reliability_curve_hand_example_and_ece_from_it():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_nll_matches_sklearn_log_loss(seed):
     probs, labels = classification_inputs(seed)
-    probs = 0.9 * probs + 0.1 / 4  # keep away from 0, where sklearn clips at float eps
+    probs = 0.9 * probs + 0.1 / 4
     assert nll(probs, labels) == pytest.approx(log_loss(labels, probs, labels=range(4)), rel=1e-12)
 
 
-def test_nll_clips_at_1e_minus_12():
-    assert nll([[1.0, 0.0]], [1]) == pytest.approx(-math.log(1e-12))
+@pytest.mark.parametrize("seed", range(4))
+def test_nll_matches_sklearn_log_loss_on_very_confident_wrong_predictions(seed):
+    # softmax of large logits: p_y far below 1e-12, down to 0 in float64, where the old 1e-12 floor
+    # gave a lower NLL than scikit-learn (which clips at float64 eps only)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(200, 4, generator=g, dtype=torch.float64) * 40
+    probs = logits.softmax(-1).numpy()
+    labels = torch.randint(0, 4, (200,), generator=g).numpy()
+    assert (probs[np.arange(200), labels] < 1e-12).any()
+    expected = log_loss(labels, probs, labels=range(4))
+    assert nll(probs, labels) == pytest.approx(expected, rel=1e-12)
+    assert classification_metrics(probs, labels)["nll"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_nll_clips_at_float_eps_like_sklearn():
+    eps = np.finfo(np.float64).eps
+    assert nll([[1.0, 0.0]], [1]) == pytest.approx(-math.log(eps))
+    assert nll([[1.0, 0.0]], [1]) == pytest.approx(log_loss([1], [[1.0, 0.0]], labels=[0, 1]))
+
+
+def test_log_p_true_is_log_softmax_and_log_mean_exp_of_members():
+    g = torch.Generator().manual_seed(0)
+    single = torch.randn(50, 5, generator=g, dtype=torch.float64) * 3
+    members = torch.randn(50, 3, 5, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 5, (50,), generator=g)
+    rows = torch.arange(50)
+    np.testing.assert_allclose(
+        log_p_true(single, y), single.softmax(-1)[rows, y].log().numpy(), rtol=1e-12
+    )
+    mean_p = members.softmax(-1).mean(1)[rows, y]
+    np.testing.assert_allclose(log_p_true(members, y), mean_p.log().numpy(), rtol=1e-12)
+    # where every member's p_y underflows to 0, the log-mean-exp stays finite and exact
+    extreme = torch.tensor([[[0.0, 800.0], [0.0, 900.0]]], dtype=torch.float64)
+    value = log_p_true(extreme, torch.tensor([0]))[0]
+    assert np.isfinite(value)
+    assert value == pytest.approx(-800.0 - math.log(2.0), rel=1e-12)
+    with pytest.raises(ValueError, match="logits must be"):
+        log_p_true(single[:, None, None], y)
+
+
+def test_classification_metrics_take_exact_log_p_true():
+    probs = torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
+    exact = np.array([-700.0, math.log(0.5)])
+    found = classification_metrics(probs, [1, 0], log_p_true=exact)
+    assert found["nll"] == pytest.approx(350.0 - math.log(0.5) / 2)
+    with pytest.raises(ValueError, match="log_p_true must be 2 log-probabilities"):
+        classification_metrics(probs, [1, 0], log_p_true=[0.5, -1.0])
 
 
 @pytest.mark.parametrize(

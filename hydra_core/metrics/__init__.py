@@ -57,6 +57,7 @@ from hydra_core.metrics.classification import (
     brier,
     classification_metrics,
     ece,
+    log_p_true,
     nll,
     reliability_curve,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "msp",
     "mutual_information",
     "neg_entropy",
+    "log_p_true",
     "nll",
     "ood_metrics",
     "ood_replicates",

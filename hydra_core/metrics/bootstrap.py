@@ -60,7 +60,12 @@ from hydra_core.metrics._validation import (
     check_n_bins,
     check_scores,
 )
-from hydra_core.metrics.classification import N_BINS, NLL_CLIP, _equal_width_bin
+from hydra_core.metrics.classification import (
+    N_BINS,
+    _checked_log_p,
+    _equal_width_bin,
+    per_sample_nll,
+)
 from hydra_core.metrics.ood import RECALL_LEVEL
 
 #: A seed for numpy's generator: an int, ints, or a SeedSequence (one stream of a seed).
@@ -395,7 +400,7 @@ def _adaptive_ece(
 
 
 def classification_replicates(
-    probs: Any, labels: Any, counts: Any, *, n_bins: int = N_BINS
+    probs: Any, labels: Any, counts: Any, *, n_bins: int = N_BINS, log_p_true: Any = None
 ) -> dict[str, np.ndarray]:
     """Accuracy, NLL, Brier, ECE and adaptive ECE of every resample: keys as
     :func:`hydra_core.metrics.classification_metrics`, each (B,).
@@ -403,13 +408,14 @@ def classification_replicates(
     Args:
         probs: (N, C) class probabilities; labels: (N,) true classes.
         counts: (B, N) how often each image is drawn in each resample.
+        log_p_true: (N,) exact log p_y for the NLL (as in ``classification_metrics``).
     """
     n_bins = check_n_bins(n_bins)
     p, y = check_classification(probs, labels)
     c = _check_counts(counts, len(y), "counts")
     confidence = p.max(axis=1)  # (N,)
     correct = (p.argmax(axis=1) == y).astype(np.float64)  # (N,)
-    nll = -np.log(np.clip(p[np.arange(len(y)), y], NLL_CLIP, None))  # (N,)
+    nll = per_sample_nll(p, y, _checked_log_p(log_p_true, len(y)))  # (N,)
     onehot = np.zeros_like(p)
     onehot[np.arange(len(y)), y] = 1.0
     brier = np.sum((p - onehot) ** 2, axis=1)  # (N,)

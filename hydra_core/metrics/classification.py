@@ -15,7 +15,10 @@ Conventions (SPEC section 6):
 Definitions:
 
 - ``accuracy``: top-1 (argmax; ties go to the lowest class index). Higher is better.
-- ``nll``: mean of -log p_y, with p_y clipped at 1e-12 before the log. Lower is better.
+- ``nll``: mean of -log p_y, with p_y clipped to [eps, 1 - eps] (eps = float64 machine epsilon,
+  2.2e-16) before the log: scikit-learn's ``log_loss`` exactly. Lower is better. Where the logits
+  are at hand, ``log_p_true`` (:func:`log_p_true`: log-softmax, or for an ensemble the log-mean-exp
+  of the members' log-probabilities) gives the exact, always finite value instead.
 - ``brier``: sum over classes of (p - onehot)^2, averaged over samples; range [0, 2]. Lower is
   better.
 - ``ece``: top-label expected calibration error with ``n_bins`` (default 15) equal-width bins
@@ -29,16 +32,19 @@ Definitions:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from hydra_core.metrics._validation import check_classification, check_n_bins, undefined
 
 N_BINS = 15
-#: Probabilities are clipped at this value before the log in :func:`nll`.
-NLL_CLIP = 1e-12
+#: p_y is clipped to [NLL_CLIP, 1 - NLL_CLIP] before the log in :func:`nll`, as scikit-learn's
+#: ``log_loss`` does on float64 probabilities.
+NLL_CLIP = float(np.finfo(np.float64).eps)
 
 
 def _checked(metric: str, probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -91,13 +97,51 @@ def _calibration_error(
     return float(np.abs(correct_sum - confidence_sum).sum() / len(confidence))
 
 
+def _checked_log_p(log_p_true: Any, n: int) -> np.ndarray | None:
+    if log_p_true is None:
+        return None
+    out = np.asarray(log_p_true, dtype=np.float64)
+    out = np.minimum(out, 0.0) if out.shape == (n,) and not (out > 1e-9).any() else out
+    if out.shape != (n,) or np.isnan(out).any() or (out > 1e-9).any():
+        raise ValueError(
+            f"log_p_true must be {n} log-probabilities (<= 0, no NaN), got shape {out.shape}"
+        )
+    return out
+
+
 def _accuracy(p: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(p.argmax(axis=1) == y))
 
 
-def _nll(p: np.ndarray, y: np.ndarray) -> float:
-    p_true = np.clip(p[np.arange(len(y)), y], NLL_CLIP, None)
-    return float(-np.mean(np.log(p_true)))
+def per_sample_nll(
+    p: np.ndarray, y: np.ndarray, log_p_true: np.ndarray | None = None
+) -> np.ndarray:
+    """(N,) -log p_y: from ``log_p_true`` when given (exact), else from the clipped p_y."""
+    if log_p_true is not None:
+        return -log_p_true
+    return -np.log(np.clip(p[np.arange(len(y)), y], NLL_CLIP, 1.0 - NLL_CLIP))
+
+
+def _nll(p: np.ndarray, y: np.ndarray, log_p_true: np.ndarray | None = None) -> float:
+    return float(np.mean(per_sample_nll(p, y, log_p_true)))
+
+
+def log_p_true(logits: Any, labels: Any) -> np.ndarray:
+    """(N,) log-probability of the true class, in float64, from (N, C) logits (log-softmax) or
+    (N, M, C) member logits: log of the mean of the members' softmaxes, computed as
+    logsumexp over members of their log-probabilities minus log M, so it stays finite where the
+    probability underflows."""
+    z = torch.as_tensor(logits).detach().cpu().double()
+    y = torch.as_tensor(labels).detach().cpu().long()
+    if z.ndim not in (2, 3) or len(z) != len(y):
+        raise ValueError(
+            f"log_p_true: logits must be (N, C) or (N, M, C) with N = {len(y)} labels, "
+            f"got shape {tuple(z.shape)}"
+        )
+    log_p = z.log_softmax(-1)
+    if z.ndim == 3:
+        log_p = torch.logsumexp(log_p, dim=1) - math.log(z.shape[1])
+    return log_p[torch.arange(len(y)), y].numpy()
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
@@ -124,7 +168,8 @@ def accuracy(probs: Any, labels: Any) -> float:
 
 
 def nll(probs: Any, labels: Any) -> float:
-    """Mean negative log-likelihood -log p_y (natural log; p_y clipped at 1e-12)."""
+    """Mean negative log-likelihood -log p_y (natural log; p_y clipped to [eps, 1 - eps] as
+    scikit-learn's ``log_loss``)."""
     checked = _checked("nll", probs, labels)
     return _nll(*checked) if checked else float("nan")
 
@@ -149,9 +194,11 @@ def adaptive_ece(probs: Any, labels: Any, *, n_bins: int = N_BINS) -> float:
     return _adaptive_ece(*checked, n_bins) if checked else float("nan")
 
 
-def classification_metrics(probs: Any, labels: Any, *, n_bins: int = N_BINS) -> dict[str, float]:
+def classification_metrics(
+    probs: Any, labels: Any, *, n_bins: int = N_BINS, log_p_true: Any = None
+) -> dict[str, float]:
     """All classification metrics at once (inputs checked once): keys accuracy, nll, brier, ece,
-    adaptive_ece."""
+    adaptive_ece. ``log_p_true``: (N,) exact log p_y (:func:`log_p_true`) for the NLL."""
     n_bins = check_n_bins(n_bins)
     checked = _checked("classification metrics", probs, labels)
     if checked is None:
@@ -159,7 +206,7 @@ def classification_metrics(probs: Any, labels: Any, *, n_bins: int = N_BINS) -> 
     p, y = checked
     return {
         "accuracy": _accuracy(p, y),
-        "nll": _nll(p, y),
+        "nll": _nll(p, y, _checked_log_p(log_p_true, len(y))),
         "brier": _brier(p, y),
         "ece": _ece(p, y, n_bins),
         "adaptive_ece": _adaptive_ece(p, y, n_bins),
