@@ -270,3 +270,29 @@ def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     assert err.count("\n") == 0 and "--baselines: unknown baseline(s) 'dropout'" in err
     assert main([*common, "--baselines", "mc-dropout", "--mc-dropout-rate", "1.5"]) == 2
     assert "--mc-dropout-rate must lie strictly between 0 and 1" in capsys.readouterr().err
+
+
+def test_masks_circuits_is_one_circuit_per_criterion(checkpoint, tmp_path, capsys):
+    """--strategy circuits: Hydra (Circ) as the paper's method, CircAcc + CircOOD + CircAvg, each
+    the same mask as the single circuit of its criterion."""
+    layout = HeadLayout((4, 4), 6, 24)
+
+    def masks(*extra: str) -> list:
+        out = tmp_path / f"m{len(list(tmp_path.iterdir()))}.json"
+        args = ["masks", "--model", checkpoint, *DATA, "--budget", "6", *extra, "--out", str(out)]
+        assert main(args) == 0
+        return load_masks(out, layout)
+
+    members = masks("--strategy", "circuits")
+    assert [m.name for m in members] == ["CircAcc-6", "CircOOD-6", "CircAvg-6"]
+    for member, objective in zip(members, ("acc", "ood", "avg"), strict=True):
+        (single,) = masks("--strategy", "circuit", "--m", "1", "--objective", objective)
+        assert torch.equal(member.keep, single.keep)
+    capsys.readouterr()
+    code = main(["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--m", "2"])
+    assert code == 2
+    assert "one member per criterion" in capsys.readouterr().err
+    # at budget 2 the three criteria remove the same two heads of this tiny model
+    code = main(["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--budget", "2"])
+    assert code == 2
+    assert "the criteria found the same circuit" in capsys.readouterr().err

@@ -358,3 +358,75 @@ def test_bad_calls_are_explained(loaded, benchmark, members):
         evaluate_systems(
             loaded, benchmark, members, deep_ensemble=[loaded.model], device="cpu", latency=False
         )
+
+
+# --- the guard: no system is reported on data that chose it ------------------------------------
+
+
+def test_a_system_chosen_on_report_items_is_refused_before_anything_is_predicted(
+    loaded, benchmark, members, monkeypatch
+):
+    from hydra_core.data.provenance import ChosenOn
+    from hydra_core.errors import InputError
+    from hydra_core.hydra import experiment
+    from hydra_core.hydra.experiment import Hydra, Pruned, Single
+
+    predicted = []
+    real = experiment.evaluate_model
+    monkeypatch.setattr(
+        experiment, "evaluate_model", lambda *a, **k: predicted.append(k["name"]) or real(*a, **k)
+    )
+    # heads chosen on half of a report set (as a leave-one-set-out search on the other sets is)
+    far = benchmark.ood_report[1]
+    half = far.subset(torch.arange(10))
+    chosen = ChosenOn.of("heads", [benchmark.id_search, half])
+    keep = members[0].keep
+    with pytest.raises(InputError, match=r"'leaky'.*far_set \(10 of 30 items\).*heads: far_set"):
+        evaluate_systems(loaded, benchmark, [Single(), Pruned("leaky", keep, chosen)], device="cpu")
+    assert predicted == []  # refused before the single model was even predicted
+    with pytest.raises(InputError, match="'Hydra \\(fused\\)'.*far_set"):
+        evaluate_systems(loaded, benchmark, [Hydra(members, chosen=chosen)], device="cpu")
+    # the same circuit on the sets it never saw is reported
+    from dataclasses import replace
+
+    clean = replace(benchmark, ood_report=(benchmark.ood_report[0],))
+    found = evaluate_systems(
+        loaded, clean, [Single(), Pruned("leaky", keep, chosen)], device="cpu", latency=False
+    )
+    assert set(found.table()["set"]) >= {"near_set"}
+    assert "far_set" not in set(found.table()["set"])
+
+
+def test_systems_are_taken_as_chosen_on_the_search_split_and_it_must_not_reach_the_report(loaded):
+    from hydra_core.errors import InputError
+    from hydra_core.hydra.experiment import Pruned, Single
+
+    id_set = image_set("id_set", 60, "id", 1, labelled=True)
+    ood = [image_set("near_set", 30, "near", 2), image_set("far_set", 30, "far", 3)]
+    search_ood = [image_set("photos", 20, "far", 4)]
+    # a search split holding a copy of five reported ID images (duplicates across the parts)
+    searched = ImageSet("id_search", id_set.images[:25], id_set.labels[:25], "id")
+    leaky = build_benchmark(
+        searched, id_set.subset(torch.arange(20, 60)), ood, search_ood=search_ood
+    )
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[0, 0] = False
+    # the single model chose nothing: it is reported
+    assert (
+        evaluate_systems(loaded, leaky, [Single()], device="cpu", latency=False).table() is not None
+    )
+    with pytest.raises(InputError, match=r"'pruned'.*id_set \(5 of 40 items\)"):
+        evaluate_systems(loaded, leaky, [Single(), Pruned("pruned", keep)], device="cpu")
+
+
+def test_temperature_is_chosen_on_the_id_search_split(loaded, benchmark):
+    from hydra_core.baselines.systems import TemperatureBaseline
+    from hydra_core.data.provenance import item_keys
+    from hydra_core.hydra.experiment import Run
+
+    run = Run(loaded, benchmark, torch.device("cpu"), {})
+    chosen = TemperatureBaseline().chosen_on(run)
+    search = benchmark.id_search
+    assert chosen.parts == (f"temperature: {search.name} (n={len(search)})",)
+    assert chosen.seen(item_keys(search.images)) == len(search)
+    assert chosen.seen(item_keys(benchmark.id_report.images)) == 0

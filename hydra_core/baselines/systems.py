@@ -17,6 +17,7 @@ from hydra_core.baselines.shared_backbone import (
 )
 from hydra_core.baselines.temperature import TemperatureScaled, fitted_temperature
 from hydra_core.cache import model_fingerprint
+from hydra_core.data.provenance import ChosenOn
 from hydra_core.hydra.experiment import Run, System
 from hydra_core.hydra.systems import SystemInfo
 from hydra_core.models.adapter import head_layout
@@ -100,6 +101,9 @@ class TemperatureBaseline(System):
     def describe(self) -> dict:
         return {"name": self.name, "temperature": self.temperature, "fitted_on": "ID search"}
 
+    def chosen_on(self, run: Run) -> ChosenOn:
+        return ChosenOn.of("temperature", [run.benchmark.id_search])
+
 
 @dataclass
 class SharedBackboneBaseline(System):
@@ -138,16 +142,13 @@ class SharedBackboneBaseline(System):
                 "split, which ID data of your own does not have"
             )
             return
-        validation = self.validation_set
-        if validation is None:
-            validation = run.benchmark.id_search  # chooses the epoch; never reported
+        validation = self._validation(run)
         if self.how == "train-text":
             deep, self.runs = train_text_ensemble(model, self.seeds, cache=cache, progress=progress)
         else:
-            train = self.train_set() if callable(self.train_set) else self.train_set
             deep, self.runs = deep_heads(
                 model,
-                train,
+                self._train(),
                 self.config,
                 preprocess=run.loaded.preprocess,
                 seeds=self.seeds,
@@ -163,6 +164,22 @@ class SharedBackboneBaseline(System):
 
     def describe(self) -> dict:
         return {"name": self.name, "seeds": list(self.seeds), "how": self.how}
+
+    def chosen_on(self, run: Run) -> ChosenOn:
+        chosen = ChosenOn.of("epoch", [self._validation(run)])
+        if self.how == "heads" and self.train_set is not None:
+            chosen = chosen | ChosenOn.of("heads trained", [self._train()])
+        return chosen
+
+    def _validation(self, run: Run):
+        """The items that choose the heads' epoch: by default the ID search split."""
+        return run.benchmark.id_search if self.validation_set is None else self.validation_set
+
+    def _train(self):
+        """The training items (a function giving them is called once)."""
+        if callable(self.train_set):
+            self.train_set = self.train_set()
+        return self.train_set
 
 
 def baseline_systems(

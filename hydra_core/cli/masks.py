@@ -26,7 +26,14 @@ if TYPE_CHECKING:
     from hydra_core.types import Head
 
 #: strategies that compute masks (a mask file or hand-drawn masks need no command)
-COMPUTED_STRATEGIES = ("seed-sampling", "circuit", "identical-circuit", "taylor", "cahp")
+COMPUTED_STRATEGIES = (
+    "seed-sampling",
+    "circuits",
+    "circuit",
+    "identical-circuit",
+    "taylor",
+    "cahp",
+)
 
 
 def _masks_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +43,9 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         "--strategy",
         default="seed-sampling",
         choices=COMPUTED_STRATEGIES,
-        help="how the members are made (default: %(default)s)",
+        help="how the members are made (default: %(default)s; 'circuits': Hydra (Circ) as the "
+        "paper's method, one circuit per criterion: CircAcc, CircOOD, CircAvg; 'seed-sampling' "
+        "of the CircAvg ranking is its B.5 ablation)",
     )
     p.add_argument("--m", type=int, default=3, help="number of members (default: %(default)s)")
     p.add_argument(
@@ -135,9 +144,11 @@ def _build_members(
     from hydra_core.cache import DiskCache
     from hydra_core.hydra.members import (
         CIRCUIT_NAMES,
+        CIRCUIT_OBJECTIVES,
         TAYLOR_NAME,
         cahp_members,
         circuit_member,
+        circuit_members,
         greedy_ranking,
         identical_members,
         member_seeds,
@@ -153,17 +164,28 @@ def _build_members(
     if per_layer is not None and (args.strategy, args.m) != ("taylor", 1):
         raise ValueError("--per-layer is for layer-wise pruning: --strategy taylor with --m 1")
 
-    def greedy() -> list[Head]:
+    def greedy(objective: str = args.objective) -> list[Head]:
         return greedy_ranking(
             model,
             inputs,
-            objective=args.objective,
+            objective=objective,
             budget=args.budget,
             cache=DiskCache(),
             batch_size=args.batch_size,
-            progress=progress_bar(f"{args.strategy} ranking"),
+            progress=progress_bar(f"{CIRCUIT_NAMES[objective]} search"),
         )
 
+    if args.strategy == "circuits":
+        if args.m != len(CIRCUIT_OBJECTIVES):
+            raise ValueError(
+                f"the 'circuits' strategy makes one member per criterion (CircAcc, CircOOD, "
+                f"CircAvg), so --m must be {len(CIRCUIT_OBJECTIVES)}, got {args.m}; use "
+                "'seed-sampling' for another number of members"
+            )
+        rankings = {o: greedy(o) for o in CIRCUIT_OBJECTIVES}
+        return circuit_members(
+            rankings, layout, budget=args.budget, allow_identical=args.allow_identical
+        )
     if args.strategy == "taylor" and args.m == 1:
         member = taylor_member(
             model,

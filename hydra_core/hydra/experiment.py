@@ -10,6 +10,12 @@ of text models) are systems of :mod:`hydra_core.baselines`; a new system is one 
 
 Every system is evaluated on the same report items: all intervals come from the same resamples,
 so differences between systems are paired (:class:`~hydra_core.hydra.systems.SystemsReport`).
+
+Every system says what data chose it (:meth:`System.chosen_on`: the items its heads were searched
+on, its weights fine-tuned on, its temperature fitted on), and :func:`evaluate_systems` refuses to
+report it on a set that shares an item with them
+(:class:`~hydra_core.data.provenance.ChosenOn`). Pruned models and Hydra members are taken to be
+chosen on the benchmark's search split unless they say otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch import nn
 
 from hydra_core import distributed
 from hydra_core.cache import DiskCache, model_fingerprint
+from hydra_core.data.provenance import ChosenOn, item_keys
 from hydra_core.evaluate import (
     INTERVAL_METHOD,
     Evaluation,
@@ -36,6 +43,7 @@ from hydra_core.hydra.finetune import (
     FinetunedMember,
     finetune_members,
     fuse_finetuned,
+    members_training_items,
 )
 from hydra_core.hydra.fused import fuse_members
 from hydra_core.hydra.systems import SystemInfo, SystemsReport, machine_description, system_name
@@ -69,10 +77,27 @@ class Run:
     info: dict[str, SystemInfo] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    _report_keys: list | None = field(default=None, init=False, repr=False)
+    _search_choice: ChosenOn | None = field(default=None, init=False, repr=False)
 
     @property
     def model(self) -> nn.Module:
         return self.loaded.model
+
+    def search_choice(self) -> ChosenOn:
+        """What heads chosen on the benchmark's search split were chosen on: its ID part and
+        its OOD search sets."""
+        if self._search_choice is None:
+            b = self.benchmark
+            self._search_choice = ChosenOn.of("heads", [b.id_search, *b.ood_search])
+        return self._search_choice
+
+    def check_unseen(self, system: System) -> None:
+        """Refuse ``system`` when any report item is among the items that chose it."""
+        if self._report_keys is None:
+            parts = [self.benchmark.id_report, *self.benchmark.ood_report]
+            self._report_keys = [(p.name, item_keys(p.inputs)) for p in parts]
+        system.chosen_on(self).check(system.name, self._report_keys)
 
     def timed(self, stage: str, fn: Callable):
         start = time.perf_counter()
@@ -172,6 +197,10 @@ class System:
         """What the system is, for the report's setup (JSON-safe)."""
         return {"name": self.name}
 
+    def chosen_on(self, run: Run) -> ChosenOn:
+        """The items that chose this system (none: the source model as it is)."""
+        return ChosenOn()
+
 
 @dataclass
 class Single(System):
@@ -185,13 +214,18 @@ class Single(System):
 
 @dataclass
 class Pruned(System):
-    """The source model under one head mask (e.g. Taylor's or a circuit's), cost as pruned."""
+    """The source model under one head mask (e.g. Taylor's or a circuit's), cost as pruned.
+    ``chosen``: the items its heads were chosen on (default: the benchmark's search split)."""
 
     name: str
     keep: torch.Tensor
+    chosen: ChosenOn | None = None
 
     def add_to(self, run: Run) -> None:
         run.add_model(self.name, "pruned", run.model, self.keep)
+
+    def chosen_on(self, run: Run) -> ChosenOn:
+        return run.search_choice() if self.chosen is None else self.chosen
 
     def describe(self) -> dict:
         return {"name": self.name, "heads": int(self.keep.sum())}
@@ -209,6 +243,8 @@ class Hydra(System):
         finetune: fine-tune each member separately with this configuration first.
         finetune_seeds: batch-order seed per member (default 0 for all).
         train_set: fine-tuning items (default: the family's training set).
+        chosen: the items the members' heads were chosen on (default: the benchmark's search
+            split); the fine-tuning items are added to them.
     """
 
     members: Sequence[MemberMask] | Sequence[FinetunedMember]
@@ -216,6 +252,7 @@ class Hydra(System):
     finetune: FinetuneConfig | None = None
     finetune_seeds: Sequence[int] | None = None
     train_set: object = None
+    chosen: ChosenOn | None = None
     tuned: list[FinetunedMember] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -243,6 +280,13 @@ class Hydra(System):
         run.add_ensemble(system_name(self.label, "unfused"), "unfused", parts, models, kept)
         hydra = run.timed("fuse", lambda: self._fused(run.model, tuned))
         run.add_fused(self.name, hydra, kept)
+
+    def chosen_on(self, run: Run) -> ChosenOn:
+        chosen = run.search_choice() if self.chosen is None else self.chosen
+        if self.finetune is None:
+            return chosen
+        items = members_training_items(run.model, self.finetune, self.train_set)
+        return chosen | ChosenOn.of("fine-tuning", [items])
 
     def describe(self) -> dict:
         return {
@@ -382,6 +426,8 @@ def evaluate_systems(
         bootstrap=bootstrap,
     )  # fmt: skip
     run = Run(loaded, benchmark, device, options, progress)
+    for system in systems:  # refused before anything is predicted
+        run.check_unseen(system)
     for system in systems:
         system.add_to(run)
     id_set, ood_sets = benchmark.id_report, list(benchmark.ood_report)

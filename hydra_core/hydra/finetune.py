@@ -82,7 +82,6 @@ run loads the fine-tuned weights instead of training again.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import time
@@ -95,6 +94,7 @@ from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.images import take
+from hydra_core.data.provenance import item_keys
 from hydra_core.data.text import DataSet
 from hydra_core.evaluate import callable_model
 from hydra_core.inference import predict
@@ -282,6 +282,14 @@ def training_subset(config: FinetuneConfig, train_set: DataSet | None = None) ->
     """The fixed subset of ``train_set`` (default: Fashion-MNIST train) a run trains on."""
     train_set = _labelled(train_set, "train", "training")
     return take(train_set, config.n_train, purpose="finetune")
+
+
+def members_training_items(
+    model: nn.Module, config: FinetuneConfig, train_set: DataSet | None = None
+) -> DataSet:
+    """The items :func:`finetune_members` trains ``model``'s members on: the fixed subset of
+    ``train_set`` (default: the training split of the embedded ID set of its modality)."""
+    return training_subset(config, _training_set(model, train_set))
 
 
 def validation_subset(
@@ -497,11 +505,11 @@ def select_finetune_config(
         if validation_set is None
         else _labelled(validation_set, "validation", "validation")
     )
-    seen = _row_hashes(validation.inputs)
+    seen = item_keys(validation.inputs)
     rows = []
     for config in configs:
         data = training_subset(config, train_set)
-        shared = len(seen & _row_hashes(data.inputs))
+        shared = len(seen & item_keys(data.inputs))
         if shared:
             kind = "images" if isinstance(data.inputs, torch.Tensor) else "texts"
             raise ValueError(
@@ -635,17 +643,6 @@ def _check_criterion(criterion: str) -> None:
         raise ValueError(
             f"criterion must be one of {', '.join(SELECTION_CRITERIA)}, got {criterion!r}"
         )
-
-
-def _row_hashes(inputs: torch.Tensor | Sequence[str]) -> set[bytes]:
-    """One hash per sample, of its pixels or its text: equal samples give equal hashes, whatever
-    the set."""
-    rows = (
-        (row.numpy().tobytes() for row in inputs)
-        if isinstance(inputs, torch.Tensor)
-        else (text.encode() for text in inputs)
-    )
-    return {hashlib.blake2b(row, digest_size=16).digest() for row in rows}
 
 
 def _reset_flags(model: nn.Module) -> None:

@@ -11,6 +11,10 @@ report:
   source of diversity that matters.
 - :func:`circuit_member`: one circuit, the ``budget`` least useful heads of a ranking removed,
   named after the ranking (``CircAvg-24``, ``Taylor-24``).
+- :func:`circuit_members`: Hydra (Circ) as the paper's method builds it (B.2 question 3, D.3):
+  one circuit per criterion (CircAcc, CircOOD, CircAvg), each from its own greedy search. The
+  seed-sampled members of one circuit's ranking are the paper's B.5 ablation, where "only one
+  circuit [is] available (CircAvg)".
 - :func:`identical_members`: M copies of one member - members that do not differ, for the
   "no pruning-seed diversity" rows of the paper's Table 9 and nothing else.
 - :func:`taylor_member`: layer-wise Taylor pruning
@@ -29,7 +33,7 @@ runs the same checks on any list, e.g. members gathered from several strategies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -136,6 +140,54 @@ def circuit_member(
         f"{budget} least useful heads of the {ranking_name} ranking removed",
         keep,
     )
+
+
+#: the criteria of Hydra (Circ)'s circuits, one member each (paper B.2 question 3)
+CIRCUIT_OBJECTIVES = ("acc", "ood", "avg")
+
+
+def circuit_members(
+    rankings: Mapping[str, Sequence[Head]],
+    layout: HeadLayout,
+    *,
+    budget: int,
+    allow_identical: bool = False,
+) -> list[MemberMask]:
+    """One member per greedy criterion: the circuit of each ranking, ``budget`` heads removed,
+    named ``CircAcc-24``, ``CircOOD-24``, ``CircAvg-24`` (paper B.2 question 3: "we extract three
+    different circuits, each optimized for a different criterion").
+
+    Args:
+        rankings: objective (``"acc"``, ``"ood"``, ``"avg"``) -> its greedy ranking
+            (:func:`greedy_ranking`), two or more.
+        layout, budget: as :func:`circuit_member`.
+        allow_identical: accept two criteria that found the same circuit (otherwise refused:
+            members must differ).
+    """
+    unknown = sorted(set(rankings) - set(CIRCUIT_NAMES))
+    if unknown:
+        raise ValueError(
+            f"unknown circuit criteria {unknown}; expected some of {', '.join(CIRCUIT_NAMES)}"
+        )
+    if len(rankings) < 2:
+        raise ValueError(
+            f"Hydra (Circ) needs circuits of two or more criteria, got {len(rankings)}"
+        )
+    members = [
+        circuit_member(rankings[o], layout, budget=budget, ranking_name=CIRCUIT_NAMES[o])
+        for o in CIRCUIT_NAMES
+        if o in rankings
+    ]
+    pairs = identical_pairs(members)
+    if pairs and not allow_identical:
+        listing = ", ".join(f"{a} = {b}" for a, b in pairs)
+        raise ValueError(
+            f"the criteria found the same circuit ({listing}), so those members would be "
+            "identical; search on more items or remove more heads (a larger budget), or accept "
+            "identical members (--allow-identical, allow_identical=True)"
+        )
+    check_members(members, layout, allow_identical=allow_identical)
+    return members
 
 
 def identical_members(member: MemberMask, m: int) -> list[MemberMask]:

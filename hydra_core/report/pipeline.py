@@ -227,13 +227,16 @@ class Pipeline:
         """``members.json``: the masks of the run, with the model's identity."""
         save_masks(self.out / "members.json", list(masks), self.loaded.identity())
 
-    def evaluate(self, systems: Sequence[System], **options) -> SystemsReport:
+    def evaluate(
+        self, systems: Sequence[System], *, benchmark: Benchmark | None = None, **options
+    ) -> SystemsReport:
         """:func:`~hydra_core.hydra.experiment.evaluate_systems` of ``systems`` on the report
-        split, on the run's device, cache and progress (latency is timed in one stage later)."""
+        split (of ``benchmark``, default the run's), on the run's device, cache and progress
+        (latency is timed in one stage later)."""
         options.setdefault("latency", False)
         return evaluate_systems(
             self.loaded,
-            self.benchmark,
+            self.benchmark if benchmark is None else benchmark,
             systems,
             device=self.device,
             cache=self.cache,

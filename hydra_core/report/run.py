@@ -19,6 +19,7 @@ from torch import nn
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
+from hydra_core.data.provenance import ChosenOn
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model
 from hydra_core.hydra.cost import parameter_breakdown
@@ -405,7 +406,8 @@ def _transfer_table(
     """How much of the circuits' AUROC gain over the dense model reaches sets the search never
     saw: per report set, AUROC(circuit) - AUROC(single) with its paired 95% interval, for CircOOD
     and CircAvg (searched on the search sets only), and for one leave-one-set-out CircOOD searched
-    on halves of the other report sets and measured on the one left out (added to ``systems``)."""
+    on halves of the other report sets and measured on the one left out, and on it alone (never
+    added to ``systems``: the other report sets chose its heads)."""
     from hydra_core.analysis.inputs import SearchInputs
     from hydra_core.data.images import split_in_two
 
@@ -415,17 +417,23 @@ def _transfer_table(
         "CircAvg": ", ".join(benchmark.search_names()),
     }
     wanted = [(c, s.name) for c in searched for s in benchmark.ood_report]
+    table = systems.table().set_index(["system", "set"])
+    rows = [
+        _transfer_row(systems, table, circuit, searched[circuit], set_name)
+        for circuit, set_name in wanted
+    ]
     if config.loso_set is not None:
         names = [s.name for s in benchmark.ood_report]
         if config.loso_set not in names:
             raise InputError(
                 f"loso_set {config.loso_set!r} is not a report set ({', '.join(names)})"
             )
-        others = [s for s in benchmark.ood_report if s.name != config.loso_set]
+        left_out = benchmark.ood_report[names.index(config.loso_set)]
+        others = [s for s in benchmark.ood_report if s is not left_out]
+        per_set = max(1, (config.n_search or len(benchmark.id_search)) // len(others))
         halves = [split_in_two(s)[0] for s in others]
-        per_set = max(1, (config.n_search or len(benchmark.id_search)) // len(halves))
-        ood_images = torch.cat([h.images[:per_set] for h in halves])
-        ood_x = loaded.preprocess(ood_images).to(device)
+        halves = [h.subset(torch.arange(min(per_set, len(h)))) for h in halves]
+        ood_x = loaded.preprocess(torch.cat([h.images for h in halves])).to(device)
         inputs = SearchInputs(
             loaded.preprocess(benchmark.id_search.images).to(device),
             benchmark.id_search.labels.to(device),
@@ -439,40 +447,38 @@ def _transfer_table(
             inputs=inputs,
             repeat=f", {config.loso_set} left out",
         )
+        # the guard of evaluate_systems refuses any report set that shares an item with the
+        # images that chose the circuit, so it is reported on the left-out set and the ID set
         name = f"CircOOD, {config.loso_set} left out"
-        keep = circuit.keep_mask()
-        evaluation = evaluate_model(
-            loaded.model,
-            loaded.preprocess,
-            benchmark.id_report,
-            benchmark.ood_report,
-            keep=keep,
-            name=name,
-            device=device,
-            cache=run.cache,
+        chosen = ChosenOn.of("heads", [benchmark.id_search, *halves])
+        found = run.evaluate(
+            [Single(), Pruned(name, circuit.keep_mask(), chosen)],
             batch_size=config.batch_size,
+            benchmark=replace(benchmark, ood_report=(left_out,)),
         )
-        systems.add_system(name, evaluation, SystemInfo("pruned", str(int(keep.sum()))))
-        searched[name] = "halves of " + ", ".join(s.name for s in others)
-        wanted.append((name, config.loso_set))
-    table = systems.table().set_index(["system", "set"])
-    rows = []
-    for circuit_name, set_name in wanted:
-        d = systems.difference(circuit_name, "single", "auroc", set_name)
-        rows.append(
-            {
-                "circuit": circuit_name,
-                "searched_on": searched[circuit_name],
-                "ood_set": set_name,
-                "single_auroc": table.loc[("single", set_name), "auroc"],
-                "circuit_auroc": table.loc[(circuit_name, set_name), "auroc"],
-                "delta_auroc": d.value,
-                "delta_auroc_lo": d.lo,
-                "delta_auroc_hi": d.hi,
-                "significant": bool(d.significant),
-            }
-        )
+        searched_on = "halves of " + ", ".join(s.name for s in others)
+        left_table = found.table().set_index(["system", "set"])
+        rows.append(_transfer_row(found, left_table, name, searched_on, left_out.name))
     return pd.DataFrame(rows)
+
+
+def _transfer_row(
+    systems: SystemsReport, table: pd.DataFrame, circuit: str, searched_on: str, set_name: str
+) -> dict:
+    """One row of the transfer table: the circuit's AUROC on ``set_name`` against the single
+    model's, with the paired interval of the difference."""
+    d = systems.difference(circuit, "single", "auroc", set_name)
+    return {
+        "circuit": circuit,
+        "searched_on": searched_on,
+        "ood_set": set_name,
+        "single_auroc": table.loc[("single", set_name), "auroc"],
+        "circuit_auroc": table.loc[(circuit, set_name), "auroc"],
+        "delta_auroc": d.value,
+        "delta_auroc_lo": d.lo,
+        "delta_auroc_hi": d.hi,
+        "significant": bool(d.significant),
+    }
 
 
 # --- setup and writing --------------------------------------------------------------------------
