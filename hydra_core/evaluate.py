@@ -402,6 +402,22 @@ class Evaluation:
         }
 
 
+def paired_replicates(
+    a: Evaluation, b: Evaluation, metric: str, set: str | None = None
+) -> tuple[float, np.ndarray]:
+    """metric(a) - metric(b) on one set, and its value on every paired resample (both systems
+    resampled with the same resamples: ``b`` takes ``a``'s); arguments as :func:`compare`."""
+    if metric not in METRIC_COLUMNS:
+        raise KeyError(f"no metric {metric!r}; expected one of {', '.join(METRIC_COLUMNS)}")
+    which = set or ("all" if metric in (*OOD_COLUMNS, "fpr95_tpr_id") else "id")
+    label = a.set_label(which)
+    if b.set_label(which) != label:
+        raise ValueError(f"{a.system!r} and {b.system!r} name the set {which!r} differently")
+    b.use_resamples(a.resamples())
+    (value_a, reps_a), (value_b, reps_b) = (ev.metric_values(metric, label) for ev in (a, b))
+    return value_a - value_b, reps_a - reps_b
+
+
 def compare(a: Evaluation, b: Evaluation, metric: str, set: str | None = None) -> Difference:
     """metric(a) - metric(b) on one set, with the paired interval: both systems are resampled
     with the same resamples (``b`` takes ``a``'s).
@@ -411,15 +427,8 @@ def compare(a: Evaluation, b: Evaluation, metric: str, set: str | None = None) -
         set: "id", "near", "far", "all" or an OOD set's name; default "id" for ID and
             diversity metrics, "all" for OOD metrics.
     """
-    if metric not in METRIC_COLUMNS:
-        raise KeyError(f"no metric {metric!r}; expected one of {', '.join(METRIC_COLUMNS)}")
-    which = set or ("all" if metric in (*OOD_COLUMNS, "fpr95_tpr_id") else "id")
-    label = a.set_label(which)
-    if b.set_label(which) != label:
-        raise ValueError(f"{a.system!r} and {b.system!r} name the set {which!r} differently")
-    b.use_resamples(a.resamples())
-    (value_a, reps_a), (value_b, reps_b) = (ev.metric_values(metric, label) for ev in (a, b))
-    return Difference(value_a - value_b, *percentile_interval(reps_a - reps_b))
+    value, replicates = paired_replicates(a, b, metric, set)
+    return Difference(value, *percentile_interval(replicates))
 
 
 def auroc_changes(

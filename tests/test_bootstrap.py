@@ -23,6 +23,7 @@ from hydra_core.metrics.bootstrap import (
     percentile_interval,
     stratified_counts,
     stratified_indices,
+    two_level_interval,
 )
 
 TOL = 1e-9
@@ -337,3 +338,46 @@ def test_resamples_of_other_images_are_refused():
 def test_bad_input_raises_a_named_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- two levels: repeats, then items -----------------------------------------------------------
+
+
+def test_two_level_interval_is_repeats_then_items_transcribed():
+    rng = np.random.default_rng(5)
+    values = [0.1, 0.4, -0.2]
+    reps = [v + 0.05 * rng.standard_normal(200 + 10 * i) for i, v in enumerate(values)]
+    mean, lo, hi = two_level_interval(values, reps, n_boot=500, seed=3)
+    # a plain transcription: per replicate, draw the repeats, then one replicate within each
+    g = np.random.default_rng(3)
+    drawn = g.integers(0, 3, size=(500, 3))
+    u = g.random((500, 3))
+    samples = [
+        np.mean([reps[r][int(u[b, j] * len(reps[r]))] for j, r in enumerate(drawn[b])])
+        for b in range(500)
+    ]
+    assert mean == pytest.approx(np.mean(values))
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(samples, [0.025, 0.975])))
+
+
+def test_two_level_interval_carries_the_repeat_variance():
+    rng = np.random.default_rng(0)
+    # three repeats whose items each give a tight interval, but which disagree with each other
+    values = [1.0, 3.0, 5.0]
+    reps = [v + 0.01 * rng.standard_normal(1000) for v in values]
+    mean, lo, hi = two_level_interval(values, reps)
+    assert mean == pytest.approx(3.0)
+    assert lo < 2.0 and hi > 4.0  # the spread of the repeats, not the 0.01 of the items
+    # with one repeat it is that repeat's item-level interval
+    _, lo1, hi1 = two_level_interval([1.0], [reps[0]], n_boot=4000)
+    ref = np.quantile(reps[0], [0.025, 0.975])
+    assert lo1 == pytest.approx(ref[0], abs=0.005) and hi1 == pytest.approx(ref[1], abs=0.005)
+
+
+def test_two_level_interval_refuses_bad_input_and_passes_nan():
+    with pytest.raises(ValueError, match="one value and one replicate array per repeat"):
+        two_level_interval([1.0, 2.0], [np.ones(3)])
+    with pytest.raises(ValueError, match="non-empty"):
+        two_level_interval([1.0], [np.ones(0)])
+    mean, lo, hi = two_level_interval([1.0, np.nan], [np.ones(3), np.ones(3)])
+    assert np.isnan(lo) and np.isnan(hi)

@@ -430,3 +430,29 @@ def test_temperature_is_chosen_on_the_id_search_split(loaded, benchmark):
     assert chosen.parts == (f"temperature: {search.name} (n={len(search)})",)
     assert chosen.seen(item_keys(search.images)) == len(search)
     assert chosen.seen(item_keys(benchmark.id_report.images)) == 0
+
+
+def test_repeated_difference_is_the_mean_over_repeats_with_a_two_level_interval(
+    loaded, benchmark, members
+):
+    from hydra_core.hydra.experiment import Pruned, Single
+    from hydra_core.hydra.systems import repeated_difference
+    from hydra_core.report.claims import paired_claim
+
+    reports = [
+        evaluate_systems(
+            loaded, benchmark, [Single(), Pruned("pruned", m.keep)], device="cpu", latency=False
+        )
+        for m in members
+    ]
+    each = [r.difference("pruned", "single", "auroc", "all") for r in reports]
+    found = repeated_difference(reports, "pruned", "single", "auroc", "all")
+    assert found.value == pytest.approx(np.mean([d.value for d in each]))
+    assert found.lo <= found.value <= found.hi
+    one = repeated_difference(reports[:1], "pruned", "single", "auroc", "all")
+    assert one.value == pytest.approx(each[0].value)
+    claim = paired_claim(reports, "pruned", "single", "all_auroc", paper=1.0)
+    assert claim["value"] == pytest.approx(100 * found.value)
+    assert (claim["lo"], claim["hi"]) == pytest.approx((100 * found.lo, 100 * found.hi))
+    with pytest.raises(KeyError, match="lack 'nope'"):
+        repeated_difference(reports, "nope", "single", "auroc")

@@ -47,9 +47,11 @@ from hydra_core.evaluate import (
     interval_columns,
     nest_intervals,
     ood_score,
+    paired_replicates,
     probabilities,
 )
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
+from hydra_core.metrics.bootstrap import BootstrapConfig, two_level_interval
 from hydra_core.models.adapter import UnsupportedModelError, head_layout
 
 #: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
@@ -192,6 +194,13 @@ class SystemsReport:
         """
         self._paired()
         return compare(self._evaluation(a), self._evaluation(b), metric, set)
+
+    def difference_replicates(
+        self, a: str, b: str, metric: str, set: str | None = None
+    ) -> tuple[float, np.ndarray]:
+        """:meth:`difference`'s value and its value on every paired resample."""
+        self._paired()
+        return paired_replicates(self._evaluation(a), self._evaluation(b), metric, set)
 
     def differences(
         self, reference: str = "single", columns: Sequence[str] | None = None
@@ -451,3 +460,31 @@ def _json_safe(value):
     if isinstance(value, np.bool_):
         return bool(value)
     return value
+
+
+def repeated_difference(
+    reports: Sequence[SystemsReport],
+    a: str,
+    b: str,
+    metric: str,
+    set: str | None = None,
+    *,
+    bootstrap: BootstrapConfig | None = None,
+) -> Difference:
+    """metric(a) - metric(b) over repeats of an experiment (each repeat with its own seeds and
+    search sample, the same report items or not): the mean of the repeats' paired differences,
+    with a two-level bootstrap interval (repeats, then report items within each repeat;
+    :func:`~hydra_core.metrics.bootstrap.two_level_interval`), so that the interval carries the
+    variance of everything that was random, not only the items. Arguments as
+    :meth:`SystemsReport.difference`; every report must hold both systems."""
+    if not reports:
+        raise ValueError("no repeats: pass one SystemsReport per repeat")
+    missing = [i for i, r in enumerate(reports) if a not in r.info or b not in r.info]
+    if missing:
+        raise KeyError(f"repeats {missing} lack {a!r} or {b!r}")
+    found = [r.difference_replicates(a, b, metric, set) for r in reports]
+    config = bootstrap or BootstrapConfig()
+    value, lo, hi = two_level_interval(
+        [v for v, _ in found], [reps for _, reps in found], n_boot=config.n_boot, seed=config.seed
+    )
+    return Difference(value, lo, hi)

@@ -50,6 +50,7 @@ from hydra_core.metrics.bootstrap import (
     percentile_interval,
     stratified_counts,
     stratified_indices,
+    two_level_interval,
 )
 from hydra_core.metrics.classification import (
     accuracy,
@@ -158,5 +159,6 @@ __all__ = [
     "roc_curve_ood",
     "stratified_counts",
     "stratified_indices",
+    "two_level_interval",
     "temperature_nll",
 ]

@@ -217,6 +217,49 @@ def percentile_interval(replicates: Any, level: float = LEVEL) -> tuple[float, f
     return float(lo), float(hi)
 
 
+def two_level_interval(
+    values: Sequence[float],
+    replicates: Sequence[Any],
+    *,
+    n_boot: int = 1000,
+    seed: Seed = 0,
+    level: float = LEVEL,
+) -> tuple[float, float, float]:
+    """(mean, lo, hi) of a statistic measured in R repeats (seeds, search samples), each with its
+    item-level bootstrap replicates: a two-level (hierarchical) percentile bootstrap. Each of the
+    ``n_boot`` replicates draws R repeats with replacement, then, within each drawn repeat, one
+    of its item-level replicates (a resample of its items), and averages them. The interval so
+    carries the repeat-to-repeat variance as well as the item sampling; with one repeat it is
+    that repeat's item-level interval (up to the redraw of its replicates).
+
+    Args:
+        values: (R,) the statistic in each repeat; its mean is the point value.
+        replicates: R arrays, each the statistic on that repeat's item resamples.
+    """
+    point = np.asarray(values, dtype=np.float64)
+    reps = [np.asarray(r, dtype=np.float64) for r in replicates]
+    if point.ndim != 1 or len(point) == 0 or len(point) != len(reps):
+        raise ValueError(
+            f"two_level_interval needs one value and one replicate array per repeat, got "
+            f"{point.shape} values and {len(reps)} replicate arrays"
+        )
+    if any(r.ndim != 1 or len(r) == 0 for r in reps):
+        raise ValueError("every repeat needs a non-empty 1-D array of item-level replicates")
+    nan = float("nan")
+    if np.isnan(point).any() or any(np.isnan(r).any() for r in reps):
+        return float(point.mean()), nan, nan
+    rng = np.random.default_rng(seed)
+    r = len(point)
+    drawn = rng.integers(0, r, size=(n_boot, r))  # repeats, with replacement
+    sizes = np.array([len(x) for x in reps])
+    within = (rng.random((n_boot, r)) * sizes[drawn]).astype(np.int64)  # one replicate each
+    flat = np.concatenate(reps)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    samples = flat[offsets[drawn] + within].mean(axis=1)
+    lo, hi = percentile_interval(samples, level)
+    return float(point.mean()), lo, hi
+
+
 def _resampled(data: Sequence[Any], index: np.ndarray) -> list[Any]:
     return [d[index] for d in data]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from hydra_core.evaluate import interval_columns
-from hydra_core.hydra.systems import SUMMARY_METRICS, SystemsReport
+from hydra_core.hydra.systems import SUMMARY_METRICS, SystemsReport, repeated_difference
 
 if TYPE_CHECKING:
     pass
@@ -24,16 +24,25 @@ CIRCAVG = "CircAvg"
 
 
 def paired_claim(
-    systems: SystemsReport, a: str, b: str, column: str, paper: float
+    systems: SystemsReport | Sequence[SystemsReport], a: str, b: str, column: str, paper: float
 ) -> dict[str, float | str]:
     """Our side of the claim "``a`` minus ``b`` on ``column``" (a summary column): the paired
     difference with its 95% interval (accuracy and OOD metrics in points) and the verdict against
-    the paper's difference; NaN and "–" when the run lacks either system."""
+    the paper's difference; NaN and "–" when the run lacks either system.
+
+    ``systems``: one run, or the repeats of a run (a list): then the difference is the mean over
+    the repeats and its interval a two-level bootstrap (repeats, then items;
+    :func:`~hydra_core.hydra.systems.repeated_difference`), so a verdict survives the seeds or
+    is not issued."""
     nan = float("nan")
-    if a not in systems.info or b not in systems.info or a == b:
+    repeats = [systems] if isinstance(systems, SystemsReport) else list(systems)
+    if any(a not in r.info or b not in r.info for r in repeats) or a == b:
         return {"value": nan, "lo": nan, "hi": nan, "verdict": "–"}
     metric, which = claim_metric(column)
-    d = systems.difference(a, b, metric, which)
+    if isinstance(systems, SystemsReport):
+        d = systems.difference(a, b, metric, which)
+    else:
+        d = repeated_difference(repeats, a, b, metric, which)
     scale = 100 if metric in PERCENT else 1
     return {
         "value": scale * d.value,
