@@ -39,6 +39,7 @@ CSVS = [
     "table12_seeds",
     "transfer",
     "differences_to_single",
+    "differences_over_repeats",
 ]
 
 
@@ -125,6 +126,19 @@ def test_key_numbers(report_dir):
         assert "CircOOD, mnist left out" not in set(frame["system"]), name
     seeds = pd.read_csv(report_dir / "table12_seeds.csv")
     assert sorted(seeds["repeat"].unique()) == [0, 1] and seeds["accuracy"].between(0, 1).all()
+    # the differences over repeats: the mean of the repeats' differences to the single model
+    # (the same model on the same report images in every repeat), each inside its interval
+    over = pd.read_csv(report_dir / "differences_over_repeats.csv").set_index("system")
+    summary = pd.read_csv(report_dir / "summary_all_systems.csv").set_index("system")
+    assert (over["repeats"] == 2).all() and set(over.index) == set(seeds["system"])
+    for name, rows in seeds.groupby("system"):
+        expected = rows["all_auroc"].mean() - summary.loc["single", "all_auroc"]
+        assert over.loc[name, "all_auroc"] == pytest.approx(expected, abs=1e-9)
+        assert over.loc[name, "all_auroc_lo"] <= over.loc[name, "all_auroc"] + 1e-12
+        assert over.loc[name, "all_auroc"] <= over.loc[name, "all_auroc_hi"] + 1e-12
+    assert "Differences to the single model over the 2 repeats" in (
+        report_dir / "report.md"
+    ).read_text()
     cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
     assert cost.loc["single", "latency_ratio"] == 1.0 and cost["latency_ms"].gt(0).all()
     members = json.loads((report_dir / "members.json").read_text())["members"]

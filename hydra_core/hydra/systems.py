@@ -488,3 +488,23 @@ def repeated_difference(
         [v for v, _ in found], [reps for _, reps in found], n_boot=config.n_boot, seed=config.seed
     )
     return Difference(value, lo, hi)
+
+
+def repeated_differences(
+    reports: Sequence[SystemsReport],
+    systems: Sequence[str],
+    reference: str = "single",
+    columns: Sequence[str] = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc"),
+) -> pd.DataFrame:
+    """Each of ``systems`` minus ``reference`` over the repeats, on summary columns: one row per
+    system, ``c`` (the mean over repeats), ``c_lo`` and ``c_hi`` (the two-level interval of
+    :func:`repeated_difference`), and ``repeats``."""
+    rows = []
+    for name in systems:
+        row = {"system": name, "repeats": len(reports)}
+        for column in columns:
+            metric, which = SUMMARY_METRICS[column]
+            d = repeated_difference(reports, name, reference, metric, which)
+            row.update({column: d.value, f"{column}_lo": d.lo, f"{column}_hi": d.hi})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["system", "repeats", *interval_columns(columns)])

@@ -306,6 +306,7 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         markdown_table(tables["table9_diversity"]),
         "",
         *_seed_section(tables["table12_seeds"]),
+        *_over_repeats_section(tables.get("differences_over_repeats")),
         "## Table 11 - fused vs non-fused members",
         "",
         "Fused: one Hydra model, MLPs averaged over members. Non-fused: members run separately, "
@@ -353,6 +354,25 @@ def _seed_section(seeds: pd.DataFrame) -> list[str]:
         "the run of the tables above; per-repeat rows in `table12_seeds.csv`.",
         "",
         markdown_table(shown.reset_index()),
+        "",
+    ]
+
+
+def _over_repeats_section(frame: pd.DataFrame | None) -> list[str]:
+    """The seeded systems minus the single model over the repeats, two-level intervals."""
+    if frame is None or frame.empty:
+        return []
+    repeats = int(frame["repeats"].iloc[0])
+    return [
+        f"### Differences to the single model over the {repeats} repeats",
+        "",
+        "The mean of the repeats' paired differences, with a two-level bootstrap interval: "
+        "repeats drawn with replacement, then report images within each repeat, so the interval "
+        "carries the seeds' variance as well as the images'. A statement about a seeded system "
+        "holds across repeats only where this interval excludes 0 "
+        "(`differences_over_repeats.csv`).",
+        "",
+        markdown_table(frame.drop(columns="repeats")),
         "",
     ]
 

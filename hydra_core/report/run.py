@@ -32,6 +32,7 @@ from hydra_core.hydra.members import (
 from hydra_core.hydra.systems import (
     SystemInfo,
     SystemsReport,
+    repeated_differences,
     system_name,
 )
 from hydra_core.masks import MemberMask
@@ -225,12 +226,13 @@ def run_report(
         table5 = _table5(loaded, benchmark, masks["CircOOD"], config)
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
-        repeated = _repeats(systems, run, budgets, config)
+        repeated, over_repeats = _repeats(systems, run, budgets, config)
     with stages("transfer of the circuits' AUROC gain"):
         transfer = _transfer_table(systems, run, budgets, config)
 
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
+    tables["differences_over_repeats"] = over_repeats
     tables["transfer"] = transfer
     tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
     setup = _setup(run, config, budgets, members, deep, systems)
@@ -341,8 +343,10 @@ SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auro
 
 def _repeats(
     systems: SystemsReport, run: Pipeline, budgets: Budgets, config: ReportConfig
-) -> pd.DataFrame:
-    """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat.
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat; and
+    every seeded system minus the single model over the repeats, with the two-level interval
+    (repeats, then report items) that the verdicts use.
 
     Repeat 0 is the main run (its rows come from ``systems``). Repeat r > 0 changes every source
     of randomness together: another subsample of the search images (ID and search OOD; the same
@@ -360,6 +364,7 @@ def _repeats(
         families += [fused(HYDRA_CIRC_FT), fused(HYDRA_TAYLOR_FT)]
     main = systems.summary().set_index("system")
     rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
+    reports = [systems]
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
     id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
     pools = [
@@ -393,11 +398,13 @@ def _repeats(
                 ft_seeds = [r] * m
                 repeat.append(Hydra(members[label], tuned, config.finetune, ft_seeds, train_set))
         found = run.evaluate(repeat, batch_size=config.batch_size)
+        reports.append(found)
         summary = found.summary().set_index("system")
         rows += [
             {"repeat": r, "system": f, **summary.loc[f, list(SEEDED_METRICS)]} for f in families
         ]
-    return pd.DataFrame(rows)
+    over = repeated_differences(reports, families, "single", DIFFERENCE_COLUMNS)
+    return pd.DataFrame(rows), over
 
 
 def _transfer_table(
