@@ -110,7 +110,12 @@ def test_key_numbers(report_dir):
     diversity = pd.read_csv(report_dir / "table9_diversity.csv").set_index("system")
     identical = diversity.loc["Hydra (Circ, identical members) (fused)"]
     assert identical["id_mi"] == pytest.approx(0, abs=1e-6) and identical["ood_di"] == 0
-    assert diversity.loc["Hydra (Circ) (fused)", "id_mi"] > 0
+    assert diversity.loc["Hydra (Circ, B.5) (fused)", "id_mi"] > 0
+    assert diversity.loc["Hydra (Circ) (fused)", "pruning_seed"] == "criterion"
+    assert diversity.loc["Hydra (Circ, B.5) (fused)", "pruning_seed"] == "varied"
+    table1 = set(pd.read_csv(report_dir / "table1_systems.csv")["system"])
+    assert {"Hydra (Circ) (fused)", "Hydra (Circ, B.5) (fused)"} <= table1
+    assert "Hydra (Circ, B.5), fine-tuned (fused)" in table1
     table5 = pd.read_csv(report_dir / "table5_distances.csv")
     assert list(table5["dataset"]) == ["mnist", "noise", "Average"] * 2
     assert list(table5["heads_averaged"]) == ["all"] * 3 + ["kept"] * 3
@@ -128,7 +133,9 @@ def test_key_numbers(report_dir):
     assert sorted(seeds["repeat"].unique()) == [0, 1] and seeds["accuracy"].between(0, 1).all()
     # the differences over repeats: the mean of the repeats' differences to the single model
     # (the same model on the same report images in every repeat), each inside its interval
-    over = pd.read_csv(report_dir / "differences_over_repeats.csv").set_index("system")
+    over = pd.read_csv(report_dir / "differences_over_repeats.csv")
+    assert set(over["reference"]) == {"single"}  # no Deep Ensembles in this run
+    over = over.set_index("system")
     summary = pd.read_csv(report_dir / "summary_all_systems.csv").set_index("system")
     assert (over["repeats"] == 2).all() and set(over.index) == set(seeds["system"])
     for name, rows in seeds.groupby("system"):
@@ -136,13 +143,15 @@ def test_key_numbers(report_dir):
         assert over.loc[name, "all_auroc"] == pytest.approx(expected, abs=1e-9)
         assert over.loc[name, "all_auroc_lo"] <= over.loc[name, "all_auroc"] + 1e-12
         assert over.loc[name, "all_auroc"] <= over.loc[name, "all_auroc_hi"] + 1e-12
-    assert "Differences to the single model over the 2 repeats" in (
+    assert "Differences over the 2 repeats" in (
         report_dir / "report.md"
     ).read_text()
     cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
     assert cost.loc["single", "latency_ratio"] == 1.0 and cost["latency_ms"].gt(0).all()
     members = json.loads((report_dir / "members.json").read_text())["members"]
-    assert len(members) == 6  # 3 Hydra (Circ) + 3 Hydra (Taylor)
+    # Hydra (Circ): CircAcc, CircOOD, CircAvg; its B.5 ablation and Hydra (Taylor): 3 seeds each
+    assert [m["name"] for m in members[:3]] == ["CircAcc-2", "CircOOD-2", "CircAvg-2"]
+    assert len(members) == 9
 
 
 def test_budgets_and_markdown():

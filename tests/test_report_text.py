@@ -70,10 +70,12 @@ ROWS = [
     "CircAvg",
     "Hydra (Taylor) (fused)",
     "Hydra (Circ) (fused)",
+    "Hydra (Circ, B.5) (fused)",
     "Taylor (fine-tuned)",
     "CircAvg (fine-tuned)",
     "Hydra (Taylor), fine-tuned (fused)",
     "Hydra (Circ), fine-tuned (fused)",
+    "Hydra (Circ, B.5), fine-tuned (fused)",
 ]
 
 

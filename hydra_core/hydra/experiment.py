@@ -94,10 +94,14 @@ class Run:
 
     def check_unseen(self, system: System) -> None:
         """Refuse ``system`` when any report item is among the items that chose it."""
+        self.check_chosen(system.name, system.chosen_on(self))
+
+    def check_chosen(self, name: str, chosen: ChosenOn) -> None:
+        """Refuse to report ``name`` when any report item is among the items ``chosen``."""
         if self._report_keys is None:
             parts = [self.benchmark.id_report, *self.benchmark.ood_report]
             self._report_keys = [(p.name, item_keys(p.inputs)) for p in parts]
-        system.chosen_on(self).check(system.name, self._report_keys)
+        chosen.check(name, self._report_keys)
 
     def timed(self, stage: str, fn: Callable):
         start = time.perf_counter()

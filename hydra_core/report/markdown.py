@@ -168,10 +168,13 @@ def _setup_section(setup: dict) -> list[str]:
         f"8 of 12). Circuits: the greedy Headmap search (Algorithm 1) removes {b['budget']} heads "
         "with the objective S_avg (CircAvg), S_acc (CircAcc) or S_ood (CircOOD). Taylor: "
         "layer-wise first-order Taylor pruning (D.1.1).",
-        f"- **Members** (M = {setup['members']}, pruning seeds {setup['pruning_seeds']}): each "
-        f"prunes {b['budget']} heads drawn at random from the {b['pool']} least useful heads of a "
-        'ranking (the paper\'s "48 of 100", B.5): the CircAvg greedy ranking for Hydra (Circ), '
-        "the Taylor global ranking for Hydra (Taylor). Heads beyond the greedy search's "
+        "- **Members**: **Hydra (Circ)** is the paper's method (B.2 question 3, D.3): one circuit "
+        "per criterion, CircAcc, CircOOD and CircAvg, each from its own greedy search. "
+        f"**Hydra (Circ, B.5)** is the paper's B.5 ablation, with one circuit available: M = "
+        f"{setup['members']} members (pruning seeds {setup['pruning_seeds']}), each pruning "
+        f"{b['budget']} heads drawn at random from the {b['pool']} least useful heads of the "
+        'CircAvg ranking (the paper\'s "48 of 100"); **Hydra (Taylor)** draws them in the same '
+        "way from the Taylor global ranking. Heads beyond the greedy search's "
         f"{b['budget']} steps are ranked by their score in its last step. Mean pairwise Jaccard "
         f"of the kept heads: {jaccard}.",
         f"- **Fine-tuning**: {_finetune_sentence(ft)}",
@@ -293,8 +296,9 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         "",
         "## Table 9 - sources of diversity",
         "",
-        "Members that differ by their pruning seed against members that keep the same heads "
-        "(the CircAvg circuit M times)"
+        "Members that differ by their criterion (Hydra (Circ): CircAcc, CircOOD, CircAvg) or by "
+        "their pruning seed (Hydra (Circ, B.5)) against members that keep the same heads (the "
+        "CircAvg circuit M times)"
         + (
             ", and, fine-tuned, members trained with the same or different batch orders"
             if finetuned
@@ -359,12 +363,13 @@ def _seed_section(seeds: pd.DataFrame) -> list[str]:
 
 
 def _over_repeats_section(frame: pd.DataFrame | None) -> list[str]:
-    """The seeded systems minus the single model over the repeats, two-level intervals."""
+    """The seeded systems minus the single model (and the Hydras minus Deep Ensembles) over the
+    repeats, with two-level intervals."""
     if frame is None or frame.empty:
         return []
     repeats = int(frame["repeats"].iloc[0])
-    return [
-        f"### Differences to the single model over the {repeats} repeats",
+    lines = [
+        f"### Differences over the {repeats} repeats",
         "",
         "The mean of the repeats' paired differences, with a two-level bootstrap interval: "
         "repeats drawn with replacement, then report images within each repeat, so the interval "
@@ -372,9 +377,15 @@ def _over_repeats_section(frame: pd.DataFrame | None) -> list[str]:
         "holds across repeats only where this interval excludes 0 "
         "(`differences_over_repeats.csv`).",
         "",
-        markdown_table(frame.drop(columns="repeats")),
-        "",
     ]
+    for reference, rows in frame.groupby("reference", sort=False):
+        lines += [
+            f"Minus **{reference}**:",
+            "",
+            markdown_table(rows.drop(columns=["repeats", "reference"])),
+            "",
+        ]
+    return lines
 
 
 #: Table 7's columns, in the order every report shows them (those a run measured)
@@ -496,13 +507,18 @@ COVERAGE = (
         "pruning seed and batch order are varied in Table 9; data order and initialisation of a "
         "new head are not",
     ),
-    ("Table 9 (diversity ablations)", "reproduced", "pruning seed and fine-tuning batch order"),
+    (
+        "Table 9 (diversity ablations)",
+        "reproduced",
+        "criterion (three circuits), pruning seed and fine-tuning batch order",
+    ),
     ("Table 10 (number of members)", "not", "M = 3 only"),
     ("Table 11 (MLP fusion)", "reproduced", "fused vs unfused, zero-shot and fine-tuned"),
     (
         "Table 12 (results over 8 seeds)",
         "partly",
-        "the seeded systems over 3 seeds (mean ± std beside the bootstrap intervals)",
+        "the seeded systems over the run's repeats (mean ± std, and differences with two-level "
+        "intervals over repeats and images)",
     ),
     ("Tables 13-14 (ImageNet-C shift)", "not", "no corruption benchmark for this data"),
     ("Figure 3 (inference cost plot)", "partly", "Table 7's numbers; no GPU plot"),

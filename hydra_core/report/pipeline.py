@@ -30,6 +30,7 @@ from hydra_core.hydra.experiment import System, evaluate_systems
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     circuit_member,
+    circuit_members,
     member_overlap,
     seed_sampled_members,
     taylor_member,
@@ -46,8 +47,12 @@ if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.zoo.registry import LoadedModel
 
-#: the ensemble labels of the two Hydra variants every report builds
+#: the ensemble labels of the Hydra variants the reports build: Hydra (Circ) is the paper's
+#: method, one circuit per criterion (CircAcc, CircOOD, CircAvg; B.2 question 3, D.3); the B.5
+#: ablation draws its members by seed from CircAvg's ranking alone ("we assume only one circuit to
+#: be available"); Hydra (Taylor) draws them from the Taylor ranking
 HYDRA_CIRC = "Hydra (Circ)"
+HYDRA_CIRC_B5 = "Hydra (Circ, B.5)"
 HYDRA_TAYLOR = "Hydra (Taylor)"
 
 
@@ -82,7 +87,8 @@ class Budgets:
 @dataclass
 class Pruning:
     """What the pruning stage gives: Taylor's layer-wise member and global ranking, the CircAvg
-    circuit as a member, and the Hydra (Circ) and Hydra (Taylor) members by label."""
+    circuit as a member, and the members by label: Hydra (Circ) (when the searches of the other
+    criteria were given), Hydra (Circ, B.5) and Hydra (Taylor)."""
 
     taylor: MemberMask
     taylor_rank: list[tuple[int, int]]
@@ -207,10 +213,13 @@ class Pipeline:
         batch_size: int,
         inputs: SearchInputs | None = None,
         repeat: str = "",
+        circuits: Mapping[str, GreedyResult] | None = None,
     ) -> Pruning:
         """Stage "Taylor scores and layer-wise pruning", then the members: Taylor's layer-wise
-        member and ranking, CircAvg from ``circuit``, and one Hydra member per seed drawn from the
-        pool of least useful heads of each ranking (``inputs``, ``repeat``: as :meth:`search`)."""
+        member and ranking, CircAvg from ``circuit`` (the ``"avg"`` search), one member per seed
+        drawn from the pool of least useful heads of the CircAvg (B.5) and the Taylor ranking,
+        and, when ``circuits`` holds the searches of the other criteria (``"acc"``, ``"ood"``),
+        Hydra (Circ): one circuit per criterion (``inputs``, ``repeat``: as :meth:`search`)."""
         model, layout = self.loaded.model, self.layout
         inputs = self.inputs if inputs is None else inputs
         with self.stage("Taylor scores and layer-wise pruning" + repeat):
@@ -221,6 +230,13 @@ class Pipeline:
         ranking = circuit.ranking()
         circavg = circuit_member(ranking, layout, budget=budgets.budget, ranking_name="CircAvg")
         members = hydra_members(ranking, taylor_rank, layout, budgets, seeds)
+        if circuits:
+            rankings = {o: r.ranking() for o, r in circuits.items() if o != "avg"}
+            rankings["avg"] = ranking
+            # criteria that agree give equal members: kept, and the overlap in the setup says so
+            members[HYDRA_CIRC] = circuit_members(
+                rankings, layout, budget=budgets.budget, allow_identical=True
+            )
         return Pruning(taylor, taylor_rank, circavg, members)
 
     def save_members(self, masks: Sequence[MemberMask]) -> None:
@@ -313,9 +329,9 @@ def hydra_members(
     budgets: Budgets,
     seeds: Sequence[int],
 ) -> dict[str, list[MemberMask]]:
-    """The Hydra (Circ) and Hydra (Taylor) members: one per seed, each pruning the budget's
+    """The Hydra (Circ, B.5) and Hydra (Taylor) members: one per seed, each pruning the budget's
     heads drawn from the pool of least useful heads of the CircAvg or Taylor ranking."""
-    rankings = {HYDRA_CIRC: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
+    rankings = {HYDRA_CIRC_B5: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
     return {
         label: seed_sampled_members(
             ranking,

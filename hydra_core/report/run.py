@@ -41,6 +41,8 @@ from hydra_core.report.markdown import markdown_report
 from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import (
     HYDRA_CIRC,
+    HYDRA_CIRC_B5,
+    HYDRA_CIRC_B5_FT,
     HYDRA_CIRC_FT,
     HYDRA_IDENTICAL,
     HYDRA_IDENTICAL_FT,
@@ -104,7 +106,7 @@ class ReportConfig:
     ood: tuple[str, ...] | None = None
     search_ood: tuple[str, ...] | None = None
     protocol: str = "dedicated"
-    repeats: int = 3
+    repeats: int = 5
     loso_set: str | None = "mnist"
     removed_per_layer: int | None = None
     pool_fraction: float = 2 / 3
@@ -177,17 +179,19 @@ def run_report(
         seeds,
         taylor_samples=config.taylor_samples,
         batch_size=config.batch_size,
+        circuits=circuits,
     )
     taylor, members = pruning.taylor, pruning.members
 
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
-    circ_members, taylor_members = members[HYDRA_CIRC], members[HYDRA_TAYLOR]
+    circ_members = members[HYDRA_CIRC]  # CircAcc, CircOOD, CircAvg: the paper's method
+    b5_members, taylor_members = members[HYDRA_CIRC_B5], members[HYDRA_TAYLOR]
     identical = [
         MemberMask(f"CircAvg copy {i}", "the CircAvg circuit", pruning.circavg.keep)
         for i in range(len(seeds))
     ]
-    run.save_members([*circ_members, *taylor_members])
+    run.save_members([*circ_members, *b5_members, *taylor_members])
 
     deep = (
         deep_ensemble_for(config.model, log=lambda reason: log(f"[report] {reason}"))
@@ -198,6 +202,7 @@ def run_report(
         Single(),
         *(Pruned(name, keep) for name, keep in masks.items()),
         Hydra(circ_members, HYDRA_CIRC),
+        Hydra(b5_members, HYDRA_CIRC_B5),
         *([] if deep is None else [DeepEnsemble(deep)]),
         Hydra(taylor_members, HYDRA_TAYLOR),
         Hydra(identical, HYDRA_IDENTICAL),
@@ -210,6 +215,7 @@ def run_report(
         variants = [  # (label, members, fine-tuning seeds: None = the same batch order for all)
             (HYDRA_TAYLOR_FT, taylor_members, None),
             (HYDRA_CIRC_FT, circ_members, None),
+            (HYDRA_CIRC_B5_FT, b5_members, None),
             (HYDRA_IDENTICAL_ORDER_FT, identical, seeds),
             (HYDRA_IDENTICAL_FT, identical, None),
         ]
@@ -226,7 +232,7 @@ def run_report(
         table5 = _table5(loaded, benchmark, masks["CircOOD"], config)
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
-        repeated, over_repeats = _repeats(systems, run, budgets, config)
+        repeated, over_repeats = _repeats(systems, run, budgets, config, deep)
     with stages("transfer of the circuits' AUROC gain"):
         transfer = _transfer_table(systems, run, budgets, config)
 
@@ -334,6 +340,8 @@ def _table5(
     return pd.concat(frames, ignore_index=True)
 
 
+#: the Deep Ensembles row, the reference of the "Hydra vs Deep Ensembles" differences
+DEEP_ENSEMBLES = "Deep Ensembles"
 #: the summary columns the paired differences to the single model are reported on
 DIFFERENCE_COLUMNS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc")
 
@@ -342,26 +350,35 @@ SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auro
 
 
 def _repeats(
-    systems: SystemsReport, run: Pipeline, budgets: Budgets, config: ReportConfig
+    systems: SystemsReport,
+    run: Pipeline,
+    budgets: Budgets,
+    config: ReportConfig,
+    deep: Sequence[nn.Module] | None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat; and
-    every seeded system minus the single model over the repeats, with the two-level interval
-    (repeats, then report items) that the verdicts use.
+    every seeded system minus the single model (and, with Deep Ensembles, every Hydra minus Deep
+    Ensembles) over the repeats, with the two-level interval (repeats, then report items) that
+    the verdicts use.
 
     Repeat 0 is the main run (its rows come from ``systems``). Repeat r > 0 changes every source
     of randomness together: another subsample of the search images (ID and search OOD; the same
     images in another order when ``n_search`` takes them all, which leaves the search unchanged),
-    a CircAvg search and Taylor ranking on it, pruning seeds r*M .. r*M + M - 1, and fine-tuning
-    batch order r. The report images stay the same, so the spread is the seeds' alone."""
+    the three greedy searches (CircAcc, CircOOD, CircAvg) and the Taylor ranking on it, pruning
+    seeds r*M .. r*M + M - 1, and fine-tuning batch order r. The report images stay the same, so
+    the spread is the seeds' alone. Each repeat's systems are taken as chosen on its own search
+    subsample (the guard of ``evaluate_systems`` checks them against the report items)."""
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.data.images import take
     from hydra_core.data.ood import OOD_SETS, load_ood_set
 
     loaded, benchmark, device = run.loaded, run.benchmark, run.device
     m, b, n = len(config.seeds), config.batch_size, config.taylor_samples
-    families = [fused(HYDRA_CIRC), fused(HYDRA_TAYLOR), "CircAvg", "Taylor"]
+    labels = [(HYDRA_CIRC, HYDRA_CIRC_FT), (HYDRA_CIRC_B5, HYDRA_CIRC_B5_FT)]
+    labels.append((HYDRA_TAYLOR, HYDRA_TAYLOR_FT))
+    families = [fused(label) for label, _ in labels] + ["CircAvg", "Taylor"]
     if config.finetune is not None:
-        families += [fused(HYDRA_CIRC_FT), fused(HYDRA_TAYLOR_FT)]
+        families += [fused(tuned) for _, tuned in labels]
     main = systems.summary().set_index("system")
     rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
     reports = [systems]
@@ -380,30 +397,48 @@ def _repeats(
         )
         inputs = search_inputs(loaded.preprocess, sub).to(device)
         again = f", repeat {r}"
-        circ = run.search("avg", budgets.budget, batch_size=b, inputs=inputs, repeat=again)
+        circuits = {
+            o: run.search(o, budgets.budget, batch_size=b, inputs=inputs, repeat=again)
+            for o in ("avg", "acc", "ood")
+        }
         seeds = [r * m + i for i in range(m)]
         pruning = run.prune(
-            circ, budgets, seeds, taylor_samples=n, batch_size=b, inputs=inputs, repeat=again
+            circuits["avg"],
+            budgets,
+            seeds,
+            taylor_samples=n,
+            batch_size=b,
+            inputs=inputs,
+            repeat=again,
+            circuits=circuits,
         )
         members, taylor = pruning.members, pruning.taylor
         repeat = [
             Single(),
-            Pruned("CircAvg", circ.keep_mask()),
+            Pruned("CircAvg", pruning.circavg.keep),
             Pruned("Taylor", taylor.keep),
-            Hydra(members[HYDRA_CIRC], HYDRA_CIRC),
-            Hydra(members[HYDRA_TAYLOR], HYDRA_TAYLOR),
+            *(Hydra(members[label], label) for label, _ in labels),
+            *([] if deep is None else [DeepEnsemble(deep)]),
         ]
         if config.finetune is not None:
-            for label, tuned in ((HYDRA_CIRC, HYDRA_CIRC_FT), (HYDRA_TAYLOR, HYDRA_TAYLOR_FT)):
+            for label, tuned in labels:
                 ft_seeds = [r] * m
                 repeat.append(Hydra(members[label], tuned, config.finetune, ft_seeds, train_set))
-        found = run.evaluate(repeat, batch_size=config.batch_size)
+        found = run.evaluate(repeat, batch_size=config.batch_size, benchmark=sub)
         reports.append(found)
         summary = found.summary().set_index("system")
         rows += [
             {"repeat": r, "system": f, **summary.loc[f, list(SEEDED_METRICS)]} for f in families
         ]
     over = repeated_differences(reports, families, "single", DIFFERENCE_COLUMNS)
+    if deep is not None:
+        hydras = [f for f in families if f.startswith("Hydra")]
+        against = repeated_differences(reports, hydras, DEEP_ENSEMBLES, DIFFERENCE_COLUMNS)
+        over = pd.concat(
+            [over.assign(reference="single"), against.assign(reference=DEEP_ENSEMBLES)]
+        )
+    else:
+        over = over.assign(reference="single")
     return pd.DataFrame(rows), over
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from hydra_core.evaluate import interval_columns
 from hydra_core.hydra.members import CIRCUIT_NAMES
 from hydra_core.hydra.systems import system_name
-from hydra_core.report.pipeline import HYDRA_CIRC, HYDRA_TAYLOR
+from hydra_core.report.pipeline import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
 
 if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 #: the ensembles the report evaluates, by label (rows are named through ``system_name``)
 HYDRA_IDENTICAL = "Hydra (Circ, identical members)"
 HYDRA_CIRC_FT = f"{HYDRA_CIRC}, fine-tuned"
+HYDRA_CIRC_B5_FT = f"{HYDRA_CIRC_B5}, fine-tuned"
 HYDRA_TAYLOR_FT = f"{HYDRA_TAYLOR}, fine-tuned"
 HYDRA_IDENTICAL_FT = f"{HYDRA_IDENTICAL}, fine-tuned"
 HYDRA_IDENTICAL_ORDER_FT = f"{HYDRA_IDENTICAL}, batch order varied, fine-tuned"
@@ -92,7 +93,8 @@ def _rows(summary: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
 
 def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.DataFrame:
     """Tables 1-2: the main systems on every metric."""
-    main = ["single", "Taylor", "CircAvg", fused(HYDRA_TAYLOR), fused(HYDRA_CIRC)]
+    main = ["single", "Taylor", "CircAvg"]
+    main += [fused(HYDRA_TAYLOR), fused(HYDRA_CIRC), fused(HYDRA_CIRC_B5)]
     if deep:
         main.append("Deep Ensembles")
     if HYDRA_CIRC_FT in finetuned:
@@ -101,6 +103,7 @@ def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.D
             "CircAvg (fine-tuned)",
             fused(HYDRA_TAYLOR_FT),
             fused(HYDRA_CIRC_FT),
+            fused(HYDRA_CIRC_B5_FT),
         ]
     columns = [
         "system",
@@ -122,17 +125,21 @@ def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.D
 
 
 def _table9(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.DataFrame:
-    """Table 9: diversity of members that differ by pruning seed, batch order, or neither."""
+    """Table 9: diversity of members that differ by criterion (Hydra (Circ): one circuit per
+    criterion), by pruning seed (the B.5 members of one ranking), by batch order, or by
+    nothing."""
     diversity = [  # (system, pruning seed, batch order)
         ("CircAvg", "-", "-"),
-        (fused(HYDRA_CIRC), "varied", "-"),
+        (fused(HYDRA_CIRC), "criterion", "-"),
+        (fused(HYDRA_CIRC_B5), "varied", "-"),
         (fused(HYDRA_IDENTICAL), "fixed", "-"),
     ]
     if deep:
         diversity.insert(1, ("Deep Ensembles", "-", "-"))
     if finetuned:
         diversity += [
-            (fused(HYDRA_CIRC_FT), "varied", "fixed"),
+            (fused(HYDRA_CIRC_FT), "criterion", "fixed"),
+            (fused(HYDRA_CIRC_B5_FT), "varied", "fixed"),
             (fused(HYDRA_IDENTICAL_ORDER_FT), "fixed", "varied"),
             (fused(HYDRA_IDENTICAL_FT), "fixed", "fixed"),
         ]
@@ -149,7 +156,8 @@ def _table11(systems: SystemsReport, finetuned: Sequence[str]) -> pd.DataFrame:
 
     The single model appears once, at the top; ``max_prob_diff`` is set on the fused rows only."""
     fusion = []
-    labels = ["Hydra (Circ)", "Hydra (Taylor)", *(f for f in finetuned if "identical" not in f)]
+    labels = [HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR]
+    labels += [f for f in finetuned if "identical" not in f]
     for label in labels:
         table = systems.fusion_table(label)
         gap = table.attrs["max_prob_diff"]

@@ -89,10 +89,13 @@ def _setup_section(setup: dict) -> list[str]:
         f"search (Algorithm 1) with the objective S_avg = (accuracy + AUROC) / 2, removing "
         f"{b['budget']} heads in all; a circuit need not keep as many heads in every layer (see "
         "below).",
-        f"- **Members** (M = {setup['members']}, pruning seeds {p['seeds']['pruning']}): each "
-        f"prunes {b['budget']} heads drawn at random from the {b['pool']} least useful heads of a "
-        'ranking (the paper\'s "48 of 100", B.5): the CircAvg greedy ranking for Hydra (Circ), '
-        "the Taylor global ranking for Hydra (Taylor); heads beyond the search's steps are ranked "
+        "- **Members**: **Hydra (Circ)** is the paper's method (B.2 question 3, D.3): one circuit "
+        "per criterion, CircAcc, CircOOD and CircAvg, each from its own greedy search with the "
+        "same budget. **Hydra (Circ, B.5)** is the paper's B.5 ablation with one circuit: M = "
+        f"{setup['members']} members (pruning seeds {p['seeds']['pruning']}), each pruning "
+        f"{b['budget']} heads drawn at random from the {b['pool']} least useful heads of the "
+        'CircAvg ranking (the paper\'s "48 of 100"); **Hydra (Taylor)** draws them in the same way '
+        "from the Taylor global ranking; heads beyond the search's steps are ranked "
         f"by their score in its last step. Mean pairwise Jaccard of the kept heads: {jaccard}. "
         "Members are fused into one model (fuse_members); the ensemble averages the members' "
         "probabilities.",
