@@ -8,12 +8,15 @@ import torch
 
 from hydra_core.analysis.cahp import cahp_k_grid
 from hydra_core.analysis.taylor import taylor_global_ranking
+from hydra_core.errors import InputError
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
+    CIRCUIT_OBJECTIVES,
     TAYLOR_NAME,
     cahp_members,
     check_members,
     circuit_member,
+    circuit_members,
     member_overlap,
     seed_sampled_members,
     taylor_member,
@@ -39,6 +42,8 @@ from hydra_ui.widgets import (
 
 STRATEGIES = {
     "seed-sampling": "Seed sampling: each member prunes B heads drawn from the K least useful",
+    "circuits": "Circuits (the paper's Hydra (Circ)): CircAcc, CircOOD and CircAvg, each without "
+    "the B least useful heads of its own greedy search",
     "circuit": "Circuit: one member without the B least useful heads",
     "taylor": "Layer-wise Taylor: one member without the r lowest-scoring heads of each layer",
 }
@@ -101,7 +106,7 @@ with show_error("Could not build the masks"):
             "Ranking (least useful first)",
             list(labels),
             format_func=labels.get,
-            disabled=strategy == "taylor",
+            disabled=strategy in ("taylor", "circuits"),
             help="Greedy rankings come from saved searches (Headmap search); Taylor "
             f"scores the heads on the ID search {context.noun}",
         )
@@ -136,6 +141,16 @@ with show_error("Could not build the masks"):
         if st.button("Build", type="primary", icon=":material/build:"):
             if strategy == "taylor":
                 new = [taylor_member(context.loaded.model, inputs, per_layer=per_layer)]
+            elif strategy == "circuits":
+                missing = [o for o in CIRCUIT_OBJECTIVES if o not in stored]
+                if missing:
+                    raise InputError(
+                        "the circuits strategy needs a saved greedy search of every criterion; "
+                        f"missing: {', '.join(f'{CIRCUIT_NAMES[o]} (greedy {o})' for o in missing)}"
+                        ". Run them on the Headmap page first"
+                    )
+                rankings = {o: stored[o].ranking() for o in CIRCUIT_OBJECTIVES}
+                new = circuit_members(rankings, layout, budget=budget)
             else:
                 if ranking_name == TAYLOR_NAME:
                     scores = taylor(context.config.key, len(inputs.id_x), context, inputs)

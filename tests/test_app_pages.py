@@ -18,6 +18,7 @@ from hydra_core.analysis.inputs import report_sample, search_inputs
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json
+from hydra_core.models.adapter import HeadLayout
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
@@ -333,3 +334,43 @@ def test_hydra_page_compares_baselines_on_the_default_model(tmp_path, monkeypatc
     assert report.info["Temperature Scaling"].models[0].temperature > 0
     differences = app.dataframe[1].value.set_index("system")
     assert set(baselines) <= set(differences.index)
+
+
+def test_masks_circuits_strategy_is_one_circuit_per_criterion(app, reference):
+    """The paper's Hydra (Circ): the saved searches' circuits; refused while one is missing."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.hydra.members import circuit_member
+
+    open_page(app, "pages/5_masks.py")
+    app.radio[0].set_value("circuits")
+    app.number_input[0].set_value(6)  # B
+    button(app, "Build").click()
+    app.run()
+    assert not app.exception
+    assert any("missing: CircAcc (greedy acc)" in e.value for e in app.error)
+    assert (
+        "members" not in app.session_state["results"] or not app.session_state["results"]["members"]
+    )
+
+    loaded, inputs = reference
+    found = {
+        o: greedy_circuit(
+            loaded.model,
+            inputs.id_x,
+            inputs.id_y,
+            inputs.ood_x,
+            objective=o,
+            budget=6,
+            cache=disk_cache(),
+        )
+        for o in ("acc", "ood", "avg")
+    }
+    button(app, "Build").click()
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    members = app.session_state["results"]["members"]
+    assert [m.name for m in members] == ["CircAcc-6", "CircOOD-6", "CircAvg-6"]
+    layout = HeadLayout((4, 4), 6, 24)
+    for member, objective in zip(members, ("acc", "ood", "avg"), strict=True):
+        expected = circuit_member(found[objective].ranking(), layout, budget=6, ranking_name="x")
+        assert torch.equal(member.keep, expected.keep)

@@ -41,6 +41,7 @@ from torch import nn
 
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.cache import DiskCache
+from hydra_core.errors import InputError
 from hydra_core.masks import (
     MemberMask,
     jaccard_matrix,
@@ -181,7 +182,7 @@ def circuit_members(
     pairs = identical_pairs(members)
     if pairs and not allow_identical:
         listing = ", ".join(f"{a} = {b}" for a, b in pairs)
-        raise ValueError(
+        raise InputError(
             f"the criteria found the same circuit ({listing}), so those members would be "
             "identical; search on more items or remove more heads (a larger budget), or accept "
             "identical members (--allow-identical, allow_identical=True)"
