@@ -23,11 +23,13 @@ _EXPORTS = {
     "hydra_core.cache": ("DiskCache",),
     "hydra_core.data.benchmark": ("Benchmark", "default_benchmark"),
     "hydra_core.evaluate": ("evaluate_model",),
+    "hydra_core.data.provenance": ("ChosenOn",),
     "hydra_core.analysis.compare": ("spearman", "spearman_matrix"),
     "hydra_core.hydra.members": (
         "cahp_members",
         "check_members",
         "circuit_member",
+        "circuit_members",
         "greedy_ranking",
         "identical_members",
         "manual_members",
