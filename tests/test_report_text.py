@@ -62,6 +62,7 @@ CSVS = [
     "summary_all_systems",
     "all_sets",
     "training",
+    "repeats",
 ]
 ROWS = [
     SINGLE,
@@ -149,6 +150,26 @@ def test_json_protocol_intervals_and_rows(report_dir):
     assert set(rows) - {SINGLE} <= differences
     all_sets = pd.read_csv(report_dir / "all_sets.csv")
     assert "guardian" not in set(all_sets["set"])
+
+
+def test_verdicts_are_taken_over_the_repeats(report_dir):
+    """Two repeats (quick): every claim's value is the mean of the repeats' differences, each
+    repeat with its own searches, pruning seeds and fine-tuning seed."""
+    setup = json.loads((report_dir / "report.json").read_text())["setup"]
+    assert setup["protocol"]["seeds"]["pruning_per_repeat"] == [[0, 1, 2], [3, 4, 5]]
+    repeats = pd.read_csv(report_dir / "repeats.csv")
+    assert sorted(repeats["repeat"].unique()) == [0, 1]
+    by = repeats.set_index(["repeat", "system"])
+    claims = pd.read_csv(report_dir / "paper_claims.csv").set_index("claim")
+    row = claims.loc["Hydra (Circ) raises OOD AUROC"]
+    hydra, single = "Hydra (Circ), fine-tuned (fused)", SINGLE
+    expected = 100 * sum(
+        by.loc[(r, hydra), "all_auroc"] - by.loc[(r, single), "all_auroc"] for r in (0, 1)
+    ) / 2
+    assert row["fine_tuned"] == pytest.approx(expected, abs=1e-9)
+    assert row["fine_tuned_lo"] <= row["fine_tuned"] <= row["fine_tuned_hi"]
+    # the seeded systems differ between repeats; the single model does not
+    assert by.loc[(0, single), "all_auroc"] == by.loc[(1, single), "all_auroc"]
 
 
 def test_heads_per_layer_and_fusion(report_dir):

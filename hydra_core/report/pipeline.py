@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -343,6 +343,22 @@ def hydra_members(
         )
         for label, (name, ranking) in rankings.items()
     }
+
+
+def search_repeat(
+    benchmark: Benchmark, id_pool, ood_pools: Sequence, n: int | None, repeat: int
+) -> Benchmark:
+    """``benchmark`` with its search split drawn again for repeat ``repeat``: another fixed
+    subsample of ``n`` items of the ID search pool and of each search OOD pool (the same items in
+    another order when ``n`` takes them all); the report split stays."""
+    from hydra_core.data.images import take
+
+    purpose = f"search-repeat-{repeat}"
+    return replace(
+        benchmark,
+        id_search=take(id_pool, n, purpose=purpose),
+        ood_search=tuple(take(pool, n, purpose=purpose) for pool in ood_pools),
+    )
 
 
 def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:

@@ -38,7 +38,7 @@ from hydra_core.hydra.systems import (
 from hydra_core.masks import MemberMask
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_report
-from hydra_core.report.pipeline import Budgets, Pipeline
+from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -369,7 +369,6 @@ def _repeats(
     the spread is the seeds' alone. Each repeat's systems are taken as chosen on its own search
     subsample (the guard of ``evaluate_systems`` checks them against the report items)."""
     from hydra_core.analysis.inputs import search_inputs
-    from hydra_core.data.images import take
     from hydra_core.data.ood import OOD_SETS, load_ood_set
 
     loaded, benchmark, device = run.loaded, run.benchmark, run.device
@@ -389,12 +388,7 @@ def _repeats(
         for s in benchmark.ood_search
     ]
     for r in range(1, config.repeats):
-        purpose = f"search-repeat-{r}"
-        sub = replace(
-            benchmark,
-            id_search=take(id_pool, config.n_search, purpose=purpose),
-            ood_search=tuple(take(s, config.n_search, purpose=purpose) for s in pools),
-        )
+        sub = search_repeat(benchmark, id_pool, pools, config.n_search, r)
         inputs = search_inputs(loaded.preprocess, sub).to(device)
         again = f", repeat {r}"
         circuits = {

@@ -72,6 +72,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.analysis.inputs import SearchInputs, search_inputs
 from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS
 from hydra_core.baselines.systems import (
     MC_DROPOUT,
@@ -80,6 +81,7 @@ from hydra_core.baselines.systems import (
 )
 from hydra_core.cache import DiskCache
 from hydra_core.data.provenance import ChosenOn
+from hydra_core.data.text import load_rotten_tomatoes, load_text_ood_set
 from hydra_core.evaluate import callable_model, probabilities
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
 from hydra_core.hydra.experiment import Run
@@ -90,7 +92,7 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.paths import REPO_DIR
 from hydra_core.report.claims import CIRCAVG
-from hydra_core.report.pipeline import Budgets, Pipeline
+from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -126,6 +128,8 @@ class TextReportConfig:
 
     Args:
         model: model source (see :func:`~hydra_core.zoo.registry.load_model`).
+        repeats: runs of the seeded systems (search subsample, its three searches, pruning seeds
+            and fine-tuning seed change together); the verdicts are taken over all of them.
         n_search: sentences per search part (ID validation, and each search OOD set). 256 + 256:
             at 128 + 128 the CircAvg search raised its objective on the search sentences and
             lowered it on every report set (it fitted its sample); more does not fit the three
@@ -152,6 +156,7 @@ class TextReportConfig:
     """
 
     model: str = "minilm-sentiment"
+    repeats: int = 3
     n_search: int | None = 256
     n_report: int | None = None  # all 1,500 test sentences
     ood_cap: int | None = 1000
@@ -178,6 +183,7 @@ class TextReportConfig:
         settings = dict(
             n_search=16,
             n_report=24,
+            repeats=2,
             ood_cap=None,
             taylor_samples=16,
             mc_passes=2,
@@ -245,18 +251,87 @@ def run_text_report(
 ) -> dict:
     """Run the text report and write ``report.md``, ``report.json`` and the CSVs into ``out``.
 
+    Repeat 0 gives every table; repeats 1 .. ``config.repeats`` - 1 run the seeded systems again
+    (another search subsample and its three searches, pruning seeds r*M .. r*M + M - 1,
+    fine-tuning seed r) on the same report sentences, and the verdicts against the paper are
+    taken over all repeats (two-level intervals: repeats, then sentences).
+
     Returns ``report.json``'s content: ``setup`` (with ``protocol``) and every table as records,
     each metric ``{"value": v, "ci95": [lo, hi]}``.
     """
     run = Pipeline(out, cache, config.device, progress, log)
     (train_set,) = run.load(lambda: _load(config))
-    loaded, benchmark, device, stages = run.loaded, run.benchmark, run.device, run.stage
+    loaded, benchmark, stages = run.loaded, run.benchmark, run.stage
     model, layout = loaded.model, run.layout
     per_layer = config.removed_per_layer or layout.max_heads // 2
     budgets = Budgets.of(layout, replace(config, removed_per_layer=per_layer))
-    seeds = list(config.seeds)
+    # the report sentences by length, each batch trimmed to its longest: the same numbers, faster
+    trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
+    report_set = sorted_report(benchmark, loaded.preprocess)
+    deep_kind = _deep_kind(config, loaded, log)
 
-    circuits = {o: run.search(o, budgets.budget) for o in ("avg", "acc", "ood")}
+    main = _repeat(run, config, budgets, train_set, trimmed, report_set, deep_kind, 0)
+    reports = [main.report]
+    if config.repeats > 1:
+        id_pool = load_rotten_tomatoes("validation")
+        pools = [load_text_ood_set(s.name) for s in benchmark.ood_search]
+    for r in range(1, config.repeats):
+        sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
+        inputs = search_inputs(loaded.preprocess, sub).to(run.device)
+        again = _repeat(run, config, budgets, train_set, trimmed, sub, deep_kind, r, inputs)
+        reports.append(again.report)
+
+    members = main.members
+    with stages("fused vs separately run members"):
+        fusion = _fusion_check(model, members, main.hydras, main.tuned_members, main.run, config)
+    with stages("cost and latency"):
+        main.report.cost = _cost(model, main.report, members, main.pruned, main.run, config)
+    with stages("bootstrap intervals"):
+        pruned = [main.taylor, main.circavg]
+        tables = text_tables(main.report, main.circuits, pruned, members, fusion, reports)
+    tables["training"] = _training_table(main.deep_runs, main.tuned, main.tuned_members)
+    setup = _setup(run, config, budgets, members, deep_kind)
+    return run.write(tables, setup, main.report, text_markdown)
+
+
+@dataclass
+class _Repeat:
+    """What one repeat of the text report evaluated (repeat 0 gives every table)."""
+
+    run: Run
+    report: SystemsReport
+    circuits: dict
+    taylor: MemberMask
+    circavg: MemberMask
+    members: dict[str, list[MemberMask]]
+    pruned: dict[str, nn.Module]
+    hydras: dict[str, nn.Module]
+    tuned: dict[str, TopFinetuned]
+    tuned_members: dict[str, list[TopFinetuned]]
+    deep_runs: list
+
+
+def _repeat(
+    run: Pipeline,
+    config: TextReportConfig,
+    budgets: Budgets,
+    train_set: TextSet,
+    trimmed: LoadedModel,
+    benchmark: Benchmark,
+    deep_kind: str | None,
+    r: int,
+    inputs: SearchInputs | None = None,
+) -> _Repeat:
+    """One repeat: the three searches and the pruning on ``inputs`` (default: the run's search
+    tensors), then every system on the report split of ``benchmark`` (sorted by length), pruning
+    seeds r*M .. r*M + M - 1 and fine-tuning seed r. Cached models and predictions make the
+    systems that do not change between repeats (single, MC Dropout, Deep Ensembles) cheap."""
+    model, device, stages = run.loaded.model, run.device, run.stage
+    tag = f", repeat {r}" if r else ""
+    m = len(config.seeds)
+    seeds = [r * m + s for s in config.seeds] if r else list(config.seeds)
+    search = dict(inputs=inputs, repeat=tag)
+    circuits = {o: run.search(o, budgets.budget, **search) for o in ("avg", "acc", "ood")}
     pruning = run.prune(
         circuits["avg"],
         budgets,
@@ -264,15 +339,14 @@ def run_text_report(
         taylor_samples=config.taylor_samples,
         batch_size=config.batch_size,
         circuits=circuits,
+        **search,
     )
     taylor, circavg, members = pruning.taylor, pruning.circavg, pruning.members
-    run.save_members([taylor, circavg, *(m for label in HYDRAS for m in members[label])])
+    if not r:
+        run.save_members([taylor, circavg, *(mm for label in HYDRAS for mm in members[label])])
 
-    # the report sentences by length, each batch trimmed to its longest: the same numbers, faster
-    trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
-    report_set = sorted_report(benchmark, loaded.preprocess)
     options = dict(device=device, cache=run.cache, batch_size=config.batch_size)
-    systems = Run(trimmed, report_set, device, options, progress)
+    systems = Run(trimmed, benchmark, device, options, run.progress)
     # every pruned system was chosen on the search split, every fine-tuned one also on the
     # training sentences: refused before anything runs if a report sentence is among them
     systems.check_chosen("the pruned systems", systems.search_choice())
@@ -280,17 +354,17 @@ def run_text_report(
         tuning = ChosenOn.of("fine-tuning", [train_set])
         systems.check_chosen("the fine-tuned systems", systems.search_choice() | tuning)
     pruned = {TAYLOR: pruned_copy(model, taylor.keep), CIRCAVG: pruned_copy(model, circavg.keep)}
-    with stages("evaluate the single model, Taylor and CircAvg"):
+    with stages("evaluate the single model, Taylor and CircAvg" + tag):
         systems.add_model(SINGLE, "single", model)
-        for name, m in pruned.items():
-            systems.add_model(name, "pruned", m)
-    with stages(f"MC Dropout ({config.mc_passes} passes)"):
+        for name, pm in pruned.items():
+            systems.add_model(name, "pruned", pm)
+    with stages(f"MC Dropout ({config.mc_passes} passes){tag}"):
         MCDropoutBaseline(config.mc_passes, config.mc_seed).add_to(systems)
-    deep_kind, deep_runs = _deep_kind(config, loaded, log), []
+    deep_runs = []
     if deep_kind is not None:
-        with stages(f"{DEEP}: {len(seeds)} members ({deep_kind}), trained and evaluated"):
+        with stages(f"{DEEP}: {len(seeds)} members ({deep_kind}), trained and evaluated{tag}"):
             deep = SharedBackboneBaseline(
-                seeds, deep_kind, config.deep_heads, train_set, benchmark.id_search
+                config.seeds, deep_kind, config.deep_heads, train_set, benchmark.id_search
             )
             systems.check_unseen(deep)
             deep.add_to(systems)
@@ -298,58 +372,41 @@ def run_text_report(
             if deep_kind == "heads":
                 deep_runs = [_training_row(DEEP, h) for h in deep.runs]
     hydras = {}
-    with stages("fuse and evaluate Hydra (Taylor), Hydra (Circ) and its B.5 ablation, zero-shot"):
+    with stages("fuse and evaluate Hydra (Taylor), Hydra (Circ) and its B.5 ablation" + tag):
         for label in HYDRAS:
-            hydras[label] = fuse_members([(model, m.keep) for m in members[label]])
+            hydras[label] = fuse_members([(model, mm.keep) for mm in members[label]])
             systems.add_fused(fused(label), hydras[label], _kept(members[label]))
 
     tuned: dict[str, TopFinetuned] = {}
     tuned_members: dict[str, list[TopFinetuned]] = {}
     if config.finetune is not None:
-        train = dict(preprocess=loaded.preprocess, device=device, cache=run.cache)
+        train = dict(preprocess=run.loaded.preprocess, device=device, cache=run.cache, seed=r)
+
+        def tune(name: str, keep: torch.Tensor) -> TopFinetuned:
+            progress = run.fine_tune_progress(name + tag)
+            return finetune_top(
+                model, train_set, config.finetune, keep=keep, name=name, progress=progress, **train
+            )
+
         n_members = sum(len(members[label]) for label in HYDRAS)
-        with stages(f"fine-tune {2 + n_members} pruned models and members"):
-            for name, keep in ((TAYLOR, taylor.keep), (CIRCAVG, circavg.keep)):
-                tuned[name] = finetune_top(
-                    model,
-                    train_set,
-                    config.finetune,
-                    keep=keep,
-                    name=name,
-                    progress=run.fine_tune_progress(name),
-                    **train,
-                )
-            for label in HYDRAS:
-                tuned_members[label] = [
-                    finetune_top(
-                        model,
-                        train_set,
-                        config.finetune,
-                        keep=m.keep,
-                        name=m.name,
-                        progress=run.fine_tune_progress(m.name),
-                        **train,
-                    )
-                    for m in members[label]
-                ]
-        with stages("evaluate the fine-tuned systems"):
+        with stages(f"fine-tune {2 + n_members} pruned models and members{tag}"):
+            pairs = ((TAYLOR, taylor), (CIRCAVG, circavg))
+            tuned = {name: tune(name, mm.keep) for name, mm in pairs}
+            tuned_members = {
+                label: [tune(mm.name, mm.keep) for mm in members[label]] for label in HYDRAS
+            }
+        with stages("evaluate the fine-tuned systems" + tag):
             for name, ft_name in ((TAYLOR, TAYLOR_FT), (CIRCAVG, CIRCAVG_FT)):
                 systems.add_model(ft_name, "pruned", tuned[name].model)
             for label, ft_label in HYDRAS.items():
                 parts = [(t.model, head_layout(t.model).all_kept()) for t in tuned_members[label]]
                 hydras[ft_label] = fuse_members(parts)  # MLPs averaged over the members
                 systems.add_fused(fused(ft_label), hydras[ft_label], _kept(members[label]))
-
-    with stages("fused vs separately run members"):
-        fusion = _fusion_check(model, members, hydras, tuned_members, systems, config)
     report = SystemsReport(systems.evaluations, systems.info)
-    with stages("cost and latency"):
-        report.cost = _cost(model, report, members, pruned, systems, config)
-    with stages("bootstrap intervals"):
-        tables = text_tables(report, circuits, [taylor, circavg], members, fusion)
-    tables["training"] = _training_table(deep_runs, tuned, tuned_members)
-    setup = _setup(run, config, budgets, members, deep_kind)
-    return run.write(tables, setup, report, text_markdown)
+    return _Repeat(
+        systems, report, circuits, taylor, circavg, members, pruned, hydras, tuned, tuned_members,
+        deep_runs,
+    )  # fmt: skip
 
 
 def _load(config: TextReportConfig):
@@ -521,10 +578,17 @@ def _setup(
 ) -> dict:
     """The run's description (``report.json``'s ``setup``); ``protocol`` says which sentences
     selected heads and which were reported, and every seed."""
+    m = len(config.seeds)
     seeds = {
         "pruning": list(config.seeds),
+        "pruning_per_repeat": [
+            [r * m + s for s in config.seeds] if r else list(config.seeds)
+            for r in range(config.repeats)
+        ],
+        "search_subsample": [f"search-repeat-{r}" for r in range(1, config.repeats)],
         "deep_ensemble": list(config.seeds) if deep else [],
         "finetune_batch_order": 0,
+        "finetune_seed_per_repeat": list(range(config.repeats)),
         "mc_dropout": [config.mc_seed + t for t in range(config.mc_passes)],
         "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
     }

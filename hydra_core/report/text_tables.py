@@ -181,8 +181,10 @@ def text_tables(
     pruned: Sequence[MemberMask],
     members: Mapping[str, Sequence[MemberMask]],
     fusion: pd.DataFrame,
+    repeats: Sequence[SystemsReport] = (),
 ) -> dict[str, pd.DataFrame]:
-    """Every table of the text report, by CSV name (the bootstrap intervals are computed here)."""
+    """Every table of the text report, by CSV name (the bootstrap intervals are computed here);
+    ``repeats``: every repeat's systems (``systems`` first), over which the verdicts are taken."""
     summary = systems.summary()
     summary.insert(3, "trained_after_pruning", [_trained(s) for s in summary["system"]])
     rows = summary.set_index("system")
@@ -198,7 +200,8 @@ def text_tables(
         "per_set": table[table["group"] != "id"].drop(columns=["kind"]).reset_index(drop=True),
         "differences_to_single": systems.differences(SINGLE, list(DIFFERENCES)),
         "paper_table2": paper_table2(),
-        "paper_claims": _claims(systems),
+        "paper_claims": _claims(list(repeats) if len(repeats) > 1 else systems),
+        "repeats": _repeat_rows(list(repeats) or [systems]),
         "heads_per_layer": heads,
         "circuit": circuits_table(circuits),
         "fusion_check": fusion,
@@ -215,10 +218,24 @@ def _trained(system: str) -> str:
     return "yes" if "fine-tuned" in system else "no"
 
 
-def _claims(systems: SystemsReport) -> pd.DataFrame:
+def _repeat_rows(repeats: Sequence[SystemsReport]) -> pd.DataFrame:
+    """Table 12's analogue: the rows of Table 2 in every repeat (summary columns, no intervals),
+    one row per repeat and system."""
+    columns = ["accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "all_fpr95"]
+    frames = []
+    for r, report in enumerate(repeats):
+        summary = report.summary().set_index("system")
+        shown = summary.loc[[s for s in MAIN_ROWS if s in summary.index], columns]
+        frames.append(shown.reset_index().assign(repeat=r))
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[["repeat", "system", *columns]]
+
+
+def _claims(systems: SystemsReport | Sequence[SystemsReport]) -> pd.DataFrame:
     """Each of the paper's statements (:data:`CLAIMS`) against our paired difference, for the
     zero-shot and the fine-tuned form of pruned systems: the paper's difference, ours with its
-    95% interval, and a verdict."""
+    95% interval, and a verdict; over repeats (a list), the mean difference and its two-level
+    interval (:func:`~hydra_core.report.claims.paired_claim`)."""
     numbers = paper_table2().set_index("system")
     rows = []
     for claim, system, reference, column in CLAIMS:
