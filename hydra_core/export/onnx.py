@@ -226,7 +226,7 @@ def _trace(
 def _one_line(error: Exception) -> str:
     """An exporter failure in one line: the operator it could not write, where it says which."""
     text = str(error)
-    operator = re.search(r"\b([A-Za-z_][\w.]*::[\w.]+)", text)
+    operator = re.search(r"\b([A-Za-z_][\w.]*::\w+(?:\.\w+)*)", text)
     if operator:
         return (
             f"cannot export to ONNX: the operator {operator.group(1)} has no ONNX form (opset "
