@@ -4,7 +4,6 @@ fused model as ONNX (Hydra page). The files come from :mod:`hydra_core.export`, 
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import streamlit as st
 from torch import nn
 
 from hydra_core.errors import InputError
-from hydra_core.export.masks import nnsight_module, plain_masks
+from hydra_core.export.masks import nnsight_module, plain_masks_text
 from hydra_core.export.onnx import export_onnx
 from hydra_core.masks import MemberMask
 from hydra_core.models.family import UnsupportedModelError
@@ -42,7 +41,7 @@ def mask_downloads(members: list[MemberMask], loaded) -> None:
         )
     c2.download_button(
         "Plain JSON {layer: [heads kept]}",
-        json.dumps(plain_masks(members), indent=1),
+        plain_masks_text(members),
         file_name="hydra_masks_plain.json",
         mime="application/json",
         icon=":material/download:",

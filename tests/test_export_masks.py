@@ -19,6 +19,7 @@ from hydra_core.export.masks import (
     nnsight_layout,
     nnsight_module,
     plain_masks,
+    plain_masks_text,
     select_members,
 )
 from hydra_core.masks import MemberMask
@@ -112,6 +113,9 @@ def test_plain_json_lists_every_layer_and_reads_back_to_the_masks():
         assert torch.equal(keep, member.keep)
     one = plain_masks(members[:1])
     assert one == {str(k): v for k, v in kept_heads(members[0].keep).items()}
+    assert json.loads(plain_masks_text(members)) == plain_masks(members)  # the file's text
+    assert json.loads(plain_masks_text(members[:1])) == one
+    assert plain_masks_text(members).count("\n") == 2 + 3 * (1 + 3 + 1)  # a line per layer
 
 
 def test_a_member_is_chosen_by_name_or_position_and_a_wrong_one_named():

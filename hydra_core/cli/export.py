@@ -5,7 +5,6 @@ JSON)."""
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
@@ -175,7 +174,7 @@ def add_masks_export(p: argparse.ArgumentParser) -> None:
 
 def _masks_export(args: argparse.Namespace) -> int:
     """Write a mask file's members for nnsight or as plain JSON."""
-    from hydra_core.export.masks import nnsight_module, plain_masks
+    from hydra_core.export.masks import nnsight_module, plain_masks_text
 
     loaded = _loaded_model(args)
     members = _members(args, loaded)
@@ -185,7 +184,7 @@ def _masks_export(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     count = f"{len(members)} member{'s' if len(members) > 1 else ''}"
     if args.to == "plain":
-        out.write_text(json.dumps(plain_masks(members), indent=1) + "\n")
+        out.write_text(plain_masks_text(members))
         print(f"wrote {out}: {count}, {{layer: [heads kept]}}")
         return 0
     module = re.sub(r"\W", "_", out.stem)

@@ -73,6 +73,21 @@ def plain_masks(members: Sequence[MemberMask]) -> dict:
     return next(iter(plain.values())) if len(members) == 1 else plain
 
 
+def plain_masks_text(members: Sequence[MemberMask]) -> str:
+    """:func:`plain_masks` as JSON text, one line per layer."""
+    plain = plain_masks(members)
+    nested = len(members) > 1
+
+    def layers(entry: dict, indent: str) -> str:
+        rows = [f"{indent}{json.dumps(k)}: {json.dumps(v)}" for k, v in entry.items()]
+        return "{\n" + ",\n".join(rows) + "\n" + indent[:-2] + "}"
+
+    if not nested:
+        return layers(plain, "  ") + "\n"
+    blocks = [f"  {json.dumps(name)}: {layers(entry, '    ')}" for name, entry in plain.items()]
+    return "{\n" + ",\n".join(blocks) + "\n}\n"
+
+
 @dataclass(frozen=True)
 class NnsightLayout:
     """Where nnsight meets a model's heads: W_O's module path per layer (as the model's own
