@@ -305,6 +305,7 @@ def run(
                             "macs": int(cost.loc[name.removesuffix(ONNX_SUFFIX), "macs"]) * batch,
                             "latency_ms": t["median_ms"],
                             "iqr_ms": t["iqr_ms"],
+                            "min_ms": t["min_ms"],
                             "repeats": t["repeats"],
                             "warm": t["warm"],
                             "max_abs_fusion_error": error,

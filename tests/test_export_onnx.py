@@ -241,6 +241,11 @@ def test_an_operator_without_an_onnx_form_is_one_line(tmp_path, monkeypatch, cap
     assert "graph" not in capfd.readouterr().out  # the exporter's dump of the graph is hidden
 
 
+def test_export_onnx_takes_a_fused_model(tmp_path):
+    with pytest.raises(TypeError, match="takes a fused Hydra model .* export_pruned_onnx"):
+        export_onnx(make_tiny_vit(), tmp_path / "x.onnx")
+
+
 def test_a_model_that_cannot_be_fused_cannot_be_exported_pruned(tmp_path):
     model = make_tiny_vit(act_layer=torch.nn.Tanh)
     with pytest.raises(OnnxExportError, match="cannot export to ONNX: this model cannot be fused"):

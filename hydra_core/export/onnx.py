@@ -111,8 +111,8 @@ def graph_inputs(hydra: nn.Module) -> dict[str, tuple]:
 
 def example_inputs(hydra: nn.Module, batch: int, tokens: int = 8, seed: int = 0) -> tuple:
     """Random inputs for ``hydra``'s graph: images from a normal distribution, or token ids
-    whose rows are padded to different lengths (the first row is full, each row starts with
-    token 0 as a class token would; padding ids are the model's padding id, else 0)."""
+    whose rows are padded to different lengths (the first row full; padding takes the model's
+    padding id, else 0, and no real token does)."""
     g = torch.Generator().manual_seed(seed)
     if not isinstance(hydra, HydraText):
         config = _image_config(hydra)
@@ -151,6 +151,11 @@ def export_onnx(
     Raises :class:`OnnxExportError`, one line naming the operator, where an operator has no
     ONNX form.
     """
+    if not hasattr(hydra, "kept_heads"):
+        raise TypeError(
+            f"export_onnx takes a fused Hydra model (fuse_members, load_hydra), not a "
+            f"{type(hydra).__name__}; for one model, export_pruned_onnx(model, keep, path)"
+        )
     path = Path(path)
     model = copy.deepcopy(hydra).float().cpu().eval()
     graph = _Graph(model)
