@@ -197,6 +197,10 @@ def test_default_vit_hydra_runs_in_onnxruntime(tmp_path):
         for m, keep in enumerate(masks):
             with ablate(loaded.model, keep):
                 assert_close(logits[:, m], loaded.model(images))
+    export_pruned_onnx(loaded.model, masks[1], tmp_path / "pruned.onnx")
+    with torch.no_grad():
+        expected = prune_heads(loaded.model, masks[1])(images)
+    assert_close(onnx_outputs(tmp_path / "pruned.onnx", images)[0][:, 0], expected)
 
 
 def test_minilm_sentiment_hydra_runs_in_onnxruntime_on_padded_sentences(tmp_path):
@@ -216,6 +220,10 @@ def test_minilm_sentiment_hydra_runs_in_onnxruntime_on_padded_sentences(tmp_path
         for m, keep in enumerate(masks):
             with ablate(loaded.model, keep):
                 assert_close(logits[:, m], loaded.model(packed))
+    export_pruned_onnx(loaded.model, masks[1], tmp_path / "pruned.onnx", check=False)
+    with torch.no_grad():
+        expected = prune_heads(loaded.model, masks[1])(packed)
+    assert_close(onnx_outputs(tmp_path / "pruned.onnx", ids, mask)[0][:, 0], expected)
 
 
 # --- what cannot be exported --------------------------------------------------------------------
