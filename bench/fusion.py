@@ -22,7 +22,14 @@ Hydra (image embeddings (B, M, D)); no Deep Ensembles.
     python bench/fusion.py --clip             # open_clip ViT-B-32, batch 32
     python bench/fusion.py --clip --quick     # open_clip ViT-S-32, batch 8, short budgets
     python bench/fusion.py --json             # JSON instead of a table
+    python bench/fusion.py --quick --onnx     # + onnxruntime rows (CPU provider) beside torch's
     python bench/fusion.py --malloc-no-trim   # glibc keeps freed memory (as jemalloc would)
+
+``--onnx`` adds, on the CPU, every row again as onnxruntime runs it (CPU provider, as many
+intra-op threads as torch has): each model exported the way ``python -m hydra_core export`` writes
+it (hydra_core.export.onnx; a single model or a member is a Hydra of one member keeping its heads),
+timed in the same round-robin as the torch rows; the fused graph's member logits are checked
+against torch's first.
 
 On glibc, freeing activations of several MB returns them to the OS and the next forward pays page
 faults to get them back; this hits the fused model's large (M x batch) activations hardest.
@@ -33,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.metadata
 import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -50,9 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra_core.hydra import fuse_members  # noqa: E402
 from hydra_core.hydra.cost import cost_table, forward_fn, measure_latencies  # noqa: E402
-from hydra_core.models.adapter import prune_heads  # noqa: E402
+from hydra_core.models.adapter import head_layout, prune_heads  # noqa: E402
 from hydra_core.models.text import TextClassifier, pack  # noqa: E402
 from hydra_core.zoo.default import VitConfig  # noqa: E402
+
+ONNX_SUFFIX = " (onnxruntime)"
 
 SHAPES = {
     "default": asdict(VitConfig()),
@@ -167,6 +178,51 @@ def fusion_error(rows: dict[str, list[torch.nn.Module]], shape: str) -> float:
     )
 
 
+def onnx_rows(rows: dict[str, list[torch.nn.Module]], folder: Path) -> dict[str, list]:
+    """Every row's models as onnxruntime sessions (CPU provider, torch's thread count): each
+    exported by hydra_core.export.onnx as ``export`` writes it, a model that is no Hydra as a
+    Hydra of one member keeping all its heads."""
+    from hydra_core.export.onnx import export_onnx, onnx_session
+
+    sessions = {}
+    for name, models in rows.items():
+        sessions[name] = []
+        for i, model in enumerate(models):
+            hydra = model
+            if not hasattr(model, "kept_heads"):
+                hydra = fuse_members([(model, head_layout(model).all_kept())])
+            path = folder / f"{name.replace(' ', '_')}_{i}.onnx"
+            export_onnx(hydra, path, check=False)
+            sessions[name].append(onnx_session(path, threads=torch.get_num_threads()))
+    return sessions
+
+
+def onnx_inputs(session, x: torch.Tensor) -> dict:
+    """The session's feed for ``x``: images, or packed token ids split into ids and mask."""
+    names = [i.name for i in session.get_inputs()]
+    parts = (x[:, 0], x[:, 1]) if len(names) == 2 else (x,)
+    return {n: t.contiguous().numpy() for n, t in zip(names, parts, strict=True)}
+
+
+def onnx_fn(sessions: list, x: torch.Tensor):
+    """A function of no arguments that runs ``sessions`` one after another on ``x``."""
+    feeds = [onnx_inputs(s, x) for s in sessions]
+
+    def run() -> list:
+        return [s.run(None, feed) for s, feed in zip(sessions, feeds, strict=True)]
+
+    return run
+
+
+def onnx_error(sessions: dict[str, list], rows: dict, shape: str) -> float:
+    """Largest |onnxruntime - torch| member-logit difference of the fused model (2 inputs)."""
+    x = inputs_for(shape, 2, torch.device("cpu"))
+    with torch.inference_mode():
+        expected = forward_fn(rows["Hydra fused"], x)()[0]
+    got = torch.from_numpy(onnx_fn(sessions["Hydra fused"], x)()[0][0])
+    return float((got - expected).abs().max())
+
+
 def time_cell(fns: dict, device: torch.device, budget_s: float, max_repeats: int) -> dict:
     """Round-robin latency within about ``budget_s``. The first round warms up and tells how long a
     round takes; then as many rounds as fit the budget (at least 2) are timed. A cell whose first
@@ -198,9 +254,15 @@ def settings() -> list[tuple[str, torch.dtype | None]]:
 
 
 def run(
-    shapes: list[str], batches: list[int] | None, budget_s: float, max_repeats: int, log=print
+    shapes: list[str],
+    batches: list[int] | None,
+    budget_s: float,
+    max_repeats: int,
+    log=print,
+    onnx_folder: Path | None = None,
 ) -> tuple[list[dict], dict]:
-    """Time every shape at ``batches`` (None: an OpenCLIP shape's own, BATCHES for the rest)."""
+    """Time every shape at ``batches`` (None: an OpenCLIP shape's own, BATCHES for the rest);
+    with ``onnx_folder``, onnxruntime rows too (their files written there)."""
     results = []
     for shape in shapes:
         rows = build(shape)
@@ -209,6 +271,13 @@ def run(
         # params and one image's multiply-adds; a batch's are one image's times the batch size
         cost = cost_table(rows, inputs_for(shape, 1, torch.device("cpu")), latency=False)
         log(f"# {shape}: fused vs members max |output difference| {error:.2e}")
+        sessions = {}
+        if onnx_folder is not None:
+            sessions = onnx_rows(rows, onnx_folder)
+            log(
+                f"# {shape}: onnxruntime vs torch, fused, max |difference| "
+                f"{onnx_error(sessions, rows, shape):.2e}"
+            )
         for device_name, dtype in settings():
             device = torch.device(device_name)
             on_device = {name: [m.to(device) for m in models] for name, models in rows.items()}
@@ -219,9 +288,11 @@ def run(
                     name: forward_fn(models, x, autocast_dtype=dtype)
                     for name, models in on_device.items()
                 }
+                if device_name == "cpu":  # onnxruntime's CPU provider, fp32
+                    fns.update({n + ONNX_SUFFIX: onnx_fn(s, x) for n, s in sessions.items()})
                 start = time.perf_counter()
                 timing = time_cell(fns, device, budget_s, max_repeats)
-                for name in rows:
+                for name in fns:
                     t = timing[name]
                     results.append(
                         {
@@ -230,23 +301,32 @@ def run(
                             "precision": precision,
                             "batch": batch,
                             "row": name,
-                            "params": int(cost.loc[name, "params"]),
-                            "macs": int(cost.loc[name, "macs"]) * batch,
+                            "params": int(cost.loc[name.removesuffix(ONNX_SUFFIX), "params"]),
+                            "macs": int(cost.loc[name.removesuffix(ONNX_SUFFIX), "macs"]) * batch,
                             "latency_ms": t["median_ms"],
                             "iqr_ms": t["iqr_ms"],
+                            "min_ms": t["min_ms"],
                             "repeats": t["repeats"],
                             "warm": t["warm"],
                             "max_abs_fusion_error": error,
                         }
                     )
-                cell = {r["row"]: r for r in results[-len(rows) :]}
+                cell = {r["row"]: r for r in results[-len(fns) :]}
                 fused, single = cell["Hydra fused"], cell["single"]
                 members = cell["members one by one"]
+                onnx = ""
+                if "Hydra fused" + ONNX_SUFFIX in cell:
+                    ort = {n: cell[n + ONNX_SUFFIX]["latency_ms"] for n in rows}
+                    onnx = (
+                        f"  onnxruntime: fused/torch fused "
+                        f"{ort['Hydra fused'] / fused['latency_ms']:.3f}, fused/single "
+                        f"{ort['Hydra fused'] / ort['single']:.3f}"
+                    )
                 log(
                     f"{shape:8s} {device_name:4s} {precision:13s} B={batch:<3d} "
                     f"fused/members {fused['latency_ms'] / members['latency_ms']:.3f}  "
                     f"fused/single {fused['latency_ms'] / single['latency_ms']:.3f}  "
-                    f"(MACs {fused['macs'] / single['macs']:.3f})  "
+                    f"(MACs {fused['macs'] / single['macs']:.3f}){onnx}  "
                     f"[{fused['repeats']} rounds, {time.perf_counter() - start:.0f} s]"
                 )
             for models in on_device.values():
@@ -258,6 +338,7 @@ def run(
 def environment() -> dict:
     env = {
         "torch": torch.__version__,
+        "onnxruntime": importlib.metadata.version("onnxruntime"),
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -328,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time budget per cell in seconds (default 40, quick 8)",
     )
     parser.add_argument("--max-repeats", type=int, default=50)
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also time every row under onnxruntime (CPU provider), exported as `export` does",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument(
         "--malloc-no-trim",
@@ -348,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s if args.budget_s is not None else (8.0 if args.quick else 40.0)
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     load_before = environment()["loadavg"]
-    results, env = run(shapes, args.batches, budget, args.max_repeats, log=log)
+    with tempfile.TemporaryDirectory() as folder:
+        onnx_folder = Path(folder) if args.onnx else None
+        results, env = run(shapes, args.batches, budget, args.max_repeats, log, onnx_folder)
     env["loadavg_before"] = load_before
     env["malloc_no_trim"] = no_trim
     if args.json:

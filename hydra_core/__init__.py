@@ -24,6 +24,8 @@ _EXPORTS = {
     "hydra_core.data.benchmark": ("Benchmark", "default_benchmark"),
     "hydra_core.evaluate": ("evaluate_model",),
     "hydra_core.data.provenance": ("ChosenOn",),
+    "hydra_core.export.masks": ("nnsight_ablate", "nnsight_module", "plain_masks"),
+    "hydra_core.export.onnx": ("export_onnx", "export_pruned_onnx"),
     "hydra_core.analysis.compare": ("spearman", "spearman_matrix"),
     "hydra_core.hydra.members": (
         "cahp_members",

@@ -32,6 +32,7 @@ from hydra_ui.analyses import search_data, stored_greedy_runs, taylor
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import matrix_heatmap, member_masks_figure
 from hydra_ui.jobs import start_job
+from hydra_ui.portable import mask_downloads
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -265,6 +266,7 @@ with show_error("Could not build the masks"):
                 icon=":material/download:",
                 on_click="ignore",
             )
+            mask_downloads(members, context.loaded)
 
     st.subheader(f"Members ({len(members)})")
     if not members:

@@ -28,6 +28,7 @@ from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import start_job
+from hydra_ui.portable import onnx_export
 from hydra_ui.texts import most_uncertain, readable
 from hydra_ui.widgets import (
     figure_with_download,
@@ -464,3 +465,4 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             "or `hydra_core.load_model(path)`; its forward gives each member's logits (B, M, C) "
             "from the model inputs its source takes."
         )
+        onnx_export(hydra, context.loaded, used, results())

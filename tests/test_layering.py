@@ -33,6 +33,7 @@ LAYERS = (
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
     ("hydra_core.baselines",),
+    ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
     ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),

@@ -13,30 +13,12 @@ import warnings
 from pathlib import Path
 
 from hydra_core import distributed
-from hydra_core.cli.common import COMMANDS, warn
+from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError
 
 # Importing a command module registers its commands, in this order in ``--help``.
-for _module in ("model", "text", "analysis", "masks", "hydra"):
+for _module in ("model", "text", "analysis", "masks", "hydra", "export"):
     importlib.import_module(f"hydra_core.cli.{_module}")
-
-
-def _global_options() -> argparse.ArgumentParser:
-    """Options every command takes."""
-    options = argparse.ArgumentParser(add_help=False)
-    g = options.add_argument_group("every command")
-    g.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
-    g.add_argument(
-        "--cache-dir",
-        default=None,
-        metavar="PATH",
-        help="where computed results are kept (default: $HYDRA_LAB_CACHE, else cache/ in the "
-        "checkout)",
-    )
-    g.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and fuse pruned members into one Hydra ensemble.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    options = _global_options()
+    options = global_options()
     for name, (add_arguments, run) in COMMANDS.items():
         doc = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else ""
         p = sub.add_parser(name, help=doc, description=doc, parents=[options])

@@ -33,6 +33,24 @@ def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None])
     return register
 
 
+def global_options() -> argparse.ArgumentParser:
+    """Options every command (and sub-command) takes, as a parent parser."""
+    options = argparse.ArgumentParser(add_help=False)
+    g = options.add_argument_group("every command")
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="PATH",
+        help="where computed results are kept (default: $HYDRA_LAB_CACHE, else cache/ in the "
+        "checkout)",
+    )
+    g.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return options
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--model/--arch/--device: which model to load and where to run it."""
     p.add_argument(

@@ -98,6 +98,9 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         help="accept members with equal masks (identical-members ablation)",
     )
     p.add_argument("--out", default="results/masks/members.json", help="mask file to write")
+    from hydra_core.cli.export import add_masks_export
+
+    add_masks_export(p)  # `masks export --to nnsight|plain`
 
 
 @command("masks", _masks_arguments)

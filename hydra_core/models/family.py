@@ -201,6 +201,16 @@ class ModelFamily:
         """W_O of a block: its input holds the heads' outputs, concatenated."""
         raise NotImplementedError
 
+    #: the model's own forward calls W_O as a module, so that tools intercepting a module's
+    #: input (forward pre-hooks, nnsight) see the heads there; False where the attention reads
+    #: W_O's weight itself (OpenCLIP's ``nn.MultiheadAttention``)
+    projection_is_called: bool = True
+
+    def bare_model(self, model: nn.Module) -> nn.Module:
+        """``model`` as its own library defines it, without a Hydra Lab wrapper: what a user
+        holds outside Hydra Lab (and module paths are counted from)."""
+        return model
+
     @contextmanager
     def projection_called(self, model: nn.Module, layers: Sequence[int]) -> Iterator[None]:
         """Inside, the output projections of ``layers`` are called as modules, so that hooks on

@@ -427,6 +427,7 @@ class OpenClipFamily(ModelFamily):
 
     name = "openclip"
     modality = IMAGE_MODALITY
+    projection_is_called = False  # nn.MultiheadAttention reads out_proj.weight itself
 
     def matches(self, model: nn.Module) -> bool:
         return isinstance(model, ZeroShotClassifier) or _from_open_clip(model)

@@ -336,6 +336,9 @@ class TextFamily(ModelFamily):
             return True
         return "transformers" in sys.modules and type(model).__name__ in _ARCHS
 
+    def bare_model(self, model: nn.Module) -> nn.Module:
+        return hf_model(model)
+
     def _arch_of_block(self, block: nn.Module) -> _Arch:
         name = type(block).__name__
         for arch, prefix in ((_BERT, "Bert"), (_BERT, "Roberta")):

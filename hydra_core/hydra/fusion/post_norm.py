@@ -210,6 +210,12 @@ class HydraText(nn.Module):
     ) -> torch.Tensor:
         # padding columns no sample uses dropped
         ids, mask = forward_inputs(inputs, input_ids, attention_mask)
+        return self.logits_from_tokens(ids, mask)
+
+    def logits_from_tokens(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Token ids and attention mask (B, T) -> (B, M, C), every column computed: what
+        :meth:`forward` runs after dropping the padding columns no sample uses (the ONNX graph
+        runs this, whose shapes may not depend on the mask's values)."""
         x = self.embeddings(ids)  # (S, B, N, d); S = 1 while every member has the same stream
         padding = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
         padding.masked_fill_(~mask.bool(), torch.finfo(x.dtype).min)
