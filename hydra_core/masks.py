@@ -200,8 +200,8 @@ def masks_from_json(
         raise MaskFileError(
             f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; "
             f"the loaded model {identity.get('name')!r} has weights {identity.get('weights')} "
-            "(same shape, other "
-            "weights: load with allow_other_weights to use them anyway)"
+            "(same shape, other weights): use masks made for this model, or accept them anyway "
+            "(--allow-other-weights; Masks page: 'Accept masks made for other weights')"
         )
     raw = data.get("members")
     if not isinstance(raw, list) or not raw:

@@ -83,6 +83,7 @@ class Modality:
         n_search: int | None = 512,
         n_report: int | None = None,
         classes: Sequence[str] | None = None,
+        model_classes: Sequence[str] | None = None,
         image_format: tuple[int, int] | None = None,
     ) -> Benchmark:
         """The search/report benchmark of this modality's data (see
@@ -103,6 +104,10 @@ class Modality:
             n_search: items per search part (ID and each search set); all when None.
             n_report: items per report part (ID and each report set); all when None.
             classes: the model's classes in output order, to label ``id_source`` by class name.
+            model_classes: the model's own class names
+                (:attr:`~hydra_core.zoo.registry.LoadedModel.classes`): when
+                :attr:`follows_model_classes`, the label names of ``id_source`` are matched to
+                them (any case) unless ``classes`` gives another order.
             image_format: (channels, size) of the model's input
                 (:attr:`~hydra_core.zoo.registry.LoadedModel.image_format`): image parts are
                 brought to it when folders are involved; None keeps 1 x 28. None for text.
@@ -119,6 +124,7 @@ class Modality:
             n_search=n_search,
             n_report=n_report,
             classes=classes,
+            model_classes=model_classes if self.follows_model_classes else None,
             image_format=image_format,
         )
 
@@ -149,7 +155,7 @@ class Modality:
 
 
 def _image_benchmark(
-    *, id_source, ood_sources, image_format: tuple[int, int] | None, **options
+    *, id_source, ood_sources, image_format: tuple[int, int] | None, model_classes, **options
 ) -> Benchmark:
     channels, size = image_format or (1, 28)
     return folder_benchmark(
@@ -158,14 +164,18 @@ def _image_benchmark(
 
 
 def _text_benchmark(
-    *, id_source, ood_sources, image_format: tuple[int, int] | None, **options
+    *, id_source, ood_sources, image_format: tuple[int, int] | None, model_classes, **options
 ) -> Benchmark:
     if image_format is not None:
         raise InputError(
             f"image_format applies to images; leave it out for a text benchmark (got "
             f"{image_format})"
         )
-    return text_file_benchmark(id_file=id_source, ood_files=ood_sources, **options)
+    if options["classes"] is not None or id_source is None:
+        model_classes = None  # an order given replaces the model's names; no file, no labels
+    return text_file_benchmark(
+        id_file=id_source, ood_files=ood_sources, model_classes=model_classes, **options
+    )
 
 
 IMAGE_MODALITY = Modality(

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key
+from hydra_core.data.sources import source_path
 from hydra_core.errors import InputError
 
 #: version of the class embeddings' computation, part of their cache key
@@ -160,8 +161,9 @@ def describe_templates(templates: Sequence[str]) -> str:
 
 def folder_classes(folder: str | Path) -> tuple[str, ...]:
     """The class names of an image folder: its sub-folders' names in sorted order, the labels
-    :func:`~hydra_core.data.generic.load_image_folder` gives them."""
-    path = Path(folder).expanduser()
+    :func:`~hydra_core.data.generic.load_image_folder` gives them. ``folder`` may be an entry
+    that names the set (``NAME=PATH``, :mod:`hydra_core.data.sources`)."""
+    path = Path(source_path(str(folder))).expanduser()
     if not path.is_dir():
         raise InputError(f"image folder {path} does not exist (or is not a folder)")
     names = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -169,6 +171,12 @@ def folder_classes(folder: str | Path) -> tuple[str, ...]:
         raise InputError(
             f"{path} has no class sub-folders: a zero-shot classifier takes its classes from "
             "them (one folder per class, named by the class, e.g. golden_retriever/)"
+        )
+    if len(names) < 2:
+        raise InputError(
+            f"{path} has one class folder ({names[0]}): a zero-shot classifier of one class "
+            "gives every image probability 1, so no accuracy, calibration or OOD score means "
+            "anything; give a folder of two classes or more"
         )
     return tuple(names)
 

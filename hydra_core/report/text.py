@@ -87,7 +87,6 @@ from hydra_core.hydra.systems import SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
-from hydra_core.paths import REPO_DIR
 from hydra_core.report.claims import CIRCAVG, paired_claim, pick
 from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import (
@@ -110,7 +109,8 @@ if TYPE_CHECKING:
     from hydra_core.data.text import TextSet
     from hydra_core.zoo.registry import LoadedModel
 
-DEFAULT_TEXT_OUT = REPO_DIR / "docs" / "report" / "text"
+#: where the report goes unless told (never the committed docs/report/ by default)
+DEFAULT_TEXT_OUT = Path("results") / "report" / "text"
 
 SINGLE = "single"
 TAYLOR = "Taylor"
@@ -240,13 +240,14 @@ def run_text_report(
     cache: DiskCache | None = None,
     progress: StageProgress | None = None,
     log: Log = print,
+    overwrite: bool = False,
 ) -> dict:
     """Run the text report and write ``report.md``, ``report.json`` and the CSVs into ``out``.
 
     Returns ``report.json``'s content: ``setup`` (with ``protocol``) and every table as records,
     each metric ``{"value": v, "ci95": [lo, hi]}``.
     """
-    run = Pipeline(out, cache, config.device, progress, log)
+    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
     (train_set,) = run.load(lambda: _load(config))
     loaded, benchmark, device, stages = run.loaded, run.benchmark, run.device, run.stage
     model, layout = loaded.model, run.layout
