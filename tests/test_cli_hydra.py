@@ -269,4 +269,6 @@ def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--baselines: unknown baseline(s) 'dropout'" in err
     assert main([*common, "--baselines", "mc-dropout", "--mc-dropout-rate", "1.5"]) == 2
-    assert "--mc-dropout-rate must lie strictly between 0 and 1" in capsys.readouterr().err
+    assert (
+        "argument --mc-dropout-rate: must lie strictly between 0 and 1" in capsys.readouterr().err
+    )

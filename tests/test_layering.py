@@ -22,6 +22,7 @@ LAYERS = (
         "hydra_core.errors",
         "hydra_core.files",
         "hydra_core.outputs",
+        "hydra_core.hub",
         "hydra_core.distributed",
     ),
     ("hydra_core.cache", "hydra_core.metrics"),

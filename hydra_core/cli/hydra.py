@@ -297,13 +297,8 @@ def _hydra(args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace, baseline_systems) -> list:
-    """The systems ``--baselines`` names; an InputError naming a wrong one and the choices."""
-    if args.mc_passes < 1:
-        raise InputError(f"--mc-passes must be at least 1, got {args.mc_passes}")
-    if args.mc_dropout_rate is not None and not 0 < args.mc_dropout_rate < 1:
-        raise InputError(
-            f"--mc-dropout-rate must lie strictly between 0 and 1, got {args.mc_dropout_rate}"
-        )
+    """The systems ``--baselines`` names; an InputError naming a wrong one and the choices (the
+    parser has checked --mc-passes and --mc-dropout-rate)."""
     try:
         return baseline_systems(
             args.baselines, mc_passes=args.mc_passes, mc_rate=args.mc_dropout_rate

@@ -34,6 +34,7 @@ from torch import nn
 from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.sources import source_path
 from hydra_core.errors import InputError
+from hydra_core.hub import from_hub
 
 #: version of the class embeddings' computation, part of their cache key
 EMBEDDINGS_VERSION = 1
@@ -310,12 +311,15 @@ def _open_named(source: str) -> OpenClipModel:
     if tag_cfg:
         from open_clip.pretrained import download_pretrained
 
-        try:
-            checkpoint = download_pretrained(tag_cfg)
-        except Exception as exc:
-            raise InputError(
-                f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
-            ) from exc
+        def download() -> str:
+            try:
+                return download_pretrained(tag_cfg)
+            except Exception as exc:
+                raise InputError(
+                    f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+                ) from exc
+
+        checkpoint = from_hub(download, f"openclip:{source}", OFFLINE_HINT)
         clip = _create(
             name,
             f"openclip:{source}",
@@ -346,14 +350,17 @@ def _open_hub(repo: str, source: str) -> OpenClipModel:
     import open_clip
     from open_clip.pretrained import download_pretrained_from_hf
 
-    try:
-        # open_clip would fall back to random weights (with a log line) where this fails
-        download_pretrained_from_hf(repo)
-    except Exception as exc:
-        raise InputError(
-            f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
-        ) from exc
-    clip = _create(source, f"openclip:{source}")
+    def download() -> nn.Module:
+        try:
+            # open_clip would fall back to random weights (with a log line) where this fails
+            download_pretrained_from_hf(repo)
+        except Exception as exc:
+            raise InputError(
+                f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+            ) from exc
+        return _create(source, f"openclip:{source}")  # its configuration comes from the hub too
+
+    clip = from_hub(download, f"openclip:{source}", OFFLINE_HINT)
     return OpenClipModel(
         clip, open_clip.get_tokenizer(source), source, repo, f"Hugging Face hub {repo}"
     )

@@ -25,6 +25,7 @@ from torch import nn
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError
+from hydra_core.hub import from_hub
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
 from hydra_core.models.adapter import family_of, head_layout
@@ -323,9 +324,9 @@ def _load_openclip(
     classes = tuple(classes) if classes is not None else CLASSES
     if len(classes) < 2:
         raise InputError(
-            f"{source}: a zero-shot classifier of {len(classes)} class(es) ({', '.join(classes)}) "
-            "gives every image probability 1, so no accuracy, calibration or OOD score means "
-            "anything; give two classes or more"
+            f"{source}: a zero-shot classifier needs at least two classes, got {len(classes)} "
+            f"({', '.join(classes) or 'none'}): with one, every image has probability 1 and no "
+            "accuracy, calibration or OOD score means anything"
         )
     opened = open_openclip(source.removeprefix(OPENCLIP_PREFIX))
     classifier = openclip_classifier(opened, classes, templates)
@@ -373,15 +374,22 @@ def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     import timm
 
     _check_timm_name(name)
-    try:
-        model = timm.create_model(name, pretrained=True, **arch_kwargs)
-    except Exception as exc:
-        raise InputError(
-            f"could not load pretrained weights for timm model {name!r} "
-            f"({type(exc).__name__}: {_first_line(exc)}). Pretrained timm weights come from the "
-            "Hugging Face hub, so the machine must be online; offline, pass a checkpoint file "
-            f"instead (--model path/to/weights.safetensors --arch {name})."
-        ) from exc
+    hint = (
+        "pretrained timm weights come from the Hugging Face hub, so the machine must be online; "
+        f"offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
+        f"{name})"
+    )
+
+    def create() -> nn.Module:
+        try:
+            return timm.create_model(name, pretrained=True, **arch_kwargs)
+        except Exception as exc:
+            raise InputError(
+                f"could not load pretrained weights for timm model {name!r} "
+                f"({type(exc).__name__}: {_first_line(exc)}); {hint}"
+            ) from exc
+
+    model = from_hub(create, f"timm model {name!r}", hint)
     _check_vit(model, f"timm model {name!r}")
     return LoadedModel(
         f"timm:{name}", model.eval(), model_preprocess(model), f"timm {name}, pretrained"
