@@ -94,9 +94,11 @@ def _text(path: Path, where: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
+        kind = {bool: "true/false", int: "a number", float: "a number", list: "a list"}
         raise InputError(
-            f"{path}, {where}: the text is {json.dumps(value)}, a {type(value).__name__}, not a "
-            f'string; write it in quotes ("{value}") to use it as a text'
+            f"{path}, {where}: the text is {json.dumps(value)}, "
+            f"{kind.get(type(value), 'an object')}, not a string; write it in quotes "
+            f'("{json.dumps(value)}") to use it as a text'
         )
     return value.strip() or None
 
