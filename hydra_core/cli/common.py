@@ -248,7 +248,7 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
         protocol=args.protocol,
         n_search=args.n_search,
         n_report=args.n_report,
-        classes=[c.strip() for c in args.classes.split(",")] if args.classes else None,
+        classes=[c.strip() for c in (args.classes or "").split(",") if c.strip()] or None,
         model_classes=loaded.classes,
         image_format=loaded.image_format,
     )

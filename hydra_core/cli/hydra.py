@@ -3,7 +3,7 @@
 - ``hydra``: assemble the members of a mask file (optionally fine-tuned), evaluate every system,
   write the tables and export the fused model;
 - ``train-ensemble``: train the independently seeded copies Deep Ensembles need (cached);
-- ``report``: the replication report (docs/report by default).
+- ``report``: the replication report (results/report by default).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The text report: the paper's Table 2 (section 5.2, BERT on SST-2) on the offline text default.
 
 ``python -m hydra_core report --task text`` writes ``report.md``, ``report.json`` and one CSV per
-table into ``docs/report/text``. It runs the rows of Table 2 that need no training from scratch,
-every pruning method keeping half of the heads (6 of 12 per layer for Taylor, 36 of 72 heads
-removed for every pruned model and member), with the image report's protocol: heads are selected
-on the search split (Rotten Tomatoes validation sentences and the search-role OOD set, Guardian
-headlines, the analogue of the paper's AG's News), every number comes from the report split (the
-Rotten Tomatoes test sentences and the report-role OOD sets) with its 95% bootstrap interval, and
-every system is compared with the single model on the same resamples (paired intervals).
+table into ``results/report/text`` (committed: ``docs/report/text``). It runs the rows of Table 2
+that need no training from scratch, every pruning method keeping half of the heads (6 of 12 per
+layer for Taylor, 36 of 72 heads removed for every pruned model and member), with the image
+report's protocol: heads are selected on the search split (Rotten Tomatoes validation sentences and
+the search-role OOD set, Guardian headlines, the analogue of the paper's AG's News), every number
+comes from the report split (the Rotten Tomatoes test sentences and the report-role OOD sets) with
+its 95% bootstrap interval, and every system is compared with the single model on the same
+resamples (paired intervals).
 
 The systems:
 

@@ -2,7 +2,7 @@
 OpenCLIP model the user names.
 
 ``python -m hydra_core report --task zero-shot --model openclip:ViT-B-32/laion2b_s34b_b79k``
-writes ``report.md``, ``report.json`` and one CSV per table into ``docs/report/zero-shot``. No
+writes ``report.md``, ``report.json`` and one CSV per table into ``results/report/zero-shot``. No
 package registry carries CLIP weights, so this report runs only where the model can be loaded:
 online (the weights come from the Hugging Face hub) or from a local open_clip folder
 (``openclip:local-dir:/path``). Nothing of it is committed unless it was run on real weights.
