@@ -126,7 +126,8 @@ def claim_folder(
 
 def check_new_file(path: str | Path, *, overwrite: bool = False, option: str = "--out") -> Path:
     """A file a command is about to write: refused (InputError) where a folder is, or where a
-    file is already, unless ``overwrite``; its folder is created. Returns the path."""
+    file is already, unless ``overwrite``. Returns the path (its folder is made when the file is
+    written, so that a refused command leaves nothing behind)."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise InputError(f"{option} {path} is a folder; give the path of the file to write")
@@ -135,7 +136,6 @@ def check_new_file(path: str | Path, *, overwrite: bool = False, option: str = "
             f"{option} {path} exists already (an earlier run, or a file shipped with Hydra Lab); "
             "choose another path, or pass --overwrite to replace it"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -144,7 +144,7 @@ def check_result_file(
 ) -> Path:
     """A result file (JSON with a ``model`` entry, such as a mask file) a command is about to
     write: an existing one of the same model is replaced, anything else refused (InputError)
-    unless ``overwrite``. Returns the path; its folder is created."""
+    unless ``overwrite``. Returns the path."""
     path = Path(path).expanduser()
     if path.is_file() and not overwrite:
         try:

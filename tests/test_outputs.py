@@ -275,3 +275,20 @@ def test_hydra_into_another_models_folder_is_refused(
                     "--m", "2", "--budget", "2", "--taylor-samples", "8", "--out",
                     str(masks["a"]))  # fmt: skip
     assert code == 2 and "holds the results of 'file:tiny.safetensors'" in one_error_line(err)
+
+
+def test_a_refused_command_leaves_no_folder_behind(tmp_path, checkpoint, other_checkpoint, capsys):
+    masks = tmp_path / "a.json"
+    argv = ["masks", "--model", checkpoint, *DATA, "--strategy", "taylor", "--m", "2",
+            "--budget", "2", "--taylor-samples", "8", "--out", str(masks)]  # fmt: skip
+    assert run(capsys, *argv)[0] == 0
+    before = snapshot(tmp_path)
+    for argv in (
+        ["represent", "--model", other_checkpoint, "--masks", str(masks)],  # another model's
+        ["represent", "--model", checkpoint, "--layer", "7"],
+        ["search", "--model", checkpoint, "--budget", "8"],  # 8 heads: a circuit keeps one
+        ["masks", "--model", checkpoint, "--per-layer", "1", "--strategy", "circuit"],
+    ):
+        code, err = run(capsys, *argv, *DATA, "--out", str(tmp_path / "out" / "x"))
+        assert code == 2 and one_error_line(err)
+        assert snapshot(tmp_path) == before, argv

@@ -80,13 +80,15 @@ def _search(args: argparse.Namespace) -> int:
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
 
-    loaded, benchmark, inputs, cache, out = prepare(args)
-    total = head_layout(loaded.model).total_heads
-    if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
-        raise InputError(
-            f"--budget must be between 1 and {total - 1}: the model has {total} heads and the "
-            f"circuit the search writes keeps at least one; got {args.budget}"
-        )
+    def check_budget(loaded) -> None:
+        total = head_layout(loaded.model).total_heads
+        if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
+            raise InputError(
+                f"--budget must be between 1 and {total - 1}: the model has {total} heads and "
+                f"the circuit the search writes keeps at least one; got {args.budget}"
+            )
+
+    loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
     data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
     saved = None
     if distributed.is_main():  # the note on a saved search is rank 0's to print
@@ -208,7 +210,13 @@ def _importance(args: argparse.Namespace) -> int:
     from hydra_core.analysis.importance import importance_maps
     from hydra_core.analysis.taylor import taylor_scores
 
-    loaded, _, inputs, cache, out = prepare(args)
+    greedy = None
+
+    def read_greedy(loaded) -> None:  # another model's search is refused before any work
+        nonlocal greedy
+        greedy = _read_greedy(args.greedy, loaded) if args.greedy else None
+
+    loaded, _, inputs, cache, out = prepare(args, check=read_greedy)
     single = single_head_importance(
         loaded.model,
         inputs.id_x,
@@ -223,7 +231,6 @@ def _importance(args: argparse.Namespace) -> int:
     taylor = taylor_scores(
         loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size, cache=cache
     )
-    greedy = _read_greedy(args.greedy, loaded) if args.greedy else None
     found = importance_maps(single, taylor, greedy)
     warn_near_chance(args, loaded, found.base_accuracy)
     for criterion in found.criteria:
@@ -311,16 +318,31 @@ def _represent(args: argparse.Namespace) -> int:
     )
     from hydra_core.masks import load_masks
 
-    if args.n_images < 1:
-        raise InputError(f"--n-images must be a positive number of images, got {args.n_images}")
-    loaded, _, inputs, _, out = prepare(args, report_sample_size=args.n_images)
-    layout = head_layout(loaded.model)
-    if not -layout.num_layers <= args.layer < layout.num_layers:
-        raise InputError(
-            f"--layer {args.layer} does not exist: {loaded.name} has layers "
-            f"0..{layout.num_layers - 1} (-1 is the last)"
+    layer, heads, member = 0, [], None
+
+    def check_choice(loaded) -> None:  # the layer, the heads and the mask file, before any work
+        nonlocal layer, heads, member
+        layout = head_layout(loaded.model)
+        if not -layout.num_layers <= args.layer < layout.num_layers:
+            raise InputError(
+                f"--layer {args.layer} does not exist: {loaded.name} has layers "
+                f"0..{layout.num_layers - 1} (-1 is the last)"
+            )
+        layer = args.layer % layout.num_layers
+        heads = (
+            [_head(label, layout) for label in args.heads]
+            if args.heads
+            else [(layer, h) for h in range(layout.num_heads[layer])]
         )
-    layer = args.layer % layout.num_layers
+        if any(h[0] != layer for h in heads):
+            raise InputError(
+                f"--heads must belong to --layer {layer} (L{layer}H0, L{layer}H1, ...)"
+            )
+        if args.masks:
+            identity, other = loaded.identity(), args.allow_other_weights
+            member = load_masks(args.masks, layout, identity, allow_other_weights=other)[0]
+
+    loaded, _, inputs, _, out = prepare(args, report_sample_size=args.n_images, check=check_choice)
     id_feats = head_cls_features(
         loaded.model, inputs.id_x, layers=[layer], batch_size=args.batch_size
     )
@@ -334,22 +356,12 @@ def _represent(args: argparse.Namespace) -> int:
         )
     distances = pd.concat(tables, ignore_index=True)
     distances.to_csv(out / f"distances_layer{layer}.csv", index=False)
-    heads = (
-        [_head(label, layout) for label in args.heads]
-        if args.heads
-        else [(layer, h) for h in range(layout.num_heads[layer])]
-    )
-    if any(h[0] != layer for h in heads):
-        raise InputError(f"--heads must belong to --layer {layer} (L{layer}H0, L{layer}H1, ...)")
     projection = project_features(
         id_feats, ood_feats, heads=heads, method=args.method, layers=[layer]
     )
     projection.to_csv(out / f"{args.method}_layer{layer}.csv", index=False)
     written = [f"distances_layer{layer}.csv", f"{args.method}_layer{layer}.csv"]
-    if args.masks:
-        identity = loaded.identity()
-        other = args.allow_other_weights
-        member = load_masks(args.masks, layout, identity, allow_other_weights=other)[0]
+    if member is not None:
         table5 = distance_table_dense_vs_circuit(
             loaded.model,
             member.keep,

@@ -311,19 +311,29 @@ def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
     return frame.rename_axis("layer")
 
 
-def prepare(args: argparse.Namespace, *, report_sample_size: int | None = None):
-    """Model (on the requested device), benchmark, input tensors and the cache, for a command.
+def prepare(
+    args: argparse.Namespace,
+    *,
+    report_sample_size: int | None = None,
+    check: Callable[[object], None] | None = None,
+):
+    """Model (on the requested device), benchmark, input tensors, the cache and the output folder,
+    for a command.
 
     The tensors are the search data (:func:`~hydra_core.analysis.inputs.search_inputs`) for
     commands that select heads; with ``report_sample_size``, a sample of that many report images
     per set (:func:`~hydra_core.analysis.inputs.report_sample`) for commands that describe the
-    reported distributions."""
+    reported distributions. ``check(loaded)`` refuses the command's own options that the model
+    decides (a budget, a layer, a file made for another model) before the output folder is
+    claimed (:func:`claim_output`): a refused command writes nothing."""
     from hydra_core.analysis.inputs import report_sample, search_inputs
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
     from hydra_core.outputs import data_identity
 
     loaded, benchmark = load_for_cli(args)
+    if check is not None:
+        check(loaded)
     device = resolve_device(args.device)
     loaded.model.to(device)
     if report_sample_size is None:
