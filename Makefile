@@ -53,7 +53,7 @@ bench: setup
 	$(BIN)/python bench/fusion.py
 
 report: setup
-	$(BIN)/python -m hydra_core report
+	$(BIN)/python -m hydra_core report --out docs/report --overwrite
 
 clean-cache:
 	find cache -mindepth 1 ! -name .gitignore -exec rm -rf {} +

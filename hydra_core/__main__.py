@@ -1,5 +1,19 @@
+"""``python -m hydra_core`` and the ``hydra-lab`` console script.
+
+Start-up (importing torch, timm and the commands) takes seconds; Ctrl-C during it ends quietly
+with exit code 130, as it does once a command runs (:func:`hydra_core.cli.main`)."""
+
 import sys
 
-from hydra_core.cli import main
 
-sys.exit(main())
+def run() -> None:
+    try:
+        from hydra_core.cli import main
+    except KeyboardInterrupt:
+        print("stopped while starting; nothing was done", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

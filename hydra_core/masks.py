@@ -200,8 +200,8 @@ def masks_from_json(
         raise MaskFileError(
             f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; "
             f"the loaded model {identity.get('name')!r} has weights {identity.get('weights')} "
-            "(same shape, other "
-            "weights: load with allow_other_weights to use them anyway)"
+            "(same shape, other weights): use masks made for this model, or accept them anyway "
+            "(--allow-other-weights; Masks page: 'Accept masks made for other weights')"
         )
     raw = data.get("members")
     if not isinstance(raw, list) or not raw:
@@ -263,6 +263,43 @@ def masks_from_json(
     return members
 
 
+def read_masks(
+    content: bytes,
+    where: str,
+    layout: HeadLayout,
+    identity: dict | None = None,
+    *,
+    allow_other_weights: bool = False,
+    allow_identical: bool = False,
+) -> list[MemberMask]:
+    """The members of a mask file's bytes (a file read, an upload on the Masks page), validated
+    (see :func:`masks_from_json`); ``where`` names the file in messages. Anything that is not a
+    UTF-8 JSON mask file of the loaded model is a :class:`MaskFileError` in one line."""
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise MaskFileError(
+            f"{where} is not a mask file: not UTF-8 text (byte {content[exc.start]:#x} at "
+            f"position {exc.start}); a mask file is the JSON that masks or the Masks page writes"
+        ) from None
+    if not text.strip():
+        raise MaskFileError(f"{where} is empty; a mask file is the JSON that masks writes")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MaskFileError(f"{where} is not valid JSON ({exc})") from None
+    try:
+        return masks_from_json(
+            data,
+            layout,
+            identity,
+            allow_other_weights=allow_other_weights,
+            allow_identical=allow_identical,
+        )
+    except MaskFileError as exc:
+        raise MaskFileError(f"{where}: {exc}") from None
+
+
 def load_masks(
     path: str | Path,
     layout: HeadLayout,
@@ -271,16 +308,19 @@ def load_masks(
     allow_other_weights: bool = False,
     allow_identical: bool = False,
 ) -> list[MemberMask]:
-    """Read and validate a mask file (see :func:`masks_from_json`)."""
-    path = Path(path)
+    """Read and validate a mask file (see :func:`read_masks`)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise MaskFileError(f"mask file {path} is a folder; give the JSON file masks wrote")
     try:
-        data = json.loads(Path(path).read_text())
+        content = path.read_bytes()
     except FileNotFoundError:
         raise MaskFileError(f"mask file {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MaskFileError(f"{path} is not valid JSON ({exc})") from None
-    return masks_from_json(
-        data,
+    except OSError as exc:
+        raise MaskFileError(f"cannot read mask file {path} ({exc.strerror or exc})") from None
+    return read_masks(
+        content,
+        str(path),
         layout,
         identity,
         allow_other_weights=allow_other_weights,

@@ -134,11 +134,6 @@ def cached_benchmark(modality: str, **options) -> Benchmark:
 def setup_benchmark(config: SetupConfig, loaded: LoadedModel) -> Benchmark:
     """The data a setup names, for its model's modality (loaded once per setup)."""
     modality = loaded.modality
-    classes = config.classes
-    if modality.follows_model_classes:
-        # the labels of an ID file of your own are matched to the model's class names unless the
-        # setup gives another order; without such a file there is nothing to order
-        classes = (classes or loaded.classes) if config.id_source else None
     return cached_benchmark(
         modality.name,
         id_source=config.id_source,
@@ -148,7 +143,9 @@ def setup_benchmark(config: SetupConfig, loaded: LoadedModel) -> Benchmark:
         protocol=config.protocol,
         n_search=config.n_search,
         n_report=config.n_report,
-        classes=None if classes is None else tuple(classes),
+        classes=None if config.classes is None else tuple(config.classes),
+        # an ID file's label names are matched to them unless the setup gives an order
+        model_classes=loaded.classes,
         image_format=loaded.image_format,  # used only when image folders are involved
     )
 

@@ -20,6 +20,7 @@ from hydra_ui.context import (
     get_config,
     get_context,
     set_config,
+    setup_benchmark,
     setup_model,
 )
 from hydra_ui.widgets import show_error, table_with_download
@@ -353,12 +354,14 @@ def lines(text: str) -> tuple[str, ...]:
 
 
 def check_choice(chosen: SetupConfig, modality: Modality) -> None:
-    """Refuse OOD choices that make no benchmark, before anything is loaded (InputError)."""
+    """Refuse data choices that make no benchmark (OOD roles, paths, set names), before anything
+    is loaded (InputError)."""
     modality.check_choice(
         chosen.report_sets(modality),
         chosen.search_sets(modality),
         chosen.ood_sources,
         chosen.protocol,
+        id_source=chosen.id_source,
     )
 
 
@@ -460,7 +463,7 @@ if applied:
             device=device,
             precision=precision,
         )
-        with show_error("Cannot use these OOD sets"):
+        with show_error("Cannot use this data"):
             check_choice(chosen, modality)
             with show_error(f"Cannot use {model}"):
                 # Refused here rather than on the last page: every page analyses or fuses it.
@@ -472,6 +475,9 @@ if applied:
                     )
                 loaded.check_analysable()
                 check_fusable(loaded.model)
+                # every file read now, so that data that cannot be used is never applied
+                id_search = setup_benchmark(chosen, loaded).id_search
+                check_fit(loaded, id_search, own_folder=chosen.id_source is not None)
                 set_config(chosen)
                 st.rerun()
 

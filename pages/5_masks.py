@@ -24,8 +24,8 @@ from hydra_core.hydra.members import (
 from hydra_core.masks import (
     MaskFileError,
     MemberMask,
-    masks_from_json,
     masks_to_json,
+    read_masks,
 )
 from hydra_core.models.adapter import head_layout
 from hydra_ui.analyses import search_data, stored_greedy_runs, taylor
@@ -243,12 +243,12 @@ with show_error("Could not build the masks"):
         upload = st.file_uploader("Import a mask file (JSON, SPEC section 9)", type=["json"])
         other = st.checkbox("Accept masks made for other weights of the same shape")
         if upload is not None:
-            try:
-                imported = masks_from_json(
-                    json.loads(upload.getvalue()), layout, identity, allow_other_weights=other
+            try:  # validated as the command line validates a mask file
+                imported = read_masks(
+                    upload.getvalue(), upload.name, layout, identity, allow_other_weights=other
                 )
-            except (MaskFileError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-                st.error(f"{upload.name} does not fit the loaded model: {exc}")
+            except MaskFileError as exc:
+                st.error(f"Cannot import {exc}")
             else:
                 st.success(
                     f"{upload.name}: {len(imported)} member(s): "

@@ -107,14 +107,20 @@ TEXT_KINDS = ("bert", "roberta", "mpnet", "distilbert")
 
 
 def make_tiny_text(
-    kind: str = "bert", seed: int = 0, depth: int = 2, num_heads: int = 4, scale: float = 3.0
+    kind: str = "bert",
+    seed: int = 0,
+    depth: int = 2,
+    num_heads: int = 4,
+    scale: float = 3.0,
+    num_labels: int = 3,
 ):
-    """A tiny random Hugging Face sequence classifier (vocabulary 60, d=24, 3 classes), in eval
-    mode, with its weights scaled up so that removing a head changes the logits noticeably."""
+    """A tiny random Hugging Face sequence classifier (vocabulary 60, d=24, 3 classes by
+    default), in eval mode, with its weights scaled up so that removing a head changes the logits
+    noticeably."""
     import transformers
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=60, max_position_embeddings=40, num_labels=3, pad_token_id=1)
+    common = dict(vocab_size=60, max_position_embeddings=40, num_labels=num_labels, pad_token_id=1)
     if kind == "distilbert":
         config = transformers.DistilBertConfig(
             dim=24, n_layers=depth, n_heads=num_heads, hidden_dim=48, **common
@@ -317,7 +323,7 @@ def save_tiny_folder(folder, classes=("neg", "pos", "mixed")):
     folder (``save_pretrained``); returns both."""
     import transformers
 
-    model = make_tiny_text("bert")
+    model = make_tiny_text("bert", num_labels=len(classes))
     model.config.id2label = dict(enumerate(classes))
     model.config.label2id = {c: i for i, c in enumerate(classes)}
     tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)})

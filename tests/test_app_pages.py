@@ -232,9 +232,21 @@ def test_masks_build_draw_export_and_import(app):
     app.run()
     assert not app.exception
     assert any(
-        "wrong.json does not fit the loaded model" in e.value and "6 layers x 12 heads" in e.value
+        "Cannot import wrong.json: the masks were made for" in e.value
+        and "6 layers x 12 heads" in e.value
         for e in app.error
     )
+    for name, content, message in (  # validated as the command line validates a mask file
+        ("latin.json", '{"caf\xe9": 1}'.encode("latin-1"), "latin.json is not a mask file"),
+        ("empty.json", b"  ", "empty.json is empty"),
+        ("broken.json", b"{not json", "broken.json is not valid JSON"),
+        ("list.json", b"[1, 2]", "list.json: a mask file holds a JSON object"),
+    ):
+        app.file_uploader[0].set_value((name, content, "application/json"))
+        app.run()
+        errors = [e.value for e in app.error]
+        assert not app.exception and len(errors) == 1 and "\n" not in errors[0], errors
+        assert errors[0].startswith(f"Cannot import {name}") and message in errors[0], errors
 
     app.file_uploader[0].set_value(
         ("masks.json", json.dumps(exported).encode(), "application/json")

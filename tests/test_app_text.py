@@ -41,11 +41,22 @@ PAGES = [
 ]
 
 
+#: every sentence the files hold: each is made once, as a text is either ID or OOD, in one file
+MADE: set[str] = set()
+
+
 def sentences(seed: int, count: int, extra: tuple[str, ...] = ()) -> list[str]:
-    """Short random sentences of the vocabulary's words (and ``extra`` words, [UNK] to it)."""
+    """Short random sentences of the vocabulary's words (and ``extra`` words, [UNK] to it), none
+    made before."""
     rng = random.Random(seed)
     words = [*WORDS[5:], *extra]
-    return [" ".join(rng.choices(words, k=rng.randint(2, 10))) for _ in range(count)]
+    made = []
+    while len(made) < count:
+        text = " ".join(rng.choices(words, k=rng.randint(2, 10)))
+        if text not in MADE:
+            MADE.add(text)
+            made.append(text)
+    return made
 
 
 @pytest.fixture(scope="module")

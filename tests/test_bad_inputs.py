@@ -388,3 +388,288 @@ def test_setup_refuses_a_model_that_cannot_be_fused(tmp_path, monkeypatch):
     assert not app.exception
     assert any("cannot be fused: dynamic image sizes" in e.value for e in app.error)
     assert app.session_state[CONFIG_KEY].model == "default"  # the setup was not applied
+
+
+# --- issue 25, cause 6: every option checked by the parser ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
+        (["eval", "--threads", "-1"], "argument --threads: must be at least 1, got -1"),
+        (["eval", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+        (["eval", "--n-report", "-3"], "argument --n-report: must be at least 1, got -3"),
+        (["eval", "--device", "tpu"], "argument --device: 'tpu' is not a device Hydra Lab runs on; "
+         "choose auto, cpu, cuda or cuda:N"),
+        (["eval", "--cache-dir", "{file}"], "argument --cache-dir: {file} is a file, not a folder"),
+        (["eval", "--cache-dir", "{file}/cache"], "argument --cache-dir: {file} is a file, so"),
+        (["search", "--budget", "0"], "argument --budget: must be at least 1, got 0"),
+        (["search", "--batch-size", "x"], "argument --batch-size: must be a whole number, got 'x'"),
+        (["masks", "--m", "0"], "argument --m: must be at least 1, got 0"),
+        (["masks", "--seeds", "1", "-2"], "argument --seeds: must be at least 0, got -2"),
+        (["hydra", "--masks", "m.json", "--mc-passes", "0"], "argument --mc-passes: must be at"),
+        (["hydra", "--masks", "m.json", "--ft-lr", "0"], "argument --ft-lr: must be above 0"),
+        (["hydra", "--masks", "m.json", "--ft-label-smoothing", "1"], "must be at least 0 and "
+         "below 1, got 1"),
+        (["represent", "--n-images", "0"], "argument --n-images: must be at least 1, got 0"),
+        (["cahp", "--k-step", "0"], "argument --k-step: must be at least 1, got 0"),
+        (["train-ensemble", "--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
+        (["evaluate"], "argument COMMAND: invalid choice: 'evaluate'"),
+    ],
+)  # fmt: skip
+def test_every_option_is_checked_by_the_parser(tmp_path, monkeypatch, capsys, argv, message):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.chdir(tmp_path)
+    file = str(tmp_path / "file")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, err = run(capsys, *(a.format(file=file) for a in argv))
+    assert code == 2 and message.format(file=file) in one_error_line(err)
+    assert "usage:" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_represent_refuses_layers_and_heads_the_model_lacks(checkpoint, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "rep")]
+    code, err = run(capsys, "represent", "--model", checkpoint, *DATA, "--layer", "5", *out)
+    assert code == 2 and "--layer 5 does not exist: file:tiny.safetensors has layers 0..1" in (
+        one_error_line(err)
+    )
+    code, err = run(capsys, "represent", "--model", checkpoint, *DATA, "--heads", "H3", *out)
+    assert code == 2 and "--heads 'H3' is not a head label" in one_error_line(err)
+
+
+def _message_strings() -> dict[str, set[str]]:
+    """Every ``--flag`` that a string of hydra_core names (docstrings left out: they document the
+    code), by flag, with the files naming it."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import hydra_core
+
+    found: dict[str, set[str]] = {}
+    for path in Path(hydra_core.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if id(node) in docstrings:
+                continue
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", node.value):
+                found.setdefault(flag, set()).add(path.name)
+    return found
+
+
+#: options of the other commands messages tell the user to run
+OTHER_TOOLS_OPTIONS = {
+    "--no-deps": "pip install, for the data wheels",
+    "--force-reinstall": "pip install, for a corrupt wheel",
+    "--nproc-per-node": "torchrun",
+}
+
+
+def test_no_message_suggests_an_option_that_does_not_exist():
+    import argparse
+
+    from hydra_core.cli import build_parser
+
+    options = set()
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options.update(o for a in sub._actions for o in a.option_strings)
+    named = _message_strings()
+    assert "--allow-other-weights" in named  # the mask-mismatch message names a real flag
+    missing = {
+        flag: files
+        for flag, files in named.items()
+        if flag not in options and flag not in OTHER_TOOLS_OPTIONS
+    }
+    assert not missing, f"messages name options no command has: {missing}"
+
+
+# --- cause 7: hub names offline ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, what",
+    [
+        ("hf:textattack/bert-base-uncased-SST-2", "Hugging Face model"),
+        ("vit_small_patch16_224", "timm model 'vit_small_patch16_224'"),
+        ("openclip:ViT-B-32/laion2b_s34b_b79k", "openclip:ViT-B-32/laion2b_s34b_b79k"),
+    ],
+)
+def test_hub_names_offline_are_one_line_at_once(monkeypatch, capsys, model, what):
+    import huggingface_hub.constants
+
+    from tests.conftest import block_network
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    attempts = block_network(monkeypatch)
+    code, err = run(capsys, "eval", "--model", model, *DATA)
+    line = one_error_line(err)
+    assert (
+        code == 2 and f"cannot load {what}" in line and "huggingface.co cannot be reached" in line
+    )
+    assert "offline, " in line and len(err.strip().splitlines()) == 1  # no retry logs
+    assert len(attempts) == 1  # one quick check, no retries
+
+
+# --- cause 8: degenerate inputs ------------------------------------------------------------------
+
+
+def _grey_folder(root, save) -> str:
+    """The same 8-bit greyscale images (two classes) saved by ``save(pixels, path)``."""
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / "set" / label).mkdir(parents=True)
+        for i in range(3):
+            save(rng.integers(0, 256, (28, 28), dtype=np.uint8), root / "set" / label / str(i))
+    return str(root / "set")
+
+
+def test_16_bit_and_float_images_are_scaled_not_clipped(checkpoint, tmp_path, capsys):
+    from hydra_core.data.generic import load_image_folder
+
+    folders = {
+        "8-bit": _grey_folder(
+            tmp_path / "u8", lambda a, p: Image.fromarray(a).save(p.with_suffix(".png"))
+        ),
+        "16-bit": _grey_folder(
+            tmp_path / "u16",
+            lambda a, p: Image.fromarray(a.astype(np.uint16) * 257).save(p.with_suffix(".png")),
+        ),
+        "float": _grey_folder(
+            tmp_path / "f32",
+            lambda a, p: Image.fromarray(a.astype(np.float32) / 255).save(p.with_suffix(".tif")),
+        ),
+    }
+    assert Image.open(next((tmp_path / "u16").rglob("*.png"))).mode == "I;16"
+    pixels = {k: load_image_folder(f, size=28, grayscale=True).images for k, f in folders.items()}
+    assert torch.equal(pixels["16-bit"], pixels["8-bit"]) and torch.equal(
+        pixels["float"], pixels["8-bit"]
+    )
+    results = []
+    for folder in folders.values():
+        code, err = run(
+            capsys, "eval", "--model", checkpoint, "--id-folder", folder, *DATA, "--json"
+        )
+        assert code == 0, err
+        results.append(json.loads(run.out)["id"])
+    assert results[0] == results[1] == results[2]
+
+
+def test_a_one_class_classifier_is_refused(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    from tests.conftest import save_tiny_clip
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    clip = save_tiny_clip(tmp_path / "clip")
+    (tmp_path / "pets" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(np.full((32, 32, 3), 60 * i, np.uint8)).save(
+            tmp_path / "pets" / "cat" / f"{i}.png"
+        )
+    code, err = run(capsys, "eval", "--model", f"openclip:local-dir:{clip}", "--id-folder",
+                    str(tmp_path / "pets"), *DATA)  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and "has one class folder (cat)" in line and "two classes or more" in line
+    path = save_state(tiny_timm_vit(num_classes=1), tmp_path / "one.safetensors")
+    code, err = run(capsys, "eval", "--model", path, "--arch", "vit_tiny_patch16_224",
+                    "--arch-kwargs", TINY_KWARGS, *DATA)  # fmt: skip
+    assert code == 2 and "has 1 output: a classifier of one class" in one_error_line(err)
+
+
+# --- cause 9: Ctrl-C during start-up -------------------------------------------------------------
+
+
+def test_ctrl_c_while_starting_exits_130_without_a_traceback():
+    """Ctrl-C while torch is being imported (the first seconds of every command)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    interrupt_at_torch = (
+        "import runpy, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['hydra_core', 'info']\n"
+        "runpy.run_module('hydra_core', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", interrupt_at_torch],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "stopped while starting; nothing was done"
+
+
+def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    started = subprocess.Popen(
+        [sys.executable, "-m", "hydra_core", "info", "--device", "cpu"],
+        cwd=Path(__file__).parent.parent,
+        env={**__import__("os").environ, "HYDRA_LAB_CACHE": str(tmp_path / "cache")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # start-up (imports) takes longer: the signal lands in it, or just after
+    started.send_signal(signal.SIGINT)
+    _, err = started.communicate(timeout=120)
+    assert started.returncode == 130, err
+    assert "Traceback" not in err and err.strip().startswith("stopped")
+
+
+# --- cause 10: --arch-kwargs with num_classes ----------------------------------------------------
+
+
+def test_arch_kwargs_num_classes_is_merged_with_the_checkpoint(tmp_path, capsys):
+    path = save_state(tiny_timm_vit(), tmp_path / "ten.safetensors")
+    argv = ["eval", "--model", path, "--arch", "vit_tiny_patch16_224", *DATA, "--json"]
+    agree = '{"img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}'
+    code, err = run(capsys, *argv, "--arch-kwargs", agree)
+    assert code == 0, err
+    plain = run(capsys, *argv, "--arch-kwargs", TINY_KWARGS)
+    assert plain[0] == 0 and json.loads(run.out)["id"]["accuracy"] is not None
+    contradict = agree.replace("10}", "7}")
+    code, err = run(capsys, *argv, "--arch-kwargs", contradict)
+    line = one_error_line(err)
+    assert code == 2 and f"num_classes 7 contradicts {path}" in line and "has 10 outputs" in line
+
+
+def test_arch_kwargs_on_a_checkpoint_that_carries_its_config(tmp_path, capsys):
+    arch = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=24, depth=2,
+                num_heads=4)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path / "configured.safetensors"
+    save_checkpoint(timm.models.vision_transformer.VisionTransformer(**arch), path, arch)
+    argv = ["eval", "--model", str(path), *DATA]
+    assert run(capsys, *argv, "--arch-kwargs", '{"num_classes": 10}')[0] == 0
+    code, err = run(capsys, *argv, "--arch-kwargs", '{"num_classes": 3}')
+    line = one_error_line(err)
+    assert code == 2 and "--arch-kwargs num_classes=3 contradicts" in line
+    assert "whose header says num_classes=10" in line

@@ -143,7 +143,7 @@ def test_cahp(checkpoint, tmp_path):
         (["eval", "--model", "{checkpoint}", "--ood", "cifar"], "unknown OOD set"),
         (
             ["eval", "--model", "{checkpoint}", "--n-search", "0"],
-            "n_search must be a positive number",
+            "argument --n-search: must be at least 1, got 0",
         ),
         (
             ["eval", "--model", "{checkpoint}", "--search-ood", "cifar"],

@@ -269,7 +269,9 @@ def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--baselines: unknown baseline(s) 'dropout'" in err
     assert main([*common, "--baselines", "mc-dropout", "--mc-dropout-rate", "1.5"]) == 2
-    assert "--mc-dropout-rate must lie strictly between 0 and 1" in capsys.readouterr().err
+    assert (
+        "argument --mc-dropout-rate: must lie strictly between 0 and 1" in capsys.readouterr().err
+    )
 
 
 def test_masks_circuits_is_one_circuit_per_criterion(checkpoint, tmp_path, capsys):
@@ -289,10 +291,13 @@ def test_masks_circuits_is_one_circuit_per_criterion(checkpoint, tmp_path, capsy
         (single,) = masks("--strategy", "circuit", "--m", "1", "--objective", objective)
         assert torch.equal(member.keep, single.keep)
     capsys.readouterr()
-    code = main(["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--m", "2"])
+    out = ["--out", str(tmp_path / "refused.json")]
+    code = main(["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--m", "2", *out])
     assert code == 2
     assert "one member per criterion" in capsys.readouterr().err
     # at budget 2 the three criteria remove the same two heads of this tiny model
-    code = main(["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--budget", "2"])
+    code = main(
+        ["masks", "--model", checkpoint, *DATA, "--strategy", "circuits", "--budget", "2", *out]
+    )
     assert code == 2
     assert "the criteria found the same circuit" in capsys.readouterr().err

@@ -108,17 +108,19 @@ def test_eval_search_importance_represent_masks_hydra(text_setup, tmp_path, caps
 @pytest.mark.parametrize(
     "extra, match",
     [
-        (["--id-folder", "somewhere"], "text model: give your own data as --id-file"),
-        (["--ood-file", "nowhere.csv"], "does not exist"),
+        (["--id-folder", "{root}"], "text model: give your own data as --id-file"),
+        (["--ood-file", "nowhere.csv"], "the OOD file nowhere.csv does not exist"),
+        (["--ood-file", "{root}"], "is a folder; a text set is one CSV"),
     ],
 )
 def test_text_data_errors_are_one_line(text_setup, extra, match, capsys):
-    _, common = text_setup
-    assert main(["eval", *common, *extra]) == 2
+    root, common = text_setup
+    assert main(["eval", *common, *(a.format(root=root) for a in extra)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and match in err
 
 
-def test_image_model_refuses_text_files(checkpoint, capsys):
-    assert main(["eval", "--model", checkpoint, "--id-file", "a.csv"]) == 2
+def test_image_model_refuses_text_files(checkpoint, text_setup, capsys):
+    root, _ = text_setup
+    assert main(["eval", "--model", checkpoint, "--id-file", str(root / "id.csv")]) == 2
     assert "image model" in capsys.readouterr().err

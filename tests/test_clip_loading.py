@@ -303,7 +303,8 @@ def test_bad_sources_are_one_line_naming_the_fix(tmp_path, offline, source, mess
     [
         ({"templates": "A photo."}, r"has no \{label\}"),
         ({"templates": []}, "no prompt templates given"),
-        ({"classes": []}, "at least one class"),
+        ({"classes": []}, "needs at least two classes, got 0"),
+        ({"classes": ["cat"]}, r"needs at least two classes, got 1 \(cat\)"),
         ({"arch": "vit_tiny_patch16_224"}, "do not apply to openclip:"),
     ],
 )

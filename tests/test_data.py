@@ -579,8 +579,9 @@ def test_benchmark_errors():
         ({"n_report": -2}, "n_report must be a positive"),
         ({"n_search": True}, "n_search must be a positive"),
         ({"id_report_pool": id_val}, "same images"),
-        ({"ood_sets": [ok, indexed_set("o", 6)]}, "report OOD set names must be unique"),
-        ({"search_ood": [search, indexed_set("s", 6)]}, "search OOD set names must be unique"),
+        ({"ood_sets": [ok, indexed_set("o", 6)]}, "two report OOD sets are named 'o'"),
+        ({"search_ood": [search, indexed_set("s", 6)]}, "two search OOD sets are named 's'"),
+        ({"ood_sets": [indexed_set("v", 8, tag=3)]}, "ID set and an OOD set are both named 'v'"),
         ({"ood_sets": [indexed_set("x", 8, "id")]}, "group 'id'; load it with group='near'"),
         ({"search_ood": [indexed_set("y", 8, "id")]}, "group 'id'; load it with group='near'"),
         ({"ood_sets": [big]}, r"shape \(1, 5, 5\) but the in-distribution set has \(1, 4, 4\)"),
@@ -807,7 +808,7 @@ def test_folder_benchmark_errors(tmp_path):
         folder_benchmark(id_folder=str(tmp_path), ood=[], ood_folders=[])
     with pytest.raises(ValueError, match="at least one OOD set"):
         folder_benchmark(ood=[])  # Fashion-MNIST alone: nothing to tell it from
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(InputError, match="the OOD folder .*missing does not exist"):
         folder_benchmark(ood_folders=[str(tmp_path / "missing")])
     write_png(tmp_path / "tiny" / "only" / "a.png", (1, 2, 3))
     with pytest.raises(ValueError, match="holds 1 images"):

@@ -21,6 +21,8 @@ LAYERS = (
         "hydra_core.paths",
         "hydra_core.errors",
         "hydra_core.files",
+        "hydra_core.outputs",
+        "hydra_core.hub",
         "hydra_core.distributed",
     ),
     ("hydra_core.cache", "hydra_core.metrics"),

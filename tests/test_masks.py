@@ -138,7 +138,12 @@ def test_other_weights_can_be_allowed(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, match", [(b"{not json", "not valid JSON"), (b"\xff\xfe\x00", "not valid JSON")]
+    "content, match",
+    [
+        (b"{not json", "c.json is not valid JSON"),
+        (b"\xff\xfe\x00", "c.json is not a mask file: not UTF-8 text"),
+        (b" \n", "c.json is empty"),
+    ],
 )
 def test_corrupt_files(tmp_path, content, match):
     path = tmp_path / "c.json"

@@ -170,23 +170,39 @@ def test_folder_without_a_classifier_warns_and_one_without_tokenizer_is_refused(
 
 
 @pytest.mark.parametrize("name", ["bert-base-uncased", "hf:some-owner/sst2", "textattack/x"])
-def test_hub_name_offline_is_one_line(monkeypatch, name):
-    asked = []
+def test_hub_name_offline_is_one_line_at_once(monkeypatch, name):
+    """Offline (the hub's offline mode here), a hub name is looked for in the local cache only:
+    no request, no retry, one line naming the model, the reason and what to use instead."""
+    import huggingface_hub.constants
 
-    def offline(source, *args, **kwargs):
-        asked.append(source)
-        raise OSError(
-            "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't "
-            "find them in the cached files.\nCheck your internet connection."
-        )
-
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    attempts = block_network(monkeypatch)
     with pytest.raises(InputError) as exc:
         load_model(name)
     line = one_line(exc)
-    assert asked == [name.removeprefix("hf:")]
-    assert "couldn't connect" in line and "needs the network" in line
-    assert "minilm-sentiment" in line
+    assert f"cannot load Hugging Face model {name.removeprefix('hf:')!r}" in line
+    assert (
+        "offline (HF_HUB_OFFLINE is set)" in line and "not in the local Hugging Face cache" in line
+    )
+    assert "minilm-sentiment" in line and attempts == []
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is True  # restored as it was
+
+
+def test_unreachable_hub_is_found_by_one_quick_check(monkeypatch):
+    """Without offline mode, one connection attempt tells that the hub cannot be reached; the
+    libraries then read the cache alone (no retries with back-off) and the mode is restored."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    attempts = block_network(monkeypatch)
+    with pytest.raises(InputError) as exc:
+        load_model("textattack/bert-base-uncased-SST-2")
+    line = one_line(exc)
+    assert "huggingface.co cannot be reached" in line and "minilm-sentiment" in line
+    assert len(attempts) == 1  # the quick check; nothing after it
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False
 
 
 def test_missing_or_empty_folders_are_named(tmp_path):

@@ -278,7 +278,8 @@ def test_train_text_base_mpnet_trains_the_head_alone(tmp_path, monkeypatch, caps
     assert sorted(stored) == sorted(k for k in base.state_dict() if k.startswith("classifier."))
     assert not torch.equal(stored["classifier.dense.weight"].float(), base.classifier.dense.weight)
     assert len(list((cache / mpnet.FEATURES_KIND).iterdir())) == 3  # the three splits' states
-    assert main(argv) == 0  # again: from the cached states, the same asset
+    assert main(argv) == 2  # an existing asset is replaced only when asked
+    assert main([*argv, "--overwrite"]) == 0  # again: from the cached states, the same asset
     assert mpnet.read_asset_header(out)["history"] == header["history"]
 
 

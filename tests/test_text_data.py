@@ -27,10 +27,10 @@ from hydra_core.data.text import (
     TextSet,
     clean_html,
     load_rotten_tomatoes,
-    load_text_file,
     load_text_ood_set,
     split_sentences,
 )
+from hydra_core.data.text_files import load_text_file
 from hydra_core.errors import InputError
 from tests.conftest import missing_data
 
@@ -273,9 +273,9 @@ def test_text_ood_set(name, rotten_tomatoes):
         assert len(counts) == len(classes) and counts.min() > 0.1 * len(data)
     words = [len(t.split()) for t in data.texts]
     assert min(words) >= 1 and max(words) <= longest
-    keys = [text._key(t) for t in data.texts]
+    keys = [text.text_key(t) for t in data.texts]
     assert all(keys) and len(set(keys)) == len(keys)  # no empty, no duplicate text
-    rt_keys = {text._key(t) for split in rotten_tomatoes.values() for t in split.texts}
+    rt_keys = {text.text_key(t) for split in rotten_tomatoes.values() for t in split.texts}
     assert not rt_keys & set(keys)  # no OOD text is a Rotten Tomatoes sentence
     assert load_text_ood_set(name) is data  # loaded once per process
 

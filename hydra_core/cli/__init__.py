@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError
@@ -23,16 +24,16 @@ for _module in ("model", "text", "analysis", "masks", "hydra", "export"):
 
 def build_parser() -> argparse.ArgumentParser:
     installed = Path(sys.argv[0]).name == "hydra-lab"  # the console script, not python -m
-    parser = argparse.ArgumentParser(
+    parser = options.OneLineParser(
         prog="hydra-lab" if installed else "python -m hydra_core",
         description="Hydra Lab: find the attention heads that carry a transformer's uncertainty, "
         "and fuse pruned members into one Hydra ensemble.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    options = global_options()
+    shared = global_options()
     for name, (add_arguments, run) in COMMANDS.items():
         doc = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else ""
-        p = sub.add_parser(name, help=doc, description=doc, parents=[options])
+        p = sub.add_parser(name, help=doc, description=doc, parents=[shared])
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
@@ -45,6 +46,9 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 #: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
 DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble")
 
+#: what Ctrl-C prints (exit code 130): searches save every step, so a rerun resumes
+STOPPED = "stopped; progress saved, run again to resume"
+
 #: errors that a user's input causes: ours (InputError is a ValueError) and the libraries' for
 #: unreadable files, impossible devices and the like; shown as one line, not a traceback
 USER_ERRORS = (ValueError, OSError, RuntimeError)
@@ -56,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) the commands of :data:`DISTRIBUTED_COMMANDS` run as
     one job over its processes; rank 0 alone writes and prints the results."""
-    args = build_parser().parse_args(argv)
-    warnings.showwarning = _one_line_warning
-    if args.cache_dir:
-        os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     started = False
     try:
+        args = build_parser().parse_args(argv)
+        warnings.showwarning = _one_line_warning
+        if args.cache_dir:
+            os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())
         if args.threads:
             import torch
 
@@ -70,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
             started = _start_distributed(args)
         return args.run(args)
     except KeyboardInterrupt:
-        if args.debug:
+        if debug:
             raise
-        print("stopped; progress saved, run again to resume", file=sys.stderr)
+        print(STOPPED, file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
-        if args.debug:
+        if debug:
             raise
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         hint = "" if isinstance(exc, InputError) else " (--debug shows the traceback)"

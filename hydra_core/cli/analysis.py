@@ -16,18 +16,23 @@ from pathlib import Path
 
 import pandas as pd
 
+import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
     add_analysis_arguments,
+    add_other_weights_argument,
     command,
     head_map_frame,
     prepare,
     shows_progress,
+    warn,
+    warn_near_chance,
     write_json,
 )
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
+from hydra_core.outputs import data_identity
 
 
 def _search_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +43,12 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         choices=("acc", "ood", "avg"),
         help="acc: ID accuracy, ood: MSP AUROC, avg: their mean (default: %(default)s)",
     )
-    p.add_argument("--budget", type=int, default=24, help="heads to remove (default: %(default)s)")
+    p.add_argument(
+        "--budget",
+        type=options.positive_int,
+        default=24,
+        help="heads to remove (default: %(default)s)",
+    )
     p.add_argument(
         "--method",
         default="fast",
@@ -70,13 +80,15 @@ def _search(args: argparse.Namespace) -> int:
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
 
-    loaded, benchmark, inputs, cache, out = prepare(args)
-    total = head_layout(loaded.model).total_heads
-    if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
-        raise InputError(
-            f"--budget must be between 1 and {total - 1}: the model has {total} heads and the "
-            f"circuit the search writes keeps at least one; got {args.budget}"
-        )
+    def check_budget(loaded) -> None:
+        total = head_layout(loaded.model).total_heads
+        if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
+            raise InputError(
+                f"--budget must be between 1 and {total - 1}: the model has {total} heads and "
+                f"the circuit the search writes keeps at least one; got {args.budget}"
+            )
+
+    loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
     data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
     saved = None
     if distributed.is_main():  # the note on a saved search is rank 0's to print
@@ -115,8 +127,10 @@ def _search(args: argparse.Namespace) -> int:
     bar.close()
     if not distributed.is_main():
         return 0
+    warn_near_chance(args, loaded, result.base_accuracy)  # on the search split, as eval's
     stem = f"greedy_{args.objective}"
-    write_json(out / f"{stem}.json", result.to_dict())
+    identity = {"model": loaded.identity(), "data": data_identity(benchmark, "search")}
+    write_json(out / f"{stem}.json", {**result.to_dict(), **identity})
     steps = pd.DataFrame(
         {
             "step": range(1, result.steps + 1),
@@ -174,7 +188,7 @@ def _importance_arguments(p: argparse.ArgumentParser) -> None:
     add_analysis_arguments(p)
     p.add_argument(
         "--taylor-samples",
-        type=int,
+        type=options.positive_int,
         default=512,
         help="ID images for Taylor (default: %(default)s)",
     )
@@ -192,11 +206,17 @@ def _importance(args: argparse.Namespace) -> int:
     """Head importance maps: single-head Δaccuracy/ΔAUROC, Taylor, greedy rank, and Spearman."""
     import torch
 
-    from hydra_core.analysis.greedy import GreedyResult, single_head_importance
+    from hydra_core.analysis.greedy import single_head_importance
     from hydra_core.analysis.importance import importance_maps
     from hydra_core.analysis.taylor import taylor_scores
 
-    loaded, _, inputs, cache, out = prepare(args)
+    greedy = None
+
+    def read_greedy(loaded) -> None:  # another model's search is refused before any work
+        nonlocal greedy
+        greedy = _read_greedy(args.greedy, loaded) if args.greedy else None
+
+    loaded, _, inputs, cache, out = prepare(args, check=read_greedy)
     single = single_head_importance(
         loaded.model,
         inputs.id_x,
@@ -211,10 +231,8 @@ def _importance(args: argparse.Namespace) -> int:
     taylor = taylor_scores(
         loaded.model, inputs.id_x[:n], inputs.id_y[:n], batch_size=args.batch_size, cache=cache
     )
-    greedy = None
-    if args.greedy:
-        greedy = GreedyResult.from_dict(json.loads(Path(args.greedy).read_text()))
     found = importance_maps(single, taylor, greedy)
+    warn_near_chance(args, loaded, found.base_accuracy)
     for criterion in found.criteria:
         frame = head_map_frame(torch.from_numpy(criterion.importance))
         frame.to_csv(out / f"{criterion.file_stem}.csv")
@@ -238,6 +256,28 @@ def _importance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_greedy(path: str, loaded):
+    """A search result (``--greedy``) of the loaded model: another model's is refused, one that
+    names no model (an older file) warned about."""
+    from hydra_core.analysis.greedy import GreedyResult
+    from hydra_core.outputs import check_made_for
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"--greedy {path} does not exist; give a search result") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--greedy {path} is not a search result ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"--greedy {path} is not a search result (a JSON object)")
+    if note := check_made_for(data.get("model"), loaded.identity(), f"--greedy {path}"):
+        warn(note)
+    try:
+        return GreedyResult.from_dict(data)
+    except ValueError as exc:
+        raise InputError(f"--greedy {path}: {exc}") from None
+
+
 def _represent_arguments(p: argparse.ArgumentParser) -> None:
     add_analysis_arguments(p)
     p.add_argument(
@@ -256,10 +296,11 @@ def _represent_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LxHy",
         help="heads for the 2-D projection (default: every head of --layer)",
     )
+    add_other_weights_argument(p)
     p.add_argument("--method", default="pca", choices=("pca", "umap"))
     p.add_argument(
         "--n-images",
-        type=int,
+        type=options.positive_int,
         default=REPORT_SAMPLE,
         help="images per set: a fixed sample of the ID report part and of every report set "
         "(default: %(default)s)",
@@ -277,11 +318,31 @@ def _represent(args: argparse.Namespace) -> int:
     )
     from hydra_core.masks import load_masks
 
-    if args.n_images < 1:
-        raise InputError(f"--n-images must be a positive number of images, got {args.n_images}")
-    loaded, _, inputs, _, out = prepare(args, report_sample_size=args.n_images)
-    layout = head_layout(loaded.model)
-    layer = args.layer % layout.num_layers
+    layer, heads, member = 0, [], None
+
+    def check_choice(loaded) -> None:  # the layer, the heads and the mask file, before any work
+        nonlocal layer, heads, member
+        layout = head_layout(loaded.model)
+        if not -layout.num_layers <= args.layer < layout.num_layers:
+            raise InputError(
+                f"--layer {args.layer} does not exist: {loaded.name} has layers "
+                f"0..{layout.num_layers - 1} (-1 is the last)"
+            )
+        layer = args.layer % layout.num_layers
+        heads = (
+            [_head(label, layout) for label in args.heads]
+            if args.heads
+            else [(layer, h) for h in range(layout.num_heads[layer])]
+        )
+        if any(h[0] != layer for h in heads):
+            raise InputError(
+                f"--heads must belong to --layer {layer} (L{layer}H0, L{layer}H1, ...)"
+            )
+        if args.masks:
+            identity, other = loaded.identity(), args.allow_other_weights
+            member = load_masks(args.masks, layout, identity, allow_other_weights=other)[0]
+
+    loaded, _, inputs, _, out = prepare(args, report_sample_size=args.n_images, check=check_choice)
     id_feats = head_cls_features(
         loaded.model, inputs.id_x, layers=[layer], batch_size=args.batch_size
     )
@@ -295,20 +356,12 @@ def _represent(args: argparse.Namespace) -> int:
         )
     distances = pd.concat(tables, ignore_index=True)
     distances.to_csv(out / f"distances_layer{layer}.csv", index=False)
-    heads = (
-        [parse_head_label(h) for h in args.heads]
-        if args.heads
-        else [(layer, h) for h in range(layout.num_heads[layer])]
-    )
-    if any(h[0] != layer for h in heads):
-        raise SystemExit(f"--heads must belong to --layer {layer}")
     projection = project_features(
         id_feats, ood_feats, heads=heads, method=args.method, layers=[layer]
     )
     projection.to_csv(out / f"{args.method}_layer{layer}.csv", index=False)
     written = [f"distances_layer{layer}.csv", f"{args.method}_layer{layer}.csv"]
-    if args.masks:
-        member = load_masks(args.masks, layout, loaded.identity())[0]
+    if member is not None:
         table5 = distance_table_dense_vs_circuit(
             loaded.model,
             member.keep,
@@ -324,3 +377,16 @@ def _represent(args: argparse.Namespace) -> int:
     print(summary.round(3).to_string())
     print(f"wrote {', '.join(written)} to {out}")
     return 0
+
+
+def _head(label: str, layout) -> tuple[int, int]:
+    """A --heads label (``L3H5``) as (layer, head), checked against the model."""
+    try:
+        layer, head = parse_head_label(label)
+    except ValueError:
+        raise InputError(
+            f"--heads {label!r} is not a head label; write L<layer>H<head>, e.g. L0H3"
+        ) from None
+    if not (0 <= layer < layout.num_layers and 0 <= head < layout.num_heads[layer]):
+        raise InputError(f"--heads {label} does not exist in a model of {layout.num_layers} layers")
+    return layer, head

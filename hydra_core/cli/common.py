@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
+import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.errors import InputError
 
@@ -35,13 +36,19 @@ def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None])
 
 def global_options() -> argparse.ArgumentParser:
     """Options every command (and sub-command) takes, as a parent parser."""
+    from hydra_core.cli import options as checked
+
     options = argparse.ArgumentParser(add_help=False)
     g = options.add_argument_group("every command")
     g.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+        "--threads",
+        type=checked.positive_int,
+        default=None,
+        help="torch CPU threads, 1 or more (default: torch's choice)",
     )
     g.add_argument(
         "--cache-dir",
+        type=checked.folder,
         default=None,
         metavar="PATH",
         help="where computed results are kept (default: $HYDRA_LAB_CACHE, else cache/ in the "
@@ -86,8 +93,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "embeddings averaged per class) or simple (its 7), or templates of your own, each with "
         "{label} where the class name goes",
     )
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
+    p.add_argument(
+        "--device",
+        type=options.device,
+        default="auto",
+        help="auto (cuda when available), cpu, cuda or cuda:N (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size", type=options.positive_int, default=256, help="default: %(default)s"
+    )
 
 
 def zero_shot_options(args: argparse.Namespace) -> dict:
@@ -124,13 +138,13 @@ def add_data_arguments(
 
     p.add_argument(
         "--n-search",
-        type=int,
+        type=options.positive_int,
         default=n_search,
         help="images per set in the search data: ID and each search set (default: %(default)s)",
     )
     p.add_argument(
         "--n-report",
-        type=int,
+        type=options.positive_int,
         default=n_report,
         help="images per set in the report data: ID and each report set (default: all)",
     )
@@ -228,8 +242,17 @@ def shows_progress() -> bool:
 def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
     Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
+    from hydra_core.data.sources import check_paths, parse_id_source, parse_source
     from hydra_core.zoo.registry import check_fit, load_model, parse_arch_kwargs
 
+    own = []  # checked before the model loads: a wrong path is named at once
+    for files, id_source, ood_sources in (
+        (False, args.id_folder, args.ood_folder),
+        (True, args.id_file, args.ood_file),
+    ):
+        own += [parse_id_source(id_source, files=files)] if id_source else []
+        own += [parse_source(entry, files=files) for entry in ood_sources]
+    check_paths(own)
     loaded = load_model(
         args.model,
         arch=args.arch,
@@ -249,7 +272,8 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
         protocol=args.protocol,
         n_search=args.n_search,
         n_report=args.n_report,
-        classes=args.classes.split(",") if args.classes else None,
+        classes=[c.strip() for c in (args.classes or "").split(",") if c.strip()] or None,
+        model_classes=loaded.classes,
         image_format=loaded.image_format,
     )
     for note in check_fit(loaded, benchmark.id_search, own_folder=id_source is not None):
@@ -311,18 +335,29 @@ def head_map_frame(values: torch.Tensor) -> pd.DataFrame:
     return frame.rename_axis("layer")
 
 
-def prepare(args: argparse.Namespace, *, report_sample_size: int | None = None):
-    """Model (on the requested device), benchmark, input tensors and the cache, for a command.
+def prepare(
+    args: argparse.Namespace,
+    *,
+    report_sample_size: int | None = None,
+    check: Callable[[object], None] | None = None,
+):
+    """Model (on the requested device), benchmark, input tensors, the cache and the output folder,
+    for a command.
 
     The tensors are the search data (:func:`~hydra_core.analysis.inputs.search_inputs`) for
     commands that select heads; with ``report_sample_size``, a sample of that many report images
     per set (:func:`~hydra_core.analysis.inputs.report_sample`) for commands that describe the
-    reported distributions."""
+    reported distributions. ``check(loaded)`` refuses the command's own options that the model
+    decides (a budget, a layer, a file made for another model) before the output folder is
+    claimed (:func:`claim_output`): a refused command writes nothing."""
     from hydra_core.analysis.inputs import report_sample, search_inputs
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
+    from hydra_core.outputs import data_identity
 
     loaded, benchmark = load_for_cli(args)
+    if check is not None:
+        check(loaded)
     device = resolve_device(args.device)
     loaded.model.to(device)
     if report_sample_size is None:
@@ -330,18 +365,51 @@ def prepare(args: argparse.Namespace, *, report_sample_size: int | None = None):
     else:
         inputs = report_sample(loaded.preprocess, benchmark, n=report_sample_size)
     out = Path(args.out or f"results/{args.command}")
-    out.mkdir(parents=True, exist_ok=True)
+    data = data_identity(benchmark, "search" if report_sample_size is None else "report")
     if distributed.is_main():
+        claim_output(args, out, loaded, data)
         print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
     return loaded, benchmark, inputs.to(device), DiskCache(), out
+
+
+def claim_output(args: argparse.Namespace, out: Path, loaded, data: dict) -> None:
+    """Refuse an output folder that holds another run's results, unless --overwrite (see
+    :mod:`hydra_core.outputs`); create it and record this run."""
+    from hydra_core.outputs import claim_folder
+
+    claim_folder(
+        out, model=loaded.identity(), data=data, command=args.command, overwrite=args.overwrite
+    )
 
 
 def write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+def add_output_arguments(p: argparse.ArgumentParser, default: str, what: str = "folder") -> None:
+    """``--out`` and ``--overwrite``: where a command writes, and whether it may replace another
+    run's results there."""
+    p.add_argument("--out", default=None, help=f"output {what} (default: {default})")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace what the {what} holds: the results of another model or other data, or "
+        "files of unknown origin (refused otherwise)",
+    )
+
+
+def add_other_weights_argument(p: argparse.ArgumentParser) -> None:
+    """``--allow-other-weights``: use a mask file made for other weights of the same shape."""
+    p.add_argument(
+        "--allow-other-weights",
+        action="store_true",
+        help="use a mask file made for other weights of the same shape (refused otherwise: its "
+        "heads were chosen on another model)",
+    )
+
+
 def add_analysis_arguments(p: argparse.ArgumentParser) -> None:
-    """The model, the data and ``--out``: what every analysis command takes."""
+    """The model, the data, ``--out`` and ``--overwrite``: what every analysis command takes."""
     add_model_arguments(p)
     add_data_arguments(p)
-    p.add_argument("--out", default=None, help="output folder (default: results/<command>)")
+    add_output_arguments(p, "results/<command>")

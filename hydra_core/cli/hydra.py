@@ -3,7 +3,7 @@
 - ``hydra``: assemble the members of a mask file (optionally fine-tuned), evaluate every system,
   write the tables and export the fused model;
 - ``train-ensemble``: train the independently seeded copies Deep Ensembles need (cached);
-- ``report``: the replication report (docs/report by default).
+- ``report``: the replication report (results/report by default).
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ import json
 import sys
 from pathlib import Path
 
+import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.cli.common import (
     add_data_arguments,
     add_model_arguments,
+    add_other_weights_argument,
+    add_output_arguments,
+    claim_output,
     command,
     format_table,
     load_for_cli,
@@ -36,24 +40,43 @@ def _finetune_arguments(p: argparse.ArgumentParser) -> None:
         "--ft-optimizer", default=d.optimizer, choices=OPTIMIZERS, help="default: %(default)s"
     )
     g.add_argument(
-        "--ft-lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+        "--ft-lr",
+        type=options.positive_float,
+        default=d.lr,
+        help="peak learning rate (default: %(default)s)",
     )
-    g.add_argument("--ft-epochs", type=float, default=d.epochs, help="default: %(default)s")
     g.add_argument(
-        "--ft-label-smoothing", type=float, default=d.label_smoothing, help="default: %(default)s"
+        "--ft-epochs", type=options.positive_float, default=d.epochs, help="default: %(default)s"
     )
     g.add_argument(
-        "--ft-steps", type=int, default=None, help="optimiser steps (overrides --ft-epochs)"
+        "--ft-label-smoothing",
+        type=options.smoothing,
+        default=d.label_smoothing,
+        help="default: %(default)s",
     )
-    g.add_argument("--ft-batch-size", type=int, default=d.batch_size, help="default: %(default)s")
+    g.add_argument(
+        "--ft-steps",
+        type=options.positive_int,
+        default=None,
+        help="optimiser steps (overrides --ft-epochs)",
+    )
+    g.add_argument(
+        "--ft-batch-size",
+        type=options.positive_int,
+        default=d.batch_size,
+        help="default: %(default)s",
+    )
     g.add_argument(
         "--ft-n-train",
-        type=int,
+        type=options.positive_int,
         default=d.n_train,
         help="Fashion-MNIST training images used (default: %(default)s)",
     )
     g.add_argument(
-        "--ft-warmup-steps", type=int, default=d.warmup_steps, help="default: %(default)s"
+        "--ft-warmup-steps",
+        type=options.non_negative_int,
+        default=d.warmup_steps,
+        help="default: %(default)s",
     )
     g.add_argument(
         "--ft-trainable",
@@ -135,6 +158,7 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept members that keep the same heads (identical-members ablation)",
     )
+    add_other_weights_argument(p)
     _finetune_arguments(p)
     p.add_argument(
         "--deep-ensemble",
@@ -152,11 +176,14 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         "on the embedded ID set's training split)",
     )
     p.add_argument(
-        "--mc-passes", type=int, default=5, help="MC Dropout's forwards (default: %(default)s)"
+        "--mc-passes",
+        type=options.positive_int,
+        default=5,
+        help="MC Dropout's forwards (default: %(default)s)",
     )
     p.add_argument(
         "--mc-dropout-rate",
-        type=float,
+        type=options.open_unit,
         default=None,
         help="MC Dropout at this rate in every dropout module (post hoc: for a model trained "
         "without dropout, such as the default ViT); default: the model's own dropout",
@@ -165,11 +192,11 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     p.add_argument(
         "--latency-batch",
-        type=int,
+        type=options.positive_int,
         default=32,
         help="images per timed forward (default: %(default)s)",
     )
-    p.add_argument("--out", default="results/hydra", help="output folder (default: %(default)s)")
+    add_output_arguments(p, "results/hydra")
 
 
 @command("hydra", _hydra_arguments)
@@ -184,6 +211,7 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
     from hydra_core.models.preprocess import describe
+    from hydra_core.outputs import data_identity
 
     baselines = _baselines(args, baseline_systems)
     loaded, benchmark = load_for_cli(args)
@@ -193,7 +221,16 @@ def _hydra(args: argparse.Namespace) -> int:
                 baseline.train_set = lambda: loaded.modality.load_id("train")
     layout = head_layout(loaded.model)
     identity = loaded.identity()
-    members = load_masks(args.masks, layout, identity, allow_identical=args.allow_identical)
+    members = load_masks(
+        args.masks,
+        layout,
+        identity,
+        allow_identical=args.allow_identical,
+        allow_other_weights=args.allow_other_weights,
+    )
+    out = Path(args.out or "results/hydra")
+    if distributed.is_main():  # refused before any member is evaluated
+        claim_output(args, out, loaded, data_identity(benchmark))
     finetune = _finetune_config(args, loaded, members)
     seeds = list(range(len(members))) if finetune is not None and args.ft_vary_batch_order else None
     deep = (
@@ -220,13 +257,12 @@ def _hydra(args: argparse.Namespace) -> int:
         return 0
     for name, reason in report.setup["skipped"].items():
         print(f"note: {name} left out: {reason}", file=sys.stderr)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report.table().to_csv(out / "systems_table.csv", index=False)
     summary = report.summary()
     summary.to_csv(out / "summary.csv", index=False)
     report.cost.to_csv(out / "cost.csv")
-    (out / "systems.json").write_text(json.dumps(report.to_json(), indent=1))
+    made_for = {"model": identity, "data": data_identity(benchmark)}
+    (out / "systems.json").write_text(json.dumps({**made_for, **report.to_json()}, indent=1))
     fused = report.info[report.find(args.label, "fused")].models[0]
     save_hydra(
         fused.cpu(),
@@ -261,13 +297,8 @@ def _hydra(args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace, baseline_systems) -> list:
-    """The systems ``--baselines`` names; an InputError naming a wrong one and the choices."""
-    if args.mc_passes < 1:
-        raise InputError(f"--mc-passes must be at least 1, got {args.mc_passes}")
-    if args.mc_dropout_rate is not None and not 0 < args.mc_dropout_rate < 1:
-        raise InputError(
-            f"--mc-dropout-rate must lie strictly between 0 and 1, got {args.mc_dropout_rate}"
-        )
+    """The systems ``--baselines`` names; an InputError naming a wrong one and the choices (the
+    parser has checked --mc-passes and --mc-dropout-rate)."""
     try:
         return baseline_systems(
             args.baselines, mc_passes=args.mc_passes, mc_rate=args.mc_dropout_rate
@@ -284,7 +315,7 @@ def _train_ensemble_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--seeds",
-        type=int,
+        type=options.seed,
         nargs="+",
         default=[1, 2],
         help="one copy per seed; the shipped model is seed 0 (default: %(default)s)",
@@ -294,7 +325,9 @@ def _train_ensemble_arguments(p: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_CHECKPOINT),
         help="checkpoint whose recipe and architecture the copies follow",
     )
-    p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    p.add_argument(
+        "--epochs", type=options.positive_int, default=None, help="override the recipe's epochs"
+    )
 
 
 @command("train-ensemble", _train_ensemble_arguments)
@@ -341,16 +374,25 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         help="small subsets, short fine-tuning: every section in a couple of minutes",
     )
     p.add_argument("--model", default=None, help="model source (default: the default model)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: auto)")
-    p.add_argument("--n-search", type=int, default=None, help="images per search part")
-    p.add_argument("--n-report", type=int, default=None, help="images per report part")
+    p.add_argument(
+        "--device",
+        type=options.device,
+        default=None,
+        help="auto, cpu, cuda or cuda:N (default: auto)",
+    )
+    p.add_argument(
+        "--n-search", type=options.positive_int, default=None, help="images per search part"
+    )
+    p.add_argument(
+        "--n-report", type=options.positive_int, default=None, help="images per report part"
+    )
     p.add_argument("--ood", nargs="+", default=None, metavar="NAME", help="OOD sets (default: all)")
     p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="pruning seeds, one per member"
+        "--seeds", type=options.seed, nargs="+", default=None, help="pruning seeds, one per member"
     )
     p.add_argument(
         "--removed-per-layer",
-        type=int,
+        type=options.positive_int,
         default=None,
         help="heads removed per layer (default: a third of a layer's heads)",
     )
@@ -379,7 +421,11 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         help="zero-shot: prompt templates: paper (default, 'A photo of a {label}.'), openai, "
         "simple, or your own templates containing {label}",
     )
-    p.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT}[/text])")
+    add_output_arguments(
+        p,
+        f"{DEFAULT_OUT}, {DEFAULT_OUT}/text or {DEFAULT_OUT}/zero-shot by --task; the committed "
+        "docs/report only when named, with --overwrite",
+    )
 
 
 @command("report", _report_arguments)
@@ -419,7 +465,9 @@ def _report(args: argparse.Namespace) -> int:
         )
         config = zero_shot_config_from_args(args.quick, **overrides)
         out = args.out or DEFAULT_ZERO_SHOT_OUT
-        run_zero_shot_report(config, out, progress=stage_bars(), log=tqdm.write)
+        run_zero_shot_report(
+            config, out, progress=stage_bars(), log=tqdm.write, overwrite=args.overwrite
+        )
         return 0
     if args.task == "text":
         from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
@@ -427,12 +475,24 @@ def _report(args: argparse.Namespace) -> int:
         config = text_config_from_args(args.quick, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
-        run_text_report(config, args.out or DEFAULT_TEXT_OUT, progress=stage_bars(), log=tqdm.write)
+        run_text_report(
+            config,
+            args.out or DEFAULT_TEXT_OUT,
+            progress=stage_bars(),
+            log=tqdm.write,
+            overwrite=args.overwrite,
+        )
         return 0
     config = config_from_args(args.quick, **overrides)
     if args.no_finetune:
         config = replace(config, finetune=None)
     if args.no_deep_ensemble:
         config = replace(config, deep_ensemble=False)
-    run_report(config, args.out or DEFAULT_OUT, progress=stage_bars(), log=tqdm.write)
+    run_report(
+        config,
+        args.out or DEFAULT_OUT,
+        progress=stage_bars(),
+        log=tqdm.write,
+        overwrite=args.overwrite,
+    )
     return 0

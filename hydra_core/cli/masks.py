@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+import hydra_core.cli.options as options
 from hydra_core.cli.common import (
     add_analysis_arguments,
     add_data_arguments,
     add_model_arguments,
+    add_output_arguments,
     command,
     load_for_cli,
     prepare,
@@ -47,18 +48,27 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         "paper's method, one circuit per criterion: CircAcc, CircOOD, CircAvg; 'seed-sampling' "
         "of the CircAvg ranking is its B.5 ablation)",
     )
-    p.add_argument("--m", type=int, default=3, help="number of members (default: %(default)s)")
     p.add_argument(
-        "--budget", type=int, default=24, help="heads each member prunes (default: %(default)s)"
+        "--m", type=options.positive_int, default=3, help="number of members (default: %(default)s)"
+    )
+    p.add_argument(
+        "--budget",
+        type=options.positive_int,
+        default=24,
+        help="heads each member prunes (default: %(default)s)",
     )
     p.add_argument(
         "--pool",
-        type=int,
+        type=options.positive_int,
         default=None,
         help="seed sampling draws from this many least useful heads (default: 2 x budget)",
     )
     p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="one per member (default: 0..m-1)"
+        "--seeds",
+        type=options.seed,
+        nargs="+",
+        default=None,
+        help="one per member (default: 0..m-1)",
     )
     p.add_argument(
         "--objective",
@@ -74,21 +84,23 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--per-layer",
-        type=int,
+        type=options.non_negative_int,
         nargs="+",
         default=None,
         help="taylor with --m 1: heads removed per layer (one number, or one per layer)",
     )
-    p.add_argument("--taylor-samples", type=int, default=512, help="default: %(default)s")
+    p.add_argument(
+        "--taylor-samples", type=options.positive_int, default=512, help="default: %(default)s"
+    )
     p.add_argument(
         "--cahp-degree",
-        type=int,
+        type=options.positive_int,
         default=3,
         help="CAHP: degree of the accuracy-vs-heads fit (default: %(default)s)",
     )
     p.add_argument(
         "--cahp-k-step",
-        type=int,
+        type=options.positive_int,
         default=1,
         help="CAHP: evaluate every k-th number of heads (default: %(default)s)",
     )
@@ -97,7 +109,7 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept members with equal masks (identical-members ablation)",
     )
-    p.add_argument("--out", default="results/masks/members.json", help="mask file to write")
+    add_output_arguments(p, "results/masks/members.json", what="mask file")
     from hydra_core.cli.export import add_masks_export
 
     add_masks_export(p)  # `masks export --to nnsight|plain`
@@ -110,14 +122,16 @@ def _masks(args: argparse.Namespace) -> int:
     from hydra_core.evaluate import resolve_device
     from hydra_core.hydra.members import member_overlap
     from hydra_core.masks import save_masks
+    from hydra_core.outputs import check_result_file
 
     loaded, benchmark = load_for_cli(args)
+    out = check_result_file(  # another model's mask file is refused before any search
+        args.out or "results/masks/members.json", model=loaded.identity(), overwrite=args.overwrite
+    )
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
     members = _build_members(args, loaded.model, inputs)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     save_masks(out, members, loaded.identity())
     overlap = member_overlap(members)
     print("kept heads per layer:")
@@ -242,15 +256,20 @@ def _build_members(
 def _cahp_arguments(p: argparse.ArgumentParser) -> None:
     add_analysis_arguments(p)
     p.add_argument(
-        "--degree", type=int, default=3, help="degree of the polynomial fit (default: %(default)s)"
+        "--degree",
+        type=options.positive_int,
+        default=3,
+        help="degree of the polynomial fit (default: %(default)s)",
     )
     p.add_argument(
         "--k-step",
-        type=int,
+        type=options.positive_int,
         default=1,
         help="evaluate every k-th number of heads (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0, help="k-medoids seed (default: %(default)s)")
+    p.add_argument(
+        "--seed", type=options.seed, default=0, help="k-medoids seed (default: %(default)s)"
+    )
 
 
 @command("cahp", _cahp_arguments)

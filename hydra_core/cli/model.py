@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import hydra_core.cli.options as options
 from hydra_core.cli.common import (
     add_data_arguments,
     add_model_arguments,
+    add_output_arguments,
     command,
     format_table,
     load_for_cli,
@@ -17,26 +19,44 @@ from hydra_core.cli.common import (
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.zoo.default import DEFAULT_CHECKPOINT, TrainConfig
+    from hydra_core.zoo.default import TrainConfig
 
     d = TrainConfig()
-    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="epochs (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="default: %(default)s")
     p.add_argument(
-        "--lr", type=float, default=d.lr, help="AdamW peak learning rate (default: %(default)s)"
+        "--seed", type=options.seed, default=d.seed, help="random seed (default: %(default)s)"
     )
     p.add_argument(
-        "--warmup-epochs", type=float, default=d.warmup_epochs, help="default: %(default)s"
+        "--epochs",
+        type=options.positive_int,
+        default=d.epochs,
+        help="epochs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size", type=options.positive_int, default=d.batch_size, help="default: %(default)s"
+    )
+    p.add_argument(
+        "--lr",
+        type=options.positive_float,
+        default=d.lr,
+        help="AdamW peak learning rate (default: %(default)s)",
+    )
+    p.add_argument(
+        "--warmup-epochs",
+        type=options.non_negative_float,
+        default=d.warmup_epochs,
+        help="default: %(default)s",
     )
     p.add_argument(
         "--pad-crop",
-        type=int,
+        type=options.non_negative_int,
         default=d.pad_crop,
         help="random-crop augmentation padding in pixels, 0 = off (default: %(default)s)",
     )
-    p.add_argument(
-        "--out", default=str(DEFAULT_CHECKPOINT), help="where to write the safetensors checkpoint"
+    add_output_arguments(
+        p,
+        "results/train/vit_seed<seed>.safetensors; the shipped checkpoint only when named, with "
+        "--overwrite",
+        what="safetensors checkpoint",
     )
 
 
@@ -45,8 +65,12 @@ def _train(args: argparse.Namespace) -> int:
     """Train the default ViT architecture on Fashion-MNIST (reproduces the shipped checkpoint)."""
     from tqdm import tqdm
 
+    from hydra_core.outputs import check_new_file
     from hydra_core.zoo.default import TrainConfig, VitConfig, save_checkpoint, train_vit
 
+    out = check_new_file(
+        args.out or f"results/train/vit_seed{args.seed}.safetensors", overwrite=args.overwrite
+    )  # refused before training, not after
     cfg = TrainConfig(
         seed=args.seed,
         epochs=args.epochs,
@@ -65,8 +89,8 @@ def _train(args: argparse.Namespace) -> int:
     bar.close()
     from dataclasses import asdict
 
-    save_checkpoint(model, args.out, VitConfig(), train_config=asdict(cfg), summary=summary)
-    print(f"wrote {args.out} (test accuracy {summary['test_accuracy']:.4f})")
+    save_checkpoint(model, out, VitConfig(), train_config=asdict(cfg), summary=summary)
+    print(f"wrote {out} (test accuracy {summary['test_accuracy']:.4f})")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import hydra_core.cli.options as options
 from hydra_core.cli.common import command, progress_bar
 
 #: train-text's encoders: the built-in model each one's asset makes
@@ -27,37 +28,49 @@ def _train_text_arguments(p: argparse.ArgumentParser) -> None:
         "fine-tuned) or mpnet (makes mpnet-sentiment: only its classification head trained, on "
         "the frozen encoder's token-0 states) (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
+    p.add_argument(
+        "--seed", type=options.seed, default=d.seed, help="random seed (default: %(default)s)"
+    )
     p.add_argument(
         "--trained-layers",
-        type=int,
+        type=options.positive_int,
         default=None,
         help=f"minilm only: top encoder layers trained, with the pooler and classifier (default: "
         f"{d.trained_layers})",
     )
     p.add_argument(
         "--epochs",
-        type=int,
+        type=options.positive_int,
         default=None,
         help=f"epochs; the one of best validation NLL is kept {both('epochs')}",
     )
-    p.add_argument("--batch-size", type=int, default=None, help=f"batch size {both('batch_size')}")
-    p.add_argument("--lr", type=float, default=None, help=f"AdamW peak learning rate {both('lr')}")
+    p.add_argument(
+        "--batch-size",
+        type=options.positive_int,
+        default=None,
+        help=f"batch size {both('batch_size')}",
+    )
+    p.add_argument(
+        "--lr",
+        type=options.positive_float,
+        default=None,
+        help=f"AdamW peak learning rate {both('lr')}",
+    )
     p.add_argument(
         "--max-length",
-        type=int,
+        type=options.at_least(3),
         default=None,
         help=f"tokens a sentence is cut to {both('max_length')}",
     )
     p.add_argument(
         "--n-train",
-        type=int,
+        type=options.at_least(2),
         default=None,
         help="train on a random subset of this many sentences (default: all 6,030)",
     )
     p.add_argument(
         "--n-eval",
-        type=int,
+        type=options.at_least(2),
         default=None,
         help="validate and test on a random subset of this many sentences each, for a quick "
         "check (default: all 1,000 and 1,500)",
@@ -65,8 +78,11 @@ def _train_text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output",
         default=None,
-        help="the safetensors asset to write (default: hydra_core/assets/minilm_sentiment."
-        "safetensors, or mpnet_sentiment.safetensors for --base mpnet)",
+        help="the safetensors asset to write (default: results/train-text/<base>_seed<seed>."
+        "safetensors; the shipped hydra_core/assets/ files only when named, with --overwrite)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --output when it exists already"
     )
 
 
@@ -78,12 +94,9 @@ def _train_text(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hydra_core.errors import InputError
+    from hydra_core.outputs import check_new_file
     from hydra_core.zoo import minilm, mpnet
 
-    for option, least in (("n_train", 2), ("n_eval", 2), ("epochs", 1), ("trained_layers", 1)):
-        value = getattr(args, option)
-        if value is not None and value < least:
-            raise InputError(f"--{option.replace('_', '-')} must be at least {least}, got {value}")
     if args.base == "mpnet" and args.trained_layers is not None:
         raise InputError(
             "--trained-layers applies to --base minilm; --base mpnet trains the classification "
@@ -95,13 +108,16 @@ def _train_text(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     common = {"seed": args.seed, "n_train": args.n_train, "n_eval": args.n_eval}
+    output = check_new_file(
+        args.output or f"results/train-text/{args.base}_seed{args.seed}.safetensors",
+        overwrite=args.overwrite,
+        option="--output",
+    )  # refused before training, not after
     progress = progress_bar("train-text")
     if args.base == "mpnet":
-        output = args.output or str(mpnet.ASSET)
         cfg = mpnet.HeadTrainConfig(**common, **options)
         model, header = mpnet.train_mpnet_head(cfg, log=tqdm.write, progress=progress)
     else:
-        output = args.output or str(minilm.ASSET)
         cfg = minilm.TextTrainConfig(**common, **options)
         model, header = minilm.train_minilm(cfg, log=tqdm.write, progress=progress)
     minilm.save_asset(model, output, header)

@@ -42,19 +42,30 @@ import torch.nn.functional as F
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import ImageSet, kind_of, split_in_two, stable_permutation, take
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD, load_ood_set
+from hydra_core.data.sources import (
+    Source,
+    check_names,
+    check_paths,
+    parse_id_source,
+    parse_source,
+)
 from hydra_core.data.text import (
     TEXT_REPORT_OOD,
     TEXT_SEARCH_OOD,
     DataSet,
     TextSet,
     load_rotten_tomatoes,
-    load_text_file,
     load_text_ood_set,
+    text_key,
 )
+from hydra_core.data.text_files import load_text_file
 from hydra_core.errors import InputError
 
 #: how OOD data is divided between head selection and the report (see the module docstring)
 PROTOCOLS = ("dedicated", "halves")
+#: the default ID sets' names (:func:`~hydra_core.data.fashion_mnist.load_fashion_mnist`,
+#: :func:`~hydra_core.data.text.load_rotten_tomatoes`)
+FASHION_MNIST, ROTTEN_TOMATOES = "fashion_mnist", "rotten_tomatoes"
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,7 +98,18 @@ class Benchmark:
                     "sets are reported on)"
                 )
             if len(set(names)) != len(names):
-                raise ValueError(f"{role} OOD set names must be unique, got {names}")
+                twice = next(n for n in names if names.count(n) > 1)
+                raise InputError(
+                    f"two {role} OOD sets are named {twice!r}: every set needs a name of its own "
+                    "(tables and results are keyed by it); rename one (NAME=PATH for a folder or "
+                    "file of your own)"
+                )
+        if self.id_search.name in (*search_names, *report_names):
+            raise InputError(
+                f"the ID set and an OOD set are both named {self.id_search.name!r}: every set "
+                "needs a name of its own (tables and results are keyed by it); rename one "
+                "(NAME=PATH for a folder or file of your own)"
+            )
         if self.protocol == "dedicated":
             _check_disjoint(search_names, report_names)
         elif search_names != report_names:
@@ -104,6 +126,7 @@ class Benchmark:
             if len(part) == 0:
                 raise ValueError(f"{part.name!r}: a search or report part is empty")
         if isinstance(self.id_search, TextSet):
+            _check_texts_apart(self)
             return
         shape = tuple(self.id_search.images.shape[1:])
         for part in parts:
@@ -229,6 +252,33 @@ def _check_same_kind(reference: DataSet, parts: Sequence[DataSet]) -> None:
                 f"{kind_of(reference)}; a benchmark's sets are all images or all texts: choose "
                 f"{kind_of(reference)} for every part"
             )
+
+
+def _check_texts_apart(benchmark: Benchmark) -> None:
+    """Refuse a text that selects heads and is reported on (a search part's and a report part's),
+    or that is both ID and OOD in one role: texts are compared up to case and punctuation, as
+    duplicates are recognised everywhere (:func:`~hydra_core.data.text.text_key`)."""
+    search = [("search", benchmark.id_search), *(("search", s) for s in benchmark.ood_search)]
+    report = [("report", benchmark.id_report), *(("report", s) for s in benchmark.ood_report)]
+    keys = {id(part): {text_key(t) or t: t for t in part.texts} for _, part in search + report}
+    for i, (role_a, a) in enumerate(search + report):
+        for role_b, b in (search + report)[i + 1 :]:
+            ood_pair = a.group != "id" and b.group != "id"
+            if role_a == role_b and ood_pair:
+                continue  # two OOD sets of one role may share a text: no number mixes them
+            shared = keys[id(a)].keys() & keys[id(b)].keys()
+            if shared:
+                example = keys[id(a)][min(shared)]
+                why = (
+                    "a text that selects heads may not be reported on"
+                    if role_a != role_b
+                    else "a text is either in-distribution or OOD"
+                )
+                raise InputError(
+                    f"{len(shared)} text(s) are both in the {role_a} set {a.name!r} and the "
+                    f"{role_b} set {b.name!r} (e.g. {example!r}; case and punctuation ignored): "
+                    f"{why}; remove them from one of the files"
+                )
 
 
 def _check_protocol(protocol: str) -> None:
@@ -459,35 +509,57 @@ def default_text_benchmark(
 
 def parse_ood_folder(entry: str) -> tuple[str, str, str]:
     """An OOD folder entry as (role, group, path): ``"far: /data/textures"`` -> ``("report",
-    "far", "/data/textures")``, ``"search: /data/x"`` -> ``("search", "far", "/data/x")``; a bare
-    path is a far report set. A search folder is never reported, so its group only labels it."""
-    prefix, sep, path = entry.partition(":")
-    prefix = prefix.strip()
-    if sep and prefix in ("near", "far"):
-        return "report", prefix, path.strip()
-    if sep and prefix == "search":
-        return "search", "far", path.strip()
-    return "report", "far", entry.strip()
+    "far", "/data/textures")``, ``"search: x=/data/x"`` -> ``("search", "far", "/data/x")``; a
+    bare path is a far report set. A search folder is never reported, so its group only labels
+    it. The entry's ``NAME=`` (:mod:`hydra_core.data.sources`) is left out."""
+    source = parse_source(entry, files=False)
+    return source.role, source.group, source.path
+
+
+def own_sources(
+    id_source: str | None,
+    ood_sources: Sequence[str],
+    *,
+    files: bool,
+    default_id: str,
+    ood: Sequence[str],
+    search_ood: Sequence[str] | None,
+    protocol: str,
+    default_search: Sequence[str],
+) -> tuple[Source | None, list[Source]]:
+    """The ID and OOD data of your own as :class:`~hydra_core.data.sources.Source` objects,
+    checked before anything is loaded: every path exists and is a folder (``files=False``) or a
+    CSV/JSONL file (``files=True``), and no two sets share a name (the named sets ``ood`` and
+    ``search_ood`` included; ``default_id`` is the default ID set's name). InputError otherwise."""
+    check_ood_choice(ood, search_ood, ood_sources, protocol, default_search=default_search)
+    own_id = None if id_source is None else parse_id_source(id_source, files=files)
+    entries = [parse_source(entry, files=files) for entry in ood_sources]
+    check_paths([s for s in (own_id, *entries) if s is not None])
+    if search_ood is None and protocol == "dedicated":
+        search_ood = () if any(e.role == "search" for e in entries) else default_search
+    named = [(n, "report") for n in ood] + [(n, "search") for n in search_ood or ()]
+    check_names(default_id if own_id is None else own_id.name, own_id, named, entries)
+    return own_id, entries
 
 
 def _with_own_sets(
     ood: Sequence[str],
     search_ood: Sequence[str] | None,
-    entries: Sequence[tuple[str, str, str]],
+    entries: Sequence[Source],
     protocol: str,
     default_search: Sequence[str],
-    load: Callable[[str, str], DataSet],
+    load: Callable[[Source], DataSet],
 ) -> tuple[list[str | DataSet], list[str | DataSet] | None]:
     """The report and the search sets of a benchmark with OOD data of your own: the named sets,
-    then each entry (:func:`parse_ood_folder`) loaded by ``load(path, group)`` in its role.
-    Under ``"dedicated"`` and without ``search_ood``, ``search:`` entries replace the default
-    search sets."""
+    then each entry (:func:`own_sources`) loaded by ``load(source)`` in its role. Under
+    ``"dedicated"`` and without ``search_ood``, ``search:`` entries replace the default search
+    sets."""
     if search_ood is None and protocol == "dedicated":
-        search_ood = [] if any(role == "search" for role, _, _ in entries) else default_search
+        search_ood = [] if any(e.role == "search" for e in entries) else default_search
     search_sets: list[str | DataSet] | None = None if search_ood is None else list(search_ood)
     report_sets: list[str | DataSet] = list(ood)
-    for role, group, path in entries:
-        (search_sets if role == "search" else report_sets).append(load(path, group))
+    for entry in entries:
+        (search_sets if entry.role == "search" else report_sets).append(load(entry))
     return report_sets, search_sets
 
 
@@ -529,10 +601,18 @@ def folder_benchmark(
     """
     from hydra_core.data.generic import load_image_folder
 
-    check_ood_choice(ood, search_ood, ood_folders, protocol)
+    own_id, entries = own_sources(
+        id_folder,
+        ood_folders,
+        files=False,
+        default_id=FASHION_MNIST,
+        ood=ood,
+        search_ood=search_ood,
+        protocol=protocol,
+        default_search=SEARCH_OOD,
+    )
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
-    entries = [parse_ood_folder(entry) for entry in ood_folders]
     if classes is not None and id_folder is None:
         raise InputError("a class order applies to an ID folder of your own, not to Fashion-MNIST")
     if id_folder is None and not ood_folders:
@@ -550,7 +630,9 @@ def folder_benchmark(
         entries,
         protocol,
         SEARCH_OOD,
-        lambda path, group: load_image_folder(path, size=size, group=group, grayscale=grayscale),
+        lambda entry: load_image_folder(
+            entry.path, size=size, name=entry.name, group=entry.group, grayscale=grayscale
+        ),
     )
     options = {
         "search_ood": search_sets,
@@ -564,11 +646,16 @@ def folder_benchmark(
             load_fashion_mnist("validation"), load_fashion_mnist("test"), report_sets, **options
         )
     id_pool = load_image_folder(
-        id_folder, size=size, group="id", grayscale=grayscale, classes=classes
+        own_id.path,
+        size=size,
+        name=own_id.name,
+        group="id",
+        grayscale=grayscale,
+        classes=classes,
     )
     if len(id_pool) < 4:
-        raise ValueError(
-            f"the ID folder {id_folder} holds {len(id_pool)} images; a search and a report half "
+        raise InputError(
+            f"the ID folder {own_id.path} holds {len(id_pool)} images; a search and a report half "
             "need at least 2 each"
         )
     return build_benchmark(id_pool, None, report_sets, **options)
@@ -584,9 +671,11 @@ def text_file_benchmark(
     n_search: int | None = None,
     n_report: int | None = None,
     classes: Sequence[str] | None = None,
+    model_classes: Sequence[str] | None = None,
 ) -> Benchmark:
     """A text benchmark mixing the embedded text sets with CSV or JSONL files of your own (see
-    :func:`~hydra_core.data.text.load_text_file`), as :func:`folder_benchmark` does for images.
+    :func:`~hydra_core.data.text_files.load_text_file`), as :func:`folder_benchmark` does for
+    images.
 
     Args:
         id_file: texts with a ``label`` column for the in-distribution set, split once into
@@ -602,9 +691,19 @@ def text_file_benchmark(
         n_report: texts per report part (ID and each report set); all when None.
         classes: the model's classes in output order, to map the ID file's labels (names, or
             indices below their count) to the model's outputs.
+        model_classes: the model's class names, which the ID file's label names are matched to
+            (any case) when ``classes`` is not given.
     """
-    check_ood_choice(ood, search_ood, ood_files, protocol, default_search=TEXT_SEARCH_OOD)
-    entries = [parse_ood_folder(entry) for entry in ood_files]
+    own_id, entries = own_sources(
+        id_file,
+        ood_files,
+        files=True,
+        default_id=ROTTEN_TOMATOES,
+        ood=ood,
+        search_ood=search_ood,
+        protocol=protocol,
+        default_search=TEXT_SEARCH_OOD,
+    )
     if classes is not None and id_file is None:
         raise InputError("a class order applies to an ID file of your own, not to Rotten Tomatoes")
     report_sets, search_sets = _with_own_sets(
@@ -613,7 +712,7 @@ def text_file_benchmark(
         entries,
         protocol,
         TEXT_SEARCH_OOD,
-        lambda path, group: load_text_file(path, group=group),
+        lambda entry: load_text_file(entry.path, name=entry.name, group=entry.group),
     )
     options = {
         "search_ood": search_sets,
@@ -625,11 +724,13 @@ def text_file_benchmark(
         return build_benchmark(
             load_rotten_tomatoes("validation"), load_rotten_tomatoes("test"), report_sets, **options
         )
-    id_pool = load_text_file(id_file, group="id", classes=classes)
+    id_pool = load_text_file(
+        own_id.path, name=own_id.name, group="id", classes=classes, model_classes=model_classes
+    )
     if len(id_pool) < 4:
         raise InputError(
-            f"the ID file {id_file} holds {len(id_pool)} texts; a search and a report half need "
-            "at least 2 each"
+            f"the ID file {own_id.path} holds {len(id_pool)} texts; a search and a report half "
+            "need at least 2 each"
         )
     return build_benchmark(id_pool, None, report_sets, **options)
 

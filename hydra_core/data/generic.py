@@ -37,6 +37,10 @@ def _class_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+class MissingFolderError(InputError, FileNotFoundError):
+    """An image folder that does not exist: a user's mistake (InputError) and a missing file."""
+
+
 class ClassOrderWarning(UserWarning):
     """The class folders' sorted order is probably not the model's class order."""
 
@@ -84,10 +88,30 @@ def class_order_note(folder: str | Path, names: Sequence[str]) -> str | None:
     )
 
 
+#: PIL modes of more than 8 bits a channel (16-bit PNG/PGM/TIFF, 32-bit integer and float)
+DEEP_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A greyscale image of more than 8 bits as 8 bits, scaled over its type's range: 16-bit (and
+    32-bit integer, read as 16-bit) values x 255/65535, float values in [0, 1] x 255 (others
+    clipped to [0, 255]). PIL's own conversion clips 16-bit values at 255, so nearly every pixel
+    of a 16-bit photo turns white, and a float image in [0, 1] black."""
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        scaled = values * 255 if values.size and np.nanmax(values) <= 1 else values
+    else:
+        scaled = np.clip(values, 0, 65535) * (255 / 65535)
+    pixels = np.clip(np.rint(np.nan_to_num(scaled)), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)  # (H, W) uint8: mode L
+
+
 def _read_image(path: Path, size: int, grayscale: bool) -> np.ndarray:
     """One image as uint8 (C, size, size): shorter side resized to ``size``, centre cropped."""
     try:
         with Image.open(path) as image:
+            if image.mode in DEEP_MODES:
+                image = _eight_bit(image)
             image = image.convert("L" if grayscale else "RGB")
             scale = size / min(image.size)
             width = max(size, round(image.width * scale))
@@ -98,7 +122,7 @@ def _read_image(path: Path, size: int, grayscale: bool) -> np.ndarray:
             image = image.crop((left, top, left + size, top + size))
             pixels = np.asarray(image, dtype=np.uint8)  # (size, size) or (size, size, 3)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ValueError(f"cannot read image {path}: {exc}") from exc
+        raise InputError(f"cannot read image {path}: {exc}; remove or replace the file") from exc
     return pixels[None] if grayscale else pixels.transpose(2, 0, 1)  # (C, size, size)
 
 
@@ -135,14 +159,14 @@ def load_image_folder(
             ImageFolder; a :class:`ClassOrderWarning` when that order looks like a mistake.
 
     Raises:
-        FileNotFoundError: the folder does not exist.
-        ValueError: no images, loose images beside class folders, an empty class folder, an
+        MissingFolderError: the folder does not exist (an InputError and a FileNotFoundError).
+        InputError: no images, loose images beside class folders, an empty class folder, an
             unlabelled folder asked for as ``group="id"``, or a file that cannot be decoded
             (the message names it).
     """
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} does not exist (or is not a folder)")
+        raise MissingFolderError(f"image folder {folder} does not exist (or is not a folder)")
     if size < 1:
         raise ValueError(f"size must be a positive number of pixels, got {size}")
     if max_images is not None and max_images < 1:
@@ -152,7 +176,7 @@ def load_image_folder(
     name = name or folder.name
     class_dirs, loose = _class_folders(folder), _image_files(folder)
     if class_dirs and loose:
-        raise ValueError(
+        raise InputError(
             f"{folder} holds both class sub-folders and loose images ({loose[0].name}, ...); "
             "move the images into class folders, or point to a folder with one layout only"
         )
@@ -162,7 +186,7 @@ def load_image_folder(
         for class_dir in class_dirs:
             found = _image_files(class_dir)
             if not found:
-                raise ValueError(
+                raise InputError(
                     f"class folder {class_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
                 )
             files += found
@@ -170,14 +194,14 @@ def load_image_folder(
         classes = tuple(order)
     elif loose:
         if group == "id":
-            raise ValueError(
+            raise InputError(
                 f"{folder} has no class sub-folders, so its images have no labels; an "
                 "in-distribution set needs them. Put the images in one folder per class, or load "
                 "this folder as an OOD set with group='near' or group='far'"
             )
         files, labels, classes = loose, None, None
     else:
-        raise ValueError(
+        raise InputError(
             f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}) and no class folders"
         )
 

@@ -1,6 +1,6 @@
 """Text data for text classification: the in-memory :class:`TextSet`, a sentence splitter, the
-embedded sentiment set (Rotten Tomatoes), OOD sets read from PyPI wheels, and your own CSV or JSONL
-files.
+embedded sentiment set (Rotten Tomatoes) and OOD sets read from PyPI wheels (your own CSV or JSONL
+files: :mod:`hydra_core.data.text_files`).
 
 A :class:`TextSet` has the interface of :class:`~hydra_core.data.images.ImageSet` (``name``,
 ``labels``, ``group``, ``classes``, ``description``, ``source``, ``len``, ``subset``,
@@ -83,7 +83,6 @@ import functools
 import hashlib
 import html
 import io
-import json
 import pickle
 import re
 import zlib
@@ -289,7 +288,7 @@ def clean_html(text: str) -> str:
     return _C1.sub(lambda match: _CP1252[match.group()], text)
 
 
-def _key(text: str) -> str:
+def text_key(text: str) -> str:
     """A text's words, lower-cased, punctuation dropped: how duplicates are recognised
     (``it 's charming .`` and ``It's charming!`` are the same text)."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
@@ -383,7 +382,7 @@ def load_rotten_tomatoes(split: str = "test") -> TextSet:
 
 @functools.cache
 def _rotten_tomatoes_keys() -> frozenset[str]:
-    return frozenset(map(_key, _rotten_tomatoes()[0]))
+    return frozenset(map(text_key, _rotten_tomatoes()[0]))
 
 
 def _distinct(
@@ -394,7 +393,7 @@ def _distinct(
     seen = set(_rotten_tomatoes_keys())
     keep = []
     for i, text in enumerate(texts):
-        key = _key(text)
+        key = text_key(text)
         if key and key not in seen:
             seen.add(key)
             keep.append(i)
@@ -416,7 +415,7 @@ def _load_imdb():
         if not pieces:
             continue
         piece = pieces[stable_seed("imdb", "piece", i) % len(pieces)]
-        key = _key(piece)
+        key = text_key(piece)
         if key and key not in seen and _is_prose(piece):
             seen.add(key)
             texts.append(piece)
@@ -625,171 +624,3 @@ def load_text_ood_set(name: str) -> TextSet:
             f"sets), {', '.join(TEXT_SEARCH_OOD)} (search sets)"
         )
     return _load_cached(name)
-
-
-# ---- your own files --------------------------------------------------------------------------
-
-TEXT_FILE_TYPES = (".csv", ".jsonl", ".ndjson")
-
-
-def _read_rows(path: Path) -> tuple[list[dict], set[str]]:
-    """The rows of a CSV or JSONL file as dicts, and the columns (keys) seen."""
-    data = path.read_bytes()
-    try:
-        content = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{path}: not UTF-8 text (byte {data[exc.start]:#x} at position {exc.start}); save "
-            "the file as UTF-8"
-        ) from None
-    if not content.strip():
-        raise InputError(f"{path}: the file is empty; give a header line and one text per row")
-    if path.suffix.lower() == ".csv":
-        try:
-            reader = csv.DictReader(io.StringIO(content, newline=""))
-            rows = list(reader)
-        except csv.Error as exc:
-            raise InputError(
-                f"{path}: not a readable CSV file ({exc}); check its quoting"
-            ) from None
-        columns = {(c or "").strip() for c in reader.fieldnames or ()}
-        rows = [{(k or "").strip(): v for k, v in row.items()} for row in rows]
-        return rows, columns
-    rows = []
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
-            raise InputError(
-                f"{path}, line {number}: not a JSON object; write one object per line, "
-                'e.g. {"text": "...", "label": "positive"}'
-            )
-        rows.append(row)
-    return rows, set().union(*rows) if rows else set()
-
-
-def _label_index(
-    path: Path, raw: list[object], classes: Sequence[str] | None
-) -> tuple[list[int], tuple[str, ...]]:
-    """Labels as class indices: ints stay (0..len(classes)-1), names map to their position in
-    ``classes`` or, without ``classes``, in the sorted names."""
-
-    def as_int(value: object) -> int | None:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value if value >= 0 else None
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value.strip())
-        return None
-
-    ints = [as_int(v) for v in raw]
-    bad = [v for v, i in zip(raw, ints, strict=True) if i is None and not _is_name(v)]
-    if bad:
-        raise InputError(
-            f"{path}: label {bad[0]!r} is neither a class index (0, 1, ...) nor a class name; "
-            "give every row an integer label or a class name"
-        )
-    given = None if classes is None else tuple(str(c).strip() for c in classes)
-    if given is not None and len(set(given)) != len(given):
-        raise InputError(f"{path}: the classes given repeat a name ({', '.join(given)})")
-    if all(i is not None for i in ints):
-        top = max(ints)
-        if given is not None and top >= len(given):
-            raise InputError(
-                f"{path}: label {top} but only {len(given)} classes given ({', '.join(given)}); "
-                "labels are positions in the class list, from 0"
-            )
-        return ints, given or tuple(str(i) for i in range(top + 1))
-    if any(i is not None for i in ints) and given is None:
-        raise InputError(
-            f"{path}: labels mix class indices and class names; use one kind in every row"
-        )
-    names = [str(v).strip() for v in raw]
-    order = given or tuple(sorted(set(names)))
-    unknown = sorted({n for n in names if n not in order})
-    if unknown:
-        raise InputError(
-            f"{path}: label(s) {', '.join(map(repr, unknown))} are not among the classes given "
-            f"({', '.join(order)}); list each of the model's classes once, in output order"
-        )
-    return [order.index(n) for n in names], order
-
-
-def _is_name(value: object) -> bool:
-    """A class name: text with a letter in it (``"1.5"`` or ``"-1"`` is a bad number, not a
-    name)."""
-    return isinstance(value, str) and any(c.isalpha() for c in value)
-
-
-def load_text_file(
-    path: str | Path,
-    *,
-    group: str = "id",
-    name: str | None = None,
-    classes: Sequence[str] | None = None,
-) -> TextSet:
-    """Texts of your own from a CSV file with a header, or a JSONL file (one object a line).
-
-    The column (key) ``text`` holds the texts; for an in-distribution file (``group="id"``)
-    ``label`` holds each text's class, as an index (0, 1, ...) or a class name. Names are
-    numbered in sorted order unless ``classes`` gives the model's order; other columns, and the
-    labels of an OOD file, are ignored. Rows with an empty text are skipped. Texts are taken as
-    they are (not cut into sentences): the model's tokenizer truncates long ones.
-
-    Args:
-        path: a ``.csv``, ``.jsonl`` or ``.ndjson`` file, UTF-8.
-        group: ``"id"``, ``"near"`` or ``"far"``.
-        name: the set's name in tables and cache keys; the file's name without suffix by default.
-        classes: the model's classes in output order: names are matched to them, indices must
-            be below their count.
-
-    Raises:
-        InputError: a missing file or one of another type, an encoding other than UTF-8, an
-            empty file, no ``text`` column, an ID file without labels, or labels that are neither
-            integers nor class names (the one-line message names the file and the fix).
-    """
-    file = Path(path).expanduser()
-    if group not in GROUPS:
-        raise InputError(f"group must be one of {', '.join(GROUPS)}, got {group!r}")
-    if not file.is_file():
-        raise InputError(f"text file {file} does not exist; give the path of a CSV or JSONL file")
-    if file.suffix.lower() not in TEXT_FILE_TYPES:
-        raise InputError(
-            f"{file}: expected a {', '.join(TEXT_FILE_TYPES)} file; save the texts as CSV with a "
-            "header (text,label) or as JSONL"
-        )
-    rows, columns = _read_rows(file)
-    need = "text,label" if group == "id" else "text"
-    if "text" not in columns:
-        raise InputError(
-            f"{file}: no 'text' column (found: {', '.join(sorted(columns)) or 'none'}); name the "
-            f"columns {need} in the header (JSONL: the keys)"
-        )
-    rows = [r for r in rows if isinstance(r.get("text"), str) and r["text"].strip()]
-    if not rows:
-        raise InputError(f"{file}: no texts in the file; give one text per row under 'text'")
-    labels, order = None, None
-    if group == "id":
-        missing = [i for i, r in enumerate(rows) if r.get("label") in (None, "")]
-        if "label" not in columns or missing:
-            where = "" if "label" not in columns else f" (row {missing[0] + 1} has none)"
-            raise InputError(
-                f"{file}: an in-distribution file needs a 'label' for every text{where}; add a "
-                "label column (class index or name), or load it as an OOD set (group near/far)"
-            )
-        indices, order = _label_index(file, [r["label"] for r in rows], classes)
-        labels = torch.tensor(indices, dtype=torch.int64)
-    texts = tuple(r["text"].strip() for r in rows)
-    what = f"{len(order)} classes" if order else f"{group} OOD"
-    return TextSet(
-        name=name or file.stem,
-        texts=texts,
-        labels=labels,
-        group=group,
-        classes=order,
-        description=f"{len(texts):,} texts from {file.name} ({what})",
-        source=str(file),
-    )

@@ -3,10 +3,11 @@
 A folder is what ``model.save_pretrained(folder)`` and ``tokenizer.save_pretrained(folder)`` write:
 ``config.json``, the weights (``model.safetensors`` or ``pytorch_model.bin``) and the tokenizer
 files. A hub name (``textattack/bert-base-uncased-SST-2``) needs the network, or the model in the
-local Hugging Face cache. Either way the checkpoint must be a BERT, RoBERTa, MPNet or DistilBERT
-*sequence classifier* with its trained classifier: a bare encoder (``bert-base-uncased`` itself is
-a masked-language model) would get a random classifier, whose outputs mean nothing, so it is
-refused with what to load instead. Remote code is never run.
+local Hugging Face cache; offline (:mod:`hydra_core.hub`) only the cache is read, and a model that
+is not there is refused at once. Either way the checkpoint must be a BERT, RoBERTa, MPNet or
+DistilBERT *sequence classifier* with its trained classifier: a bare encoder (``bert-base-uncased``
+itself is a masked-language model) would get a random classifier, whose outputs mean nothing, so
+it is refused with what to load instead. Remote code is never run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from hydra_core.errors import InputError
+from hydra_core.hub import from_hub
 from hydra_core.models.text import MAX_TOKENS, SUPPORTED, TextClassifier, TextPreprocess
 
 #: ``model_type`` in config.json -> the classifier Hydra Lab builds for it
@@ -156,7 +158,9 @@ def load_hub(name: str) -> HFText:
     """A sequence classifier by hub name (``hf:`` prefix optional); needs the network unless the
     model is in the local Hugging Face cache."""
     name = name.removeprefix("hf:")
-    model, tokenizer = _load(name, f"Hugging Face model {name!r}", local=False)
+    what = f"Hugging Face model {name!r}"
+    hint = f"a Hugging Face hub model needs the network: {OFFLINE_HINT}"
+    model, tokenizer = from_hub(lambda: _load(name, what, local=False), what, hint)
     return _loaded(f"hf:{name}", model, tokenizer, f"{name} (hub)")
 
 

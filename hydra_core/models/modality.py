@@ -18,9 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hydra_core.data.benchmark import (
+    FASHION_MNIST,
+    ROTTEN_TOMATOES,
     Benchmark,
-    check_ood_choice,
     folder_benchmark,
+    own_sources,
     parse_ood_folder,
     text_file_benchmark,
 )
@@ -44,6 +46,7 @@ class Modality:
         name: ``"image"`` or ``"text"``: the word in messages and in saved files.
         noun: what the items of its data are called, plural (``"images"``, ``"sentences"``).
         default_id: the embedded in-distribution set, as messages name it.
+        id_name: the embedded in-distribution set's name in tables (no OOD set may take it).
         load_id: split (``"train"``, ``"validation"``, ``"test"``) -> that split of the
             embedded in-distribution set (validation selects heads, test is reported on).
         ood_sets: the named OOD sets of this modality (group, default role, description).
@@ -63,6 +66,7 @@ class Modality:
     name: str
     noun: str
     default_id: str
+    id_name: str
     load_id: Callable[[str], DataSet]
     ood_sets: Mapping[str, OODSource]
     report_ood: tuple[str, ...]
@@ -83,6 +87,7 @@ class Modality:
         n_search: int | None = 512,
         n_report: int | None = None,
         classes: Sequence[str] | None = None,
+        model_classes: Sequence[str] | None = None,
         image_format: tuple[int, int] | None = None,
     ) -> Benchmark:
         """The search/report benchmark of this modality's data (see
@@ -103,6 +108,10 @@ class Modality:
             n_search: items per search part (ID and each search set); all when None.
             n_report: items per report part (ID and each report set); all when None.
             classes: the model's classes in output order, to label ``id_source`` by class name.
+            model_classes: the model's own class names
+                (:attr:`~hydra_core.zoo.registry.LoadedModel.classes`): when
+                :attr:`follows_model_classes`, the label names of ``id_source`` are matched to
+                them (any case) unless ``classes`` gives another order.
             image_format: (channels, size) of the model's input
                 (:attr:`~hydra_core.zoo.registry.LoadedModel.image_format`): image parts are
                 brought to it when folders are involved; None keeps 1 x 28. None for text.
@@ -119,6 +128,7 @@ class Modality:
             n_search=n_search,
             n_report=n_report,
             classes=classes,
+            model_classes=model_classes if self.follows_model_classes else None,
             image_format=image_format,
         )
 
@@ -128,10 +138,24 @@ class Modality:
         search_ood: Sequence[str] | None,
         ood_sources: Sequence[str] = (),
         protocol: str = "dedicated",
+        *,
+        id_source: str | None = None,
     ) -> None:
-        """Refuse OOD choices that make no benchmark, before anything is loaded (InputError;
-        :func:`~hydra_core.data.benchmark.check_ood_choice` with this modality's search sets)."""
-        check_ood_choice(ood, search_ood, ood_sources, protocol, default_search=self.search_ood)
+        """Refuse data choices that make no benchmark, before anything is loaded (InputError):
+        the OOD sets' roles (:func:`~hydra_core.data.benchmark.check_ood_choice` with this
+        modality's search sets), and the data of your own (``id_source``, ``ood_sources``):
+        every path there and of this modality's kind (a folder of images, a CSV/JSONL file), no
+        two sets of one name (:func:`~hydra_core.data.benchmark.own_sources`)."""
+        own_sources(
+            id_source,
+            ood_sources,
+            files=self.takes_files,
+            default_id=self.id_name,
+            ood=ood,
+            search_ood=search_ood,
+            protocol=protocol,
+            default_search=self.search_ood,
+        )
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):  # the name a saved file or an older caller holds
@@ -149,7 +173,7 @@ class Modality:
 
 
 def _image_benchmark(
-    *, id_source, ood_sources, image_format: tuple[int, int] | None, **options
+    *, id_source, ood_sources, image_format: tuple[int, int] | None, model_classes, **options
 ) -> Benchmark:
     channels, size = image_format or (1, 28)
     return folder_benchmark(
@@ -158,20 +182,25 @@ def _image_benchmark(
 
 
 def _text_benchmark(
-    *, id_source, ood_sources, image_format: tuple[int, int] | None, **options
+    *, id_source, ood_sources, image_format: tuple[int, int] | None, model_classes, **options
 ) -> Benchmark:
     if image_format is not None:
         raise InputError(
             f"image_format applies to images; leave it out for a text benchmark (got "
             f"{image_format})"
         )
-    return text_file_benchmark(id_file=id_source, ood_files=ood_sources, **options)
+    if options["classes"] is not None or id_source is None:
+        model_classes = None  # an order given replaces the model's names; no file, no labels
+    return text_file_benchmark(
+        id_file=id_source, ood_files=ood_sources, model_classes=model_classes, **options
+    )
 
 
 IMAGE_MODALITY = Modality(
     name="image",
     noun="images",
     default_id="Fashion-MNIST",
+    id_name=FASHION_MNIST,
     load_id=load_fashion_mnist,
     ood_sets=OOD_SETS,
     report_ood=REPORT_OOD,
@@ -185,6 +214,7 @@ TEXT_MODALITY = Modality(
     name="text",
     noun="sentences",
     default_id="Rotten Tomatoes",
+    id_name=ROTTEN_TOMATOES,
     load_id=load_rotten_tomatoes,
     ood_sets=TEXT_OOD,
     report_ood=TEXT_REPORT_OOD,

@@ -32,7 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key
+from hydra_core.data.sources import source_path
 from hydra_core.errors import InputError
+from hydra_core.hub import from_hub
 
 #: version of the class embeddings' computation, part of their cache key
 EMBEDDINGS_VERSION = 1
@@ -160,8 +162,9 @@ def describe_templates(templates: Sequence[str]) -> str:
 
 def folder_classes(folder: str | Path) -> tuple[str, ...]:
     """The class names of an image folder: its sub-folders' names in sorted order, the labels
-    :func:`~hydra_core.data.generic.load_image_folder` gives them."""
-    path = Path(folder).expanduser()
+    :func:`~hydra_core.data.generic.load_image_folder` gives them. ``folder`` may be an entry
+    that names the set (``NAME=PATH``, :mod:`hydra_core.data.sources`)."""
+    path = Path(source_path(str(folder))).expanduser()
     if not path.is_dir():
         raise InputError(f"image folder {path} does not exist (or is not a folder)")
     names = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -169,6 +172,12 @@ def folder_classes(folder: str | Path) -> tuple[str, ...]:
         raise InputError(
             f"{path} has no class sub-folders: a zero-shot classifier takes its classes from "
             "them (one folder per class, named by the class, e.g. golden_retriever/)"
+        )
+    if len(names) < 2:
+        raise InputError(
+            f"{path} has one class folder ({names[0]}): a zero-shot classifier of one class "
+            "gives every image probability 1, so no accuracy, calibration or OOD score means "
+            "anything; give a folder of two classes or more"
         )
     return tuple(names)
 
@@ -302,12 +311,15 @@ def _open_named(source: str) -> OpenClipModel:
     if tag_cfg:
         from open_clip.pretrained import download_pretrained
 
-        try:
-            checkpoint = download_pretrained(tag_cfg)
-        except Exception as exc:
-            raise InputError(
-                f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
-            ) from exc
+        def download() -> str:
+            try:
+                return download_pretrained(tag_cfg)
+            except Exception as exc:
+                raise InputError(
+                    f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+                ) from exc
+
+        checkpoint = from_hub(download, f"openclip:{source}", OFFLINE_HINT)
         clip = _create(
             name,
             f"openclip:{source}",
@@ -338,14 +350,17 @@ def _open_hub(repo: str, source: str) -> OpenClipModel:
     import open_clip
     from open_clip.pretrained import download_pretrained_from_hf
 
-    try:
-        # open_clip would fall back to random weights (with a log line) where this fails
-        download_pretrained_from_hf(repo)
-    except Exception as exc:
-        raise InputError(
-            f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
-        ) from exc
-    clip = _create(source, f"openclip:{source}")
+    def download() -> nn.Module:
+        try:
+            # open_clip would fall back to random weights (with a log line) where this fails
+            download_pretrained_from_hf(repo)
+        except Exception as exc:
+            raise InputError(
+                f"could not download openclip:{source}: {OFFLINE_HINT} ({_first_line(exc)})"
+            ) from exc
+        return _create(source, f"openclip:{source}")  # its configuration comes from the hub too
+
+    clip = from_hub(download, f"openclip:{source}", OFFLINE_HINT)
     return OpenClipModel(
         clip, open_clip.get_tokenizer(source), source, repo, f"Hugging Face hub {repo}"
     )

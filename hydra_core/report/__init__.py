@@ -1,7 +1,8 @@
 """The replication report: the paper's analyses re-run on our default model, whatever comes out.
 
 ``python -m hydra_core report`` writes ``report.md``, ``report.json`` and one CSV per table into an
-output folder (default ``docs/report``). Sections, in the paper's numbering:
+output folder (default ``results/report``; the committed one is ``docs/report``). Sections, in
+the paper's numbering:
 
 - Table 4: zero-shot pruning, Taylor against the CircAvg circuit (same number of heads removed);
 - Table 5: ID/OOD centroid distances of the last layer's heads, CircOOD against the dense model;

@@ -10,10 +10,14 @@ its wall time, and ``setup["seconds"]`` records it); what a stage produces is ke
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import json
+import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,6 +29,7 @@ import pandas as pd
 import torch
 
 from hydra_core.cache import DiskCache
+from hydra_core.errors import InputError
 from hydra_core.evaluate import nest_intervals, resolve_device
 from hydra_core.hydra.experiment import System, evaluate_systems
 from hydra_core.hydra.members import (
@@ -39,6 +44,7 @@ from hydra_core.hydra.members import (
 from hydra_core.hydra.systems import SystemsReport, machine_description
 from hydra_core.masks import MemberMask, save_masks
 from hydra_core.models.adapter import HeadLayout, head_layout
+from hydra_core.outputs import claim_folder, data_identity
 from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
@@ -100,11 +106,16 @@ class Pipeline:
     """One report's run (see the module docstring).
 
     Args:
-        out: the output folder (created).
+        out: the output folder (created). Every file of the report is written into a staging
+            folder beside it first (:attr:`out` during the run) and moved into ``out`` by
+            :meth:`write`, once all of them are ready: an interrupted run leaves ``out`` as it
+            was. A folder holding another model's or other data's report is refused (after the
+            model and data load, before any search) unless ``overwrite``.
         cache: searches, fine-tuned weights and predictions are read from and saved to it (None:
             the default cache).
         device: "auto", "cpu" or "cuda".
         progress: ``progress(stage, done, total)`` for long stages; log: one line per stage.
+        overwrite: replace what ``out`` holds (see :func:`~hydra_core.outputs.claim_folder`).
     """
 
     def __init__(
@@ -114,9 +125,14 @@ class Pipeline:
         device: str,
         progress: StageProgress | None,
         log: Log,
+        *,
+        overwrite: bool = False,
     ) -> None:
-        self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.final = Path(out).expanduser()
+        if self.final.exists() and not self.final.is_dir():
+            raise InputError(f"the report folder {self.final} is a file; give a folder")
+        self.overwrite = overwrite
+        self.out: Path | None = None  # the staging folder, once the model and data are loaded
         self.cache = cache or DiskCache()
         self.device = resolve_device(device)
         self.progress, self.log = progress, log
@@ -163,6 +179,17 @@ class Pipeline:
                 self.log(f"[report] warning: {benchmark.protocol_note()}")
             self.inputs = search_inputs(loaded.preprocess, benchmark).to(self.device)
         self.loaded, self.benchmark = loaded, benchmark
+        claim_folder(  # refused before any search when it holds another run's report
+            self.final,
+            model=loaded.identity(),
+            data=data_identity(benchmark),
+            command="report",
+            overwrite=self.overwrite,
+        )
+        # the run's files go here until all are written (removed at exit if the run stops)
+        staging = tempfile.mkdtemp(prefix=f".{self.final.name}.partial-", dir=self.final.parent)
+        self.out = Path(staging)
+        atexit.register(shutil.rmtree, self.out, ignore_errors=True)
         return tuple(extra)
 
     @property
@@ -318,7 +345,12 @@ class Pipeline:
         payload = nan_to_none(payload)
         (self.out / "report.json").write_text(json.dumps(payload, indent=1))
         (self.out / "report.md").write_text(markdown(tables, setup))
-        self.log(f"[report] wrote {self.out} in {setup['total_seconds'] / 60:.1f} minutes")
+        self.final.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.out.iterdir()):  # every file is ready: now into place
+            os.replace(path, self.final / path.name)
+        self.out.rmdir()
+        self.out = self.final
+        self.log(f"[report] wrote {self.final} in {setup['total_seconds'] / 60:.1f} minutes")
         return payload
 
 

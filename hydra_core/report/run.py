@@ -36,7 +36,6 @@ from hydra_core.hydra.systems import (
     system_name,
 )
 from hydra_core.masks import MemberMask
-from hydra_core.paths import REPO_DIR
 from hydra_core.report.markdown import markdown_report
 from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
@@ -58,7 +57,8 @@ if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.zoo.registry import LoadedModel
 
-DEFAULT_OUT = REPO_DIR / "docs" / "report"
+#: where the report goes unless told (never the committed docs/report/ by default)
+DEFAULT_OUT = Path("results") / "report"
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ def run_report(
     cache: DiskCache | None = None,
     progress: StageProgress | None = None,
     log: Log = print,
+    overwrite: bool = False,
 ) -> dict:
     """Run every analysis and write ``report.md``, ``report.json`` and the CSVs into ``out``.
 
@@ -151,7 +152,7 @@ def run_report(
     from hydra_core.data.benchmark import default_benchmark
     from hydra_core.zoo.registry import load_model
 
-    run = Pipeline(out, cache, config.device, progress, log)
+    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
     device, cache, stages = run.device, run.cache, run.stage
 
     def loader():

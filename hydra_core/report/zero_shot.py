@@ -2,7 +2,7 @@
 OpenCLIP model the user names.
 
 ``python -m hydra_core report --task zero-shot --model openclip:ViT-B-32/laion2b_s34b_b79k``
-writes ``report.md``, ``report.json`` and one CSV per table into ``docs/report/zero-shot``. No
+writes ``report.md``, ``report.json`` and one CSV per table into ``results/report/zero-shot``. No
 package registry carries CLIP weights, so this report runs only where the model can be loaded:
 online (the weights come from the Hugging Face hub) or from a local open_clip folder
 (``openclip:local-dir:/path``). Nothing of it is committed unless it was run on real weights.
@@ -43,7 +43,6 @@ from hydra_core.errors import InputError
 from hydra_core.hydra.experiment import Hydra, Pruned, Single
 from hydra_core.hydra.systems import SystemsReport, system_name
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
-from hydra_core.paths import REPO_DIR
 from hydra_core.report.claims import (
     paired_claim,
     paper_frame,
@@ -56,7 +55,8 @@ from hydra_core.report.pipeline import Budgets, Pipeline
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, circuits_table, fused
 from hydra_core.types import Log, StageProgress
 
-DEFAULT_ZERO_SHOT_OUT = REPO_DIR / "docs" / "report" / "zero-shot"
+#: where the report goes unless told (never the committed docs/report/ by default)
+DEFAULT_ZERO_SHOT_OUT = Path("results") / "report" / "zero-shot"
 DEFAULT_COMMAND = "python -m hydra_core report --task zero-shot --model openclip:..."
 
 SINGLE = "single"
@@ -118,10 +118,11 @@ def run_zero_shot_report(
     cache: DiskCache | None = None,
     progress: StageProgress | None = None,
     log: Log = print,
+    overwrite: bool = False,
 ) -> dict:
     """Run the zero-shot report and write ``report.md``, ``report.json`` and the CSVs into
     ``out``; returns ``report.json``'s content."""
-    run = Pipeline(out, cache, config.device, progress, log)
+    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
     run.load(lambda: _load(config))
     layout = run.layout
     budgets = Budgets.of(layout, config)

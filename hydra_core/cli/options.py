@@ -1,0 +1,118 @@
+"""What an option's value may be, checked by the parser itself: every bad value is refused before
+anything loads, in one line that names the option (``argument --epochs: must be at least 1, got
+0``), never later in a library's words.
+
+Each function here is an argparse ``type``: it takes the text on the command line and returns the
+value, or raises :class:`argparse.ArgumentTypeError` with what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from pathlib import Path
+
+from hydra_core.errors import InputError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are an :class:`InputError` (one line on stderr, exit code 2,
+    as every other user error), not a usage block and ``SystemExit``."""
+
+    def error(self, message: str):
+        raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _number(text: str, kind: type) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {noun}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def at_least(least: int):
+    """An int option of at least ``least``."""
+
+    def check(text: str) -> int:
+        value = _number(text, int)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    check.__name__ = f"int >= {least}"
+    return check
+
+
+#: a count of things (threads, images, epochs, members, ...): 1 or more
+positive_int = at_least(1)
+#: a count that may be zero (padding, warm-up steps, heads removed per layer)
+non_negative_int = at_least(0)
+#: a random seed: torch takes any non-negative 64-bit integer
+seed = at_least(0)
+
+
+def positive_float(text: str) -> float:
+    """A float above 0 (a learning rate, epochs of fine-tuning)."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value:g}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A float of 0 or more (warm-up epochs)."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
+    return value
+
+
+def open_unit(text: str) -> float:
+    """A float strictly between 0 and 1 (a dropout rate)."""
+    value = _number(text, float)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {value:g}")
+    return value
+
+
+def smoothing(text: str) -> float:
+    """A label smoothing: 0 (none) up to, not including, 1."""
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {value:g}")
+    return value
+
+
+#: the devices a command runs on: ``auto`` (cuda when available), ``cpu``, ``cuda``, ``cuda:N``
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (whether the machine has it is checked
+    when the command starts)."""
+    value = text.strip().lower()
+    if not DEVICE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a device Hydra Lab runs on; choose auto, cpu, cuda or cuda:N"
+        )
+    return value
+
+
+def folder(text: str) -> str:
+    """A folder that exists or can be created: no file in its place or above it, and writable."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder; give a folder")
+    above = path
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise argparse.ArgumentTypeError(f"{above} is a file, so {text} cannot be a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{above} is not writable; give a folder you can write")
+    return text
