@@ -483,10 +483,16 @@ def test_no_message_suggests_an_option_that_does_not_exist():
     from hydra_core.cli import build_parser
 
     options = set()
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                options.update(o for a in sub._actions for o in a.option_strings)
+
+    def collect(parser: argparse.ArgumentParser) -> None:
+        """Every option of ``parser`` and of its sub-commands, at any depth."""
+        for action in parser._actions:
+            options.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    collect(sub)
+
+    collect(build_parser())
     named = _message_strings()
     assert "--allow-other-weights" in named  # the mask-mismatch message names a real flag
     missing = {

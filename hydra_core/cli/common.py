@@ -36,19 +36,19 @@ def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None])
 
 def global_options() -> argparse.ArgumentParser:
     """Options every command (and sub-command) takes, as a parent parser."""
-    from hydra_core.cli import options as checked
+    from hydra_core.cli.options import folder, positive_int
 
     options = argparse.ArgumentParser(add_help=False)
     g = options.add_argument_group("every command")
     g.add_argument(
         "--threads",
-        type=checked.positive_int,
+        type=positive_int,
         default=None,
         help="torch CPU threads, 1 or more (default: torch's choice)",
     )
     g.add_argument(
         "--cache-dir",
-        type=checked.folder,
+        type=folder,
         default=None,
         metavar="PATH",
         help="where computed results are kept (default: $HYDRA_LAB_CACHE, else cache/ in the "
