@@ -2,7 +2,8 @@
 
 Every function here works on any supported family (:mod:`hydra_core.models.vit` for timm ViTs,
 :mod:`hydra_core.models.text` for Hugging Face BERT-family encoders,
-:mod:`hydra_core.models.openclip` for OpenCLIP image towers); :func:`family_of` picks the family,
+:mod:`hydra_core.models.openclip` for OpenCLIP image towers and zero-shot classifiers, whose
+joint layout holds the text tower's heads too); :func:`family_of` picks the family,
 and the code above :mod:`hydra_core.models` never needs to know which one it was.
 See :mod:`hydra_core.models.family` for the head layout and the piece-by-piece forward.
 
@@ -31,6 +32,7 @@ from hydra_core.models.family import (
     parse_head_label,
 )
 from hydra_core.models.openclip import OPENCLIP
+from hydra_core.models.openclip_text import OPENCLIP_TEXT
 from hydra_core.models.text import TEXT
 from hydra_core.models.vit import (
     SHORT_SEQUENCE,
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 #: every family Hydra Lab knows, tried in this order
-FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT, OPENCLIP)
+FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT, OPENCLIP, OPENCLIP_TEXT)
 
 
 def family_of(model: nn.Module) -> ModelFamily:
@@ -245,12 +247,16 @@ def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
     layout = family.layout(model)
     keep = as_keep_mask(layout, keep)
     pruned = copy.deepcopy(model)
+    replaced = False
     for layer, block in enumerate(list(family.blocks(pruned))):
         n = layout.num_heads[layer]
         heads = keep[layer, :n].nonzero().flatten()
         if len(heads) == n:
             continue
         family.set_block(pruned, layer, family.prune_block(block, heads))
+        replaced = True
+    if replaced:
+        family.blocks_replaced(pruned)
     return pruned
 
 
