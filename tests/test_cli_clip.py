@@ -62,7 +62,7 @@ def test_info_shows_the_zero_shot_card(files, capsys):
     assert main(["info", *clip_args(files), "--json"]) == 0
     card = json.loads(capsys.readouterr().out)
     assert card["family"] == "openclip" and (card["layers"], card["heads"]) == (4, 4)
-    assert card["towers"] == "both: image 3 layers x 4 heads, then text 1 layers x 2 heads"
+    assert card["towers"] == "both: image 3 layers x 4 heads + text 1 layer x 2 heads"
     assert card["classes"] == 3 and card["prompts"] == "paper: 'A photo of a {label}.'"
     assert card["weights"].startswith("RANDOM initialisation")
     assert card["id_set"] == "pets (report split, n=12)" and set(card["ood_auroc"]) == {"odd"}

@@ -207,6 +207,18 @@ def test_prompt_ensembles_and_nested_contexts():
     assert store[1][0].shape[0] == 4  # an image layer: per image
 
 
+def test_trained_weights_make_the_class_embeddings_again():
+    _, model = joint()
+    member = hc.prune_heads(model, mixed_masks()[1])
+    with torch.no_grad():
+        for p in member.text.parameters():
+            p.mul_(1.1)  # as training would change them
+        stale = member.class_embeddings.clone()
+        OPENCLIP.weights_changed(member)  # what finetune_member calls after training
+        assert not torch.allclose(member.class_embeddings, stale)
+        assert torch.equal(member.class_embeddings, member.text.class_embeddings())
+
+
 def test_pruned_text_tower_refreshes_on_dtype_change():
     clip, model = joint()
     keep = mixed_masks()[1]
@@ -437,3 +449,14 @@ def _with_text() -> nn.Module:
     holder = nn.Module()
     holder.text = nn.Linear(2, 2)
     return holder
+
+
+def test_cahp_is_refused_on_the_joint_layout():
+    from hydra_core.analysis.inputs import SearchInputs
+    from hydra_core.hydra.members import cahp_members
+
+    _, model = joint()
+    x = clip_images(6).double()
+    inputs = SearchInputs(x, torch.arange(6) % 5, x, {"ood": x})
+    with pytest.raises(InputError, match="text tower's see the prompts.*--towers image"):
+        cahp_members(model, inputs, seeds=[0])

@@ -23,7 +23,6 @@ from sklearn.covariance import ledoit_wolf
 from torch import nn
 
 from hydra_core.models.adapter import (
-    HeadLayout,
     ablate,
     as_keep_mask,
     family_of,
@@ -76,7 +75,7 @@ def head_cls_features(
     """
     model, x = model_and_inputs(model, x, names=("x",))
     layout = head_layout(model)
-    layers = _resolve_layers(layers, _input_layers(model, layout), layout.num_layers)
+    layers = _resolve_layers(layers, len(layout.input_layers), layout.num_layers)
     if len(x) == 0:
         raise ValueError("x holds no samples; per-head features need at least one input")
     device = model_device(model)
@@ -94,13 +93,6 @@ def head_cls_features(
         z = torch.cat(store[layer]).float().cpu()  # (N, H_l, d_k)
         out[:, i, : z.shape[1]] = z
     return out
-
-
-def _input_layers(model: nn.Module, layout: HeadLayout) -> int:
-    """How many of the layout's first layers see the model's inputs: all of them, or with towers
-    the first tower's."""
-    towers = family_of(model).towers(model)
-    return layout.tower_layers()[towers[0].name].stop if towers else layout.num_layers
 
 
 def _resolve_layers(

@@ -256,7 +256,7 @@ def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
         family.set_block(pruned, layer, family.prune_block(block, heads))
         replaced = True
     if replaced:
-        family.blocks_replaced(pruned)
+        family.weights_changed(pruned)
     return pruned
 
 
@@ -275,10 +275,16 @@ def run_blocks(
     model: nn.Module, inputs: torch.Tensor, last_layer: int | None = None
 ) -> torch.Tensor:
     """Embed ``inputs`` and run the blocks up to ``last_layer`` (all when None), each as the model
-    runs it (hooks on its modules fire): the stream leaving that block, (B, N, d)."""
+    runs it (hooks on its modules fire): the stream leaving that block, (B, N, d). A model with
+    towers runs the tower that reads ``inputs``, its first."""
+    towers = family_of(model).towers(model)
+    if towers:
+        model = towers[0].model
     family = family_of(model)
     x, context = family.embed(model, inputs)
     blocks = family.blocks(model)
+    if last_layer is not None and last_layer >= len(blocks):
+        raise ValueError(f"layer {last_layer} is not in the blocks that read the inputs")
     for block in blocks[: len(blocks) if last_layer is None else last_layer + 1]:
         x = family.block_forward(block, x, context)
     return x

@@ -101,6 +101,12 @@ class HeadLayout:
             keep[layer, :n] = True
         return keep
 
+    @property
+    def input_layers(self) -> range:
+        """The layers whose heads see the model's inputs: every layer, or with towers the first
+        tower's (CLIP's image tower; the text tower's heads see the prompts)."""
+        return range(self.towers[0][1] if self.towers else self.num_layers)
+
     def tower_of(self, layer: int) -> tuple[str, int]:
         """(the tower's name, the layer's index within its tower); ("", layer) without towers."""
         start = 0
@@ -117,6 +123,17 @@ class HeadLayout:
             found[name] = range(start, start + count)
             start += count
         return found
+
+    def describe(self) -> str:
+        """``6 layers x 12 heads``; with towers ``image 12 layers x 12 heads + text 12 layers x
+        8 heads`` (a pruned layer's count as ``6/12``)."""
+        groups = self.tower_layers() or {"": range(self.num_layers)}
+        parts = []
+        for name, layers in groups.items():
+            heads = "/".join(str(h) for h in sorted({self.num_heads[layer] for layer in layers}))
+            count = f"{len(layers)} layer{'s' if len(layers) != 1 else ''}"
+            parts.append(f"{name} {count} x {heads} heads".strip())
+        return " + ".join(parts)
 
     def layer_names(self) -> list[str]:
         """A name for each layer: ``L3``, or with towers ``image L3`` / ``text L0`` (the layer's
@@ -277,10 +294,10 @@ class ModelFamily:
         structurally; the block's other parts are shared with ``block``, not copied."""
         raise NotImplementedError
 
-    def blocks_replaced(self, model: nn.Module) -> None:
-        """Called once :meth:`set_block` has replaced blocks of ``model`` (after pruning), so that
-        the model can update what it derives from them (a CLIP classifier: the class embeddings
-        of its text tower). Nothing by default."""
+    def weights_changed(self, model: nn.Module) -> None:
+        """Called once blocks of ``model`` were replaced (:meth:`set_block`, after pruning) or its
+        weights trained, so that the model can update what it derives from them (a CLIP
+        classifier: the class embeddings of its text tower). Nothing by default."""
 
     def towers(self, model: nn.Module) -> tuple[Tower, ...]:
         """The towers of a model whose heads sit in several transformers, in the order of its

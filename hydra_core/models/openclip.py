@@ -329,7 +329,7 @@ class OpenClipFamily(ResidualBlocksFamily):
         else:
             model.text.transformer.resblocks[layer - image_layers] = block
 
-    def blocks_replaced(self, model: nn.Module) -> None:
+    def weights_changed(self, model: nn.Module) -> None:
         if _joint(model):
             model.refresh_class_embeddings()
 

@@ -396,9 +396,9 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         *_random_weights_warning(setup),
         "## Setup",
         "",
-        f"- **Model**: `{model['name']}`: {setup['model_description']}; heads pruned in "
-        f"{model.get('towers', 'image')} (head dim {model['head_dim']}, image width "
-        f"{model['embed_dim']}).",
+        f"- **Model**: `{model['name']}`: {setup['model_description']}; head layout "
+        f"{str(model.get('towers', '')).partition(': ')[2] or model['layers']} (head dim "
+        f"{model['head_dim']}, image width {model['embed_dim']}).",
         f"- **Classifier**: zero-shot, {len(setup['classes'])} classes from the ID set, "
         f"prompt templates {', '.join(repr(t) for t in setup['templates'])}; logits = logit "
         f"scale x cosine of the image and class embeddings. {_towers_sentence(setup)} Nothing "

@@ -349,15 +349,9 @@ def _load_openclip(
 
 
 def describe_layout_towers(layout) -> str:
-    """``both: image 12 layers x 12 heads, then text 12 x 8`` (what a joint layout holds), or
-    ``image: 12 layers x 12 heads``."""
-    parts = []
-    for name, layers in layout.tower_layers().items():
-        heads = sorted({layout.num_heads[layer] for layer in layers})
-        shown = "/".join(str(h) for h in heads)
-        parts.append(f"{name} {len(layers)} layers x {shown} heads")
-    kind = "both" if len(parts) > 1 else "image"
-    return f"{kind}: " + ", then ".join(parts)
+    """``both: image 12 layers x 12 heads + text 12 layers x 8 heads`` (what a joint layout
+    holds), or ``image: image 12 layers x 12 heads``."""
+    return f"{'both' if len(layout.towers) > 1 else 'image'}: {layout.describe()}"
 
 
 def _describe_preprocess(cfg: dict, size: int) -> str:

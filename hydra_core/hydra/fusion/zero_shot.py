@@ -85,9 +85,9 @@ class HydraZeroShot(nn.Module):
     def logits_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
         """The members' image embeddings (B, M, D) -> logits (B, M, C)."""
         weights = self.class_embeddings.to(embeddings.dtype)  # (M, C, D)
-        normed = F.normalize(embeddings, dim=-1).transpose(0, 1)  # (M, B, D)
-        logits = normed @ weights.transpose(-1, -2)  # (M, B, C)
-        return self.logit_scale.to(embeddings.dtype) * logits.transpose(0, 1)
+        scale = self.logit_scale.to(embeddings.dtype)
+        scaled = scale * F.normalize(embeddings, dim=-1).transpose(0, 1)  # (M, B, D)
+        return (scaled @ weights.transpose(-1, -2)).transpose(0, 1)  # (M, B, C) -> (B, M, C)
 
     def member_head_counts(self) -> list[list[int]]:
         """Kept heads per member per layer, as counts."""
