@@ -13,6 +13,13 @@ Mask file (SPEC section 9), JSON::
      "model": {"name": ..., "layers": L, "heads": H, "weights": <fingerprint>},
      "members": [{"name": ..., "source": ..., "keep": {"<layer>": [head, ...]}}],
      "created": "<ISO time>"}
+
+A model whose layout names its towers (an OpenCLIP zero-shot classifier) says which in the model
+block, ``"towers": {"image": 12, "text": 12}`` (the joint layout: layers 0-11 the image tower's,
+12-23 the text tower's) or ``{"image": 12}`` (the image tower alone). A file without the entry
+was written for a model of one transformer, or by a Hydra Lab that pruned only OpenCLIP's image
+tower: it loads as the image-only layout, and onto a model with the joint layout it is refused
+with the way to load the model image-only.
 """
 
 from __future__ import annotations
@@ -121,13 +128,44 @@ def per_layer_counts(members: Sequence[MemberMask]) -> pd.DataFrame:
 
 
 def model_identity(name: str, layout: HeadLayout, fingerprint: str) -> dict:
-    """The ``model`` block of a mask file."""
-    return {
+    """The ``model`` block of a mask file (with ``towers`` when the layout names them)."""
+    identity = {
         "name": name,
         "layers": layout.num_layers,
         "heads": layout.max_heads,
         "weights": fingerprint,
     }
+    if layout.towers:
+        identity["towers"] = dict(layout.towers)
+    return identity
+
+
+def describe_towers(towers: dict | None) -> str:
+    """``image 12 + text 12 layers`` for a mask file's or a layout's towers."""
+    if not towers:
+        return "one transformer"
+    return " + ".join(f"{name} {count}" for name, count in towers.items()) + " layers"
+
+
+def _check_towers(model: dict, layout: HeadLayout) -> None:
+    """Refuse masks made for another tower layout, saying how to load the model that fits."""
+    ours = dict(layout.towers)
+    theirs = model.get("towers")
+    if theirs is None:
+        if len(ours) <= 1:
+            return  # one transformer, or an image-only file from before towers were named
+        theirs = {"image": model.get("layers")}
+    if not isinstance(theirs, dict) or theirs == ours:
+        return
+    fix = "load the model they were made for"
+    if ours and len(theirs) < len(ours) and list(theirs) == list(ours)[: len(theirs)]:
+        fix = "load the model with towers 'image' (--towers image; Setup: Towers)"
+    elif ours and len(ours) < len(theirs) and list(ours) == list(theirs)[: len(ours)]:
+        fix = "load the model with towers 'both' (--towers both; Setup: Towers)"
+    raise MaskFileError(
+        f"the masks were made for the head layout {describe_towers(theirs)} "
+        f"({model.get('name')!r}); the loaded model's is {describe_towers(ours)}: {fix}"
+    )
 
 
 def masks_to_json(members: Sequence[MemberMask], identity: dict) -> dict:
@@ -190,6 +228,7 @@ def masks_from_json(
     model = data.get("model")
     if not isinstance(model, dict):
         raise MaskFileError("mask file has no 'model' object")
+    _check_towers(model, layout)
     if (model.get("layers"), model.get("heads")) != (layout.num_layers, layout.max_heads):
         raise MaskFileError(
             f"the masks were made for a model with {model.get('layers')} layers x "

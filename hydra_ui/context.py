@@ -45,6 +45,8 @@ class SetupConfig:
     n_report: int | None = 2000  # images (texts) per set results are reported on (None = all)
     # An OpenCLIP model's prompt templates: a set ("paper", "openai", "simple") or templates
     prompts: tuple[str, ...] = ("paper",)
+    # An OpenCLIP model's pruned heads: "both" towers' (the paper's D.3) or the "image" tower's
+    towers: str = "both"
     device: str = "auto"
     precision: str = "fp32"  # "bf16" only on CUDA
 
@@ -103,10 +105,12 @@ def cached_model(
     arch_kwargs: str = "",
     classes: tuple[str, ...] | None = None,
     prompts: tuple[str, ...] | None = None,
+    towers: str | None = None,
 ) -> LoadedModel:
-    """The model of a setup; ``classes`` and ``prompts`` for an OpenCLIP model only."""
+    """The model of a setup; ``classes``, ``prompts`` and ``towers`` for an OpenCLIP model
+    only."""
     if model.startswith(OPENCLIP_PREFIX):
-        return load_model(model, classes=classes, templates=prompts)
+        return load_model(model, classes=classes, templates=prompts, towers=towers)
     options = {"img_size": dinov2_img_size} if model in ("dinov2-s", "dinov2") else {}
     return load_model(model, arch=arch, arch_kwargs=parse_arch_kwargs(arch_kwargs), **options)
 
@@ -118,7 +122,13 @@ def setup_model(config: SetupConfig) -> LoadedModel:
     if config.model.startswith(OPENCLIP_PREFIX):
         classes = config.classes or (folder_classes(config.id_source) if config.id_source else None)
         return cached_model(
-            config.model, None, config.dinov2_img_size, "", classes, tuple(config.prompts)
+            config.model,
+            None,
+            config.dinov2_img_size,
+            "",
+            classes,
+            tuple(config.prompts),
+            config.towers,
         )
     return cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
 

@@ -230,6 +230,12 @@ def to_matplotlib(fig: go.Figure) -> Figure:
             _draw_scatter(canvas, trace)
         else:
             raise ValueError(f"cannot draw a Plotly {trace.type!r} trace; only heatmap and scatter")
+    for shape in fig.layout.shapes or ():
+        # a horizontal line across a map (the line between a model's towers)
+        if shape.type == "line" and shape.y0 == shape.y1 and (shape.xref or "").endswith("domain"):
+            for (_, yname), ax in canvas.axes.items():
+                if yname == _axis_name(shape.yref, "y"):
+                    ax.axhline(shape.y0, color=shape.line.color or "black", linewidth=1.5)
     for ax in canvas.axes.values():
         if any(not label.startswith("_") for label in ax.get_legend_handles_labels()[1]):
             ax.legend(fontsize=8, loc="best")

@@ -3,7 +3,10 @@ else: no Streamlit here, so every figure can be checked in a test and rendered a
 
 Conventions shared by every head map: rows are layers (``L0`` at the top), columns are heads,
 hovering a cell names the head (``L3H7``) and lists its values; NaN cells (heads that do not
-exist, were never removed, or were not scored) stay blank.
+exist, were never removed, or were not scored) stay blank. A model whose head layout spans towers
+(CLIP pruned in both: ``towers`` as :attr:`hydra_core.models.family.HeadLayout.towers` gives
+them) has its rows named by tower (``image L3``, ``text L0``), a line between the towers, and
+both names in the hover box (``L15H2 · text L3H2``).
 """
 
 from __future__ import annotations
@@ -28,12 +31,44 @@ OOD_COLOURS = ("#E69F00", "#009E73", "#D55E00", "#CC79A7", "#555555", "#F0E442",
 MASK_COLOURS = ((0.0, "#f2f2f2"), (0.5, "#f2f2f2"), (0.5, "#1f4e79"), (1.0, "#1f4e79"))
 
 
-def head_labels(shape: tuple[int, int]) -> np.ndarray:
-    """(L, H) array of head labels ``L{layer}H{head}``."""
+#: a model's towers as its head layout names them: (name, layers), in order; () for one
+Towers = Sequence[tuple[str, int]]
+
+
+def layer_names(layers: int, towers: Towers = ()) -> list[str]:
+    """``L0``, ``L1``, ...; with two towers or more ``image L0``, ..., ``text L0``, ...."""
+    if len(towers) < 2 or sum(n for _, n in towers) != layers:
+        return [f"L{layer}" for layer in range(layers)]
+    return [f"{name} L{local}" for name, count in towers for local in range(count)]
+
+
+def head_labels(shape: tuple[int, int], towers: Towers = ()) -> np.ndarray:
+    """(L, H) array of head labels ``L{layer}H{head}`` (with towers, ``L15H2 · text L3H2``)."""
     layers, heads = shape
+    names = layer_names(layers, towers)
     return np.array(
-        [[f"L{layer}H{head}" for head in range(heads)] for layer in range(layers)], dtype=object
+        [
+            [
+                f"L{layer}H{head}" + (f" · {names[layer]}H{head}" if " " in names[layer] else "")
+                for head in range(heads)
+            ]
+            for layer in range(layers)
+        ],
+        dtype=object,
     )
+
+
+def _mark_towers(fig: go.Figure, towers: Towers, layers: int, panels: int = 1) -> None:
+    """A line between the towers' rows on every map of ``fig``; side by side (``panels``), the
+    rows' (longer) names only left of the first map."""
+    if " " not in layer_names(layers, towers)[0]:
+        return
+    for col in range(2, panels + 1):
+        fig.update_yaxes(showticklabels=False, row=1, col=col)
+    start = 0
+    for _, count in list(towers)[:-1]:
+        start += count
+        fig.add_hline(y=start - 0.5, line={"color": "#d62728", "width": 2}, row="all", col="all")
 
 
 def _as_map(values) -> np.ndarray:
@@ -63,13 +98,13 @@ def _hover_text(shape: tuple[int, int], lines: Mapping[str, np.ndarray], spec: s
     return text
 
 
-def _heatmap_trace(z: np.ndarray, hover: np.ndarray, **kwargs) -> go.Heatmap:
+def _heatmap_trace(z: np.ndarray, hover: np.ndarray, towers: Towers = (), **kwargs) -> go.Heatmap:
     layers, heads = z.shape
-    custom = np.stack([head_labels(z.shape), hover], axis=-1)  # (L, H, 2)
+    custom = np.stack([head_labels(z.shape, towers), hover], axis=-1)  # (L, H, 2)
     return go.Heatmap(
         z=z,
         x=[f"H{h}" for h in range(heads)],
-        y=[f"L{layer}" for layer in range(layers)],
+        y=layer_names(layers, towers),
         customdata=custom,
         hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[1]}<extra></extra>",
         hoverongaps=False,
@@ -94,6 +129,7 @@ def head_heatmap(
     zmin: float | None = None,
     zmax: float | None = None,
     reverse_scale: bool = False,
+    towers: Towers = (),
 ) -> go.Figure:
     """An (L, H) map as a heatmap, ``L0`` at the top.
 
@@ -101,6 +137,7 @@ def head_heatmap(
         values: (L, H) numbers; NaN cells stay blank.
         value_name: what the colour shows (colour bar title, first hover line).
         hover: more (L, H) arrays (numbers or strings) listed in the hover box under their names.
+        towers: the model's towers (see the module docstring).
     """
     z = _as_map(values)
     lines = {value_name: z, **(hover or {})}
@@ -108,6 +145,7 @@ def head_heatmap(
         _heatmap_trace(
             z,
             _hover_text(z.shape, lines, value_format),
+            towers,
             colorscale=colorscale,
             zmin=zmin,
             zmax=zmax,
@@ -120,6 +158,7 @@ def head_heatmap(
     )
     fig.update_yaxes(autorange="reversed", title_text="layer")
     fig.update_xaxes(title_text="head")
+    _mark_towers(fig, towers, z.shape[0])
     return fig
 
 
@@ -141,6 +180,7 @@ def importance_heatmaps(
     *,
     raw: Mapping[str, tuple[str, np.ndarray]] | None = None,
     title: str = "Head importance (colour: rank within each criterion, higher = more important)",
+    towers: Towers = (),
 ) -> go.Figure:
     """Importance maps side by side with one colour meaning: the head's importance rank within its
     criterion, scaled to [0, 1] (:func:`rank_percentile`). Every map must already be oriented
@@ -150,6 +190,7 @@ def importance_heatmaps(
         maps: name -> (L, H) importance, higher = more important.
         raw: name -> (what the criterion measures, (L, H) values) shown in the hover box, e.g. the
             signed Δaccuracy behind the "higher = more important" map.
+        towers: the model's towers (see the module docstring).
     """
     names = list(maps)
     if not names:
@@ -170,7 +211,10 @@ def importance_heatmaps(
             lines["importance"] = z
         fig.add_trace(
             _heatmap_trace(
-                rank_percentile(z), _hover_text(z.shape, lines, ".4g"), coloraxis="coloraxis"
+                rank_percentile(z),
+                _hover_text(z.shape, lines, ".4g"),
+                towers,
+                coloraxis="coloraxis",
             ),
             row=1,
             col=col,
@@ -192,6 +236,7 @@ def importance_heatmaps(
     )
     fig.update_yaxes(autorange="reversed")
     fig.update_yaxes(title_text="layer", row=1, col=1)
+    _mark_towers(fig, towers, _as_map(maps[names[0]]).shape[0], len(names))
     return fig
 
 
@@ -230,7 +275,7 @@ def matrix_heatmap(
 
 
 def removal_step_heatmap(
-    result, *, budget: int | None = None, title: str | None = None
+    result, *, budget: int | None = None, title: str | None = None, towers: Towers = ()
 ) -> go.Figure:
     """When each head was removed by a greedy search (1 = first); blank = not removed (yet).
 
@@ -238,6 +283,7 @@ def removal_step_heatmap(
         result: a :class:`hydra_core.analysis.greedy.GreedyResult` (partial ones too).
         budget: the colour scale's top (default: the result's budget), so that a live search keeps
             its colours while it fills in.
+        towers: the model's towers (see the module docstring).
     """
     steps = result.removal_step_map().double().numpy()
     z = np.where(steps >= 0, steps + 1, np.nan)
@@ -255,6 +301,7 @@ def removal_step_heatmap(
         zmax=max(top, 2),
         colorscale="Viridis",
         reverse_scale=True,
+        towers=towers,
     )
 
 
@@ -395,11 +442,20 @@ def projection_pair(
 # --- masks ---------------------------------------------------------------------------------------
 
 
-def member_masks_figure(members: Sequence, *, title: str = "Kept heads per member") -> go.Figure:
+def member_masks_figure(
+    members: Sequence,
+    *,
+    title: str = "Kept heads per member",
+    towers: Towers = (),
+    num_heads: Sequence[int] | None = None,
+) -> go.Figure:
     """One small L x H grid per member (dark = kept), side by side.
 
     Args:
         members: objects with ``name`` and ``keep`` ((L, H) bool), e.g. MemberMask.
+        towers: the model's towers (see the module docstring).
+        num_heads: heads per layer, when layers differ (a text tower's fewer heads): the cells
+            of heads a layer does not have stay blank instead of reading "removed".
     """
     if not members:
         raise ValueError("no members to show")
@@ -413,10 +469,14 @@ def member_masks_figure(members: Sequence, *, title: str = "Kept heads per membe
     for col, member in enumerate(members, start=1):
         keep = np.asarray(member.keep, dtype=bool)
         status = np.where(keep, "kept", "removed").astype(object)
+        cells = keep.astype(np.float64)
+        for layer, n in enumerate(num_heads or ()):
+            cells[layer, n:], status[layer, n:] = np.nan, "–"
         fig.add_trace(
             _heatmap_trace(
-                keep.astype(np.float64),
+                cells,
                 _hover_text(keep.shape, {member.name: status}, ""),
+                towers,
                 coloraxis="coloraxis",
             ),
             row=1,
@@ -430,6 +490,7 @@ def member_masks_figure(members: Sequence, *, title: str = "Kept heads per membe
         margin=dict(l=50, r=20, t=80, b=40),
     )
     fig.update_yaxes(autorange="reversed")
+    _mark_towers(fig, towers, layers, cols)
     return fig
 
 

@@ -147,6 +147,13 @@ PROMPT_CHOICES = {
 }
 
 
+#: the towers an OpenCLIP model's heads are pruned in: label -> load_model's ``towers``
+TOWER_CHOICES = {
+    "both: image and text heads, jointly (the paper's D.3)": "both",
+    "image: the image tower's heads only": "image",
+}
+
+
 def zero_shot_fields(config, source: str) -> dict:
     """The open_clip model and the prompt templates of a zero-shot source; returns the setup
     changes."""
@@ -163,7 +170,17 @@ def zero_shot_fields(config, source: str) -> dict:
         "open_clip_config.json and the weights (e.g. a copy of the model's hub repository). No "
         "CLIP weights ship with Hydra Lab or any package registry. The classes are the ID set's "
         "(an image folder's class folders, '_' and '-' read as spaces), embedded by the text "
-        "tower in each prompt; heads are pruned in the image tower."
+        "tower in each prompt."
+    )
+    towers = st.radio(
+        "Towers",
+        list(TOWER_CHOICES),
+        index=list(TOWER_CHOICES.values()).index(config.towers),
+        key="setup_towers",
+        help="Both: one head layout of the image tower's layers, then the text tower's; a "
+        "member's class embeddings come from its own pruned text tower (the paper's D.3). "
+        "Image: only the image tower's heads are searched and pruned (its Appendix E.3.2). Mask "
+        "files say which layout they were made for.",
     )
     chosen = tuple(config.prompts)
     current = next(
@@ -181,7 +198,12 @@ def zero_shot_fields(config, source: str) -> dict:
     )
     prompts = (PROMPT_CHOICES[label],) if PROMPT_CHOICES[label] else lines(templates)
     name = name.strip().removeprefix(OPENCLIP_PREFIX)
-    return {"model": f"{OPENCLIP_PREFIX}{name}" if name else "", "prompts": prompts, **NO_ARCH}
+    return {
+        "model": f"{OPENCLIP_PREFIX}{name}" if name else "",
+        "prompts": prompts,
+        "towers": TOWER_CHOICES[towers],
+        **NO_ARCH,
+    }
 
 
 #: the fields that name the model, by source; the other sources take image_model_fields
@@ -503,8 +525,8 @@ with show_error("Could not load the model or data"):
         st.caption(
             f"Zero-shot classifier of {details['classes']} classes "
             f"({', '.join(context.loaded.classes or ())}); prompts {details['prompts']}; logits = "
-            f"{details['logit_scale']} x cosine; weights: {details['weights']}. Preprocessing: "
-            f"{details['preprocessing']}."
+            f"{details['logit_scale']} x cosine; weights: {details['weights']}. Heads pruned in "
+            f"{details['towers']}. Preprocessing: {details['preprocessing']}."
         )
         if details["weights"].startswith("RANDOM"):
             st.warning(

@@ -72,6 +72,7 @@ def start_search(
 
     extends = not continued or previous.steps < budget
     info = {"objective": objective, "budget": budget, "extends": extends}
+    info["towers"] = head_layout(model).towers  # the heatmap's rows named by tower
     results()["jobs"][JOB] = start_job(JOB, work, info)
 
 
@@ -133,7 +134,8 @@ def live_view(job) -> None:
         st.info("Scoring the dense model and the first round of candidates...")
         return
     left, right = st.columns(2)
-    left.plotly_chart(removal_step_heatmap(step.result, budget=info["budget"]), key="live-heatmap")
+    heatmap = removal_step_heatmap(step.result, budget=info["budget"], towers=info["towers"])
+    left.plotly_chart(heatmap, key="live-heatmap")
     right.plotly_chart(greedy_curves({info["objective"]: step.result}), key="live-curves")
     st.caption(
         f"Last removed: **{head_label(*step.head)}** (step {removed}, {step.seconds:.1f} s); "
@@ -178,7 +180,7 @@ with show_error("Could not run the head search"):
     st.caption(
         f"Search data: {describe_search(context, inputs)}{roles} (sets and sizes are chosen on the "
         "Setup page). "
-        f"{layout.num_layers} layers x {layout.max_heads} heads = {total} heads."
+        f"{layout.describe()} = {total} heads."
     )
     if leak:
         st.warning(leak)
@@ -264,7 +266,8 @@ with show_error("Could not run the head search"):
             for column, (o, run) in zip(st.columns(len(runs)), runs.items(), strict=True):
                 with column:
                     figure_with_download(
-                        removal_step_heatmap(run, budget=shown), f"headmap_{o}_{run.steps}"
+                        removal_step_heatmap(run, budget=shown, towers=layout.towers),
+                        f"headmap_{o}_{run.steps}",
                     )
             figure_with_download(greedy_curves(runs), "greedy_curves_" + "_".join(runs))
             for o, run in runs.items():

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from hydra_core.analysis.importance import importance_maps
+from hydra_core.models.adapter import head_layout
 from hydra_ui.analyses import search_data, single_head, stored_greedy_runs, taylor
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import importance_heatmaps, matrix_heatmap
@@ -57,7 +58,10 @@ with show_error("Could not compute head importance"):
         f"Dense model on the search split: accuracy {found.base_accuracy:.4f}, "
         f"AUROC {found.base_auroc:.4f}."
     )
-    figure_with_download(importance_heatmaps(found.maps, raw=found.raw), "head_importance")
+    towers = head_layout(context.loaded.model).towers
+    figure_with_download(
+        importance_heatmaps(found.maps, raw=found.raw, towers=towers), "head_importance"
+    )
 
     left, right = st.columns([3, 2])
     with right:

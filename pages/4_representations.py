@@ -64,7 +64,8 @@ with show_error("Could not compute the representations"):
     )
     if note := context.benchmark.protocol_note():
         st.warning(note)
-    last = layout.num_layers - 1
+    readable = layout.input_layers  # with CLIP's towers: the image tower's (text heads see prompts)
+    last = readable[-1]
     c1, c2 = st.columns([3, 1])
     sets = c1.multiselect("OOD sets shown", ood_names, default=ood_names)
     method = c2.radio("Projection", ["pca", "umap"], format_func=str.upper, horizontal=True)
@@ -75,7 +76,7 @@ with show_error("Could not compute the representations"):
     with tabs[0]:
         layers = st.multiselect(
             "Layers",
-            range(layout.num_layers),
+            readable,
             default=[last],
             format_func=lambda layer: f"L{layer}",
         )
@@ -115,7 +116,8 @@ with show_error("Could not compute the representations"):
                     min(6, layout.total_heads // 2),
                 )
             )
-            most, least = most_and_least_important(stored[objective].ranking(), k)
+            ranking = [h for h in stored[objective].ranking() if h[0] in readable]
+            most, least = most_and_least_important(ranking, k)
             pair = [
                 project(group, sets, method, which)
                 for group, which in ((most, "most"), (least, "least"))
@@ -148,7 +150,8 @@ with show_error("Could not compute the representations"):
         where = c2.selectbox("OOD set", ["mean over OOD sets", *ood_names])
         part = table if where == "mean over OOD sets" else table[table["ood_set"] == where]
         per_head = part.groupby(["layer", "head"])[["euclidean", "mahalanobis"]].mean()
-        grid = {m: np.full(layout.shape, np.nan) for m in ("euclidean", "mahalanobis")}
+        shape = (len(readable), layout.max_heads)
+        grid = {m: np.full(shape, np.nan) for m in ("euclidean", "mahalanobis")}
         for (layer, head), row in per_head.iterrows():
             for m in grid:
                 grid[m][layer, head] = row[m]
@@ -195,11 +198,7 @@ with show_error("Could not compute the representations"):
             else:
                 keep = circuits[source].keep
                 c2.metric("Heads kept", int(keep.sum()))
-            layer = int(
-                c3.selectbox(
-                    "Layer", range(layout.num_layers), index=last, format_func=lambda x: f"L{x}"
-                )
-            )
+            layer = int(c3.selectbox("Layer", readable, index=last, format_func=lambda x: f"L{x}"))
             if st.button("Compare dense vs circuit", icon=":material/compare_arrows:"):
                 results()["table5"] = (cache_key(keep), layer)
             if results().get("table5") == (cache_key(keep), layer):

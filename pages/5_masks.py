@@ -230,7 +230,8 @@ with show_error("Could not build the masks"):
             state = f"manual-L{layer}"
             if state not in st.session_state:
                 st.session_state[state] = heads
-            for label in st.pills(f"L{layer}", heads, selection_mode="multi", key=state):
+            name = layout.layer_names()[layer]  # "L3", or by tower: "image L3", "text L0"
+            for label in st.pills(name, heads, selection_mode="multi", key=state):
                 keep[layer, int(label[1:])] = True
         c1, c2 = st.columns([2, 1])
         name = c1.text_input("Member name", value=f"manual {len(members) + 1}").strip() or "manual"
@@ -284,7 +285,10 @@ with show_error("Could not build the masks"):
         )
         c2.metric("Heads kept by every member", len(overlap["kept_by_all"]))
         c3.metric("Heads kept by none", total - len(overlap["kept_by_any"]))
-        figure_with_download(member_masks_figure(members), "member_masks")
+        figure_with_download(
+            member_masks_figure(members, towers=layout.towers, num_heads=layout.num_heads),
+            "member_masks",
+        )
         left, right = st.columns(2)
         with left:
             st.caption("Kept heads per layer")

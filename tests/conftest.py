@@ -181,11 +181,14 @@ def make_tiny_clip(
     image_size: int = 32,
     patch_size: int = 8,
     embed_dim: int = 32,
+    text_layers: int = 1,
+    text_heads: int = 2,
     seed: int = 0,
 ):
     """A randomly initialised open_clip ``CLIP`` (image tower ``layers`` x ``heads``, 17 tokens at
-    the defaults; a one-layer text tower with open_clip's own tokenizer vocabulary), in eval mode,
-    with every parameter perturbed so that norms, layer scales and biases are not trivial."""
+    the defaults; a text tower of ``text_layers`` x ``text_heads`` with open_clip's own tokenizer
+    vocabulary), in eval mode, with every parameter perturbed so that norms, layer scales and
+    biases are not trivial."""
     from open_clip.model import CLIP
 
     torch.manual_seed(seed)
@@ -200,25 +203,35 @@ def make_tiny_clip(
         image_size=image_size,
         patch_size=patch_size,
         embed_dim=embed_dim,
+        text_layers=text_layers,
+        text_heads=text_heads,
     )
     model = CLIP(**cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.startswith("visual.") and "class_embedding" not in name:
                 p.add_(0.05 * torch.randn_like(p))
+        # the text tower's after the image tower's, from a generator of its own: the image
+        # tower is the one it always was
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, p in model.named_parameters():
+            if name.startswith(("transformer.", "ln_final.")):
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
     return model.eval()
 
 
-def make_tiny_zero_shot(classes=CLIP_CLASSES, **kwargs):
+def make_tiny_zero_shot(classes=CLIP_CLASSES, towers="image", templates=None, **kwargs):
     """A :class:`~hydra_core.models.zero_shot.ZeroShotClassifier` on :func:`make_tiny_clip`,
-    with the class embeddings of open_clip's tokenizer and the default prompt."""
+    with the class embeddings of open_clip's tokenizer and the default prompt (or
+    ``templates``); ``towers`` "image" (the image tower's heads) or "both" (the joint layout)."""
     import open_clip
 
-    from hydra_core.models.zero_shot import zero_shot_classifier
+    from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, zero_shot_classifier
 
     clip = make_tiny_clip(**kwargs)
     tokenizer = open_clip.SimpleTokenizer(context_length=16)
-    return zero_shot_classifier(clip, tokenizer, classes)
+    templates = templates or (DEFAULT_TEMPLATE,)
+    return zero_shot_classifier(clip, tokenizer, classes, templates, towers=towers)
 
 
 def clip_images(n: int = 6, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -243,6 +256,8 @@ def tiny_clip_config(
     image_size: int = 32,
     patch_size: int = 8,
     embed_dim: int = 32,
+    text_layers: int = 1,
+    text_heads: int = 2,
     **_,
 ) -> dict:
     """The ``model_cfg`` of open_clip_config.json that builds :func:`make_tiny_clip` with these
@@ -263,9 +278,9 @@ def tiny_clip_config(
         "text_cfg": {
             "context_length": 16,
             "vocab_size": 49408,
-            "width": 32,
-            "heads": 2,
-            "layers": 1,
+            "width": 16 * text_heads,
+            "heads": text_heads,
+            "layers": text_layers,
         },
     }
 

@@ -1,7 +1,7 @@
 """Setup and every page on an OpenCLIP zero-shot classifier, driven the way a user drives them with
 Streamlit's AppTest: a tiny random OpenCLIP model saved as an open_clip folder (local-dir, the
 source that works offline), an ID image folder whose class folders are the zero-shot classes, and
-OOD folders."""
+OOD folders; heads pruned in both towers (the default) or the image tower alone."""
 
 from __future__ import annotations
 
@@ -86,11 +86,13 @@ def test_setup_shows_the_zero_shot_model(app):
     assert app.radio[0].value == "OpenCLIP (zero-shot)"
     assert app.text_input(key="setup_openclip_name").value.startswith("local-dir:")
     values = {m.label: m.value for m in app.metric}
-    assert values["Layers"] == "3" and values["Heads / layer"] == "4"
+    assert values["Layers"] == "4" and values["Heads / layer"] == "4"  # 3 image + 1 text layer
+    assert app.radio(key="setup_towers").value.startswith("both")
     captions = " ".join(c.value for c in app.caption)
     assert "this needs the network" in captions and "Offline only a local folder works" in captions
     assert "Zero-shot classifier of 3 classes (cat, golden_retriever, sea-lion)" in captions
     assert "prompts paper: 'A photo of a {label}.'" in captions
+    assert "Heads pruned in both: image 3 layers x 4 heads + text 1 layer x 2 heads" in captions
     assert any("random initialisation" in w.value for w in app.warning)  # never a real result
     assert not any("numbered" in w.value for w in app.warning)  # no class order to get wrong
     assert list(app.dataframe[0].value["OOD set"]) == ["toys", "noise"]
@@ -175,7 +177,7 @@ def test_importance_maps_match_hydra_core(app, setup):
     )
 
 
-def test_search_fills_the_heatmap(app):
+def test_search_fills_the_heatmap_of_both_towers(app):
     open_page(app, "pages/2_headmap.py")
     app.number_input[0].set_value(2)  # budget
     button(app, "Run").click()
@@ -183,5 +185,30 @@ def test_search_fills_the_heatmap(app):
     finish_job(app, "search")
     heatmap = next(f for f in figures(app) if f.data[0].type == "heatmap")
     z = array(heatmap.data[0].z)
-    assert z.shape == (3, 4) and sorted(z[np.isfinite(z)].tolist()) == [1.0, 2.0]
+    assert z.shape == (4, 4) and sorted(z[np.isfinite(z)].tolist()) == [1.0, 2.0]
     assert torch.isfinite(torch.tensor(z[np.isfinite(z)])).all()
+    assert list(heatmap.data[0].y) == ["image L0", "image L1", "image L2", "text L0"]
+    assert [s.y0 for s in heatmap.layout.shapes] == [2.5]  # a line between the towers
+    assert "3 layers x 4 heads + text 1 layer x 2 heads = 14 heads" in " ".join(
+        c.value for c in app.caption
+    )
+
+
+def test_masks_page_names_the_layers_by_tower(app):
+    open_page(app, "pages/5_masks.py")
+    assert not errors(app), errors(app)
+    labels = [p.label for p in app.get("button_group")]
+    assert labels[:4] == ["image L0", "image L1", "image L2", "text L0"]
+
+
+def test_the_image_tower_alone_is_chosen_on_setup(app):
+    app.run()
+    app.radio(key="setup_towers").set_value("image: the image tower's heads only")
+    app.button[0].click()  # Apply
+    app.run()
+    assert not app.exception and not errors(app), errors(app)
+    assert app.session_state[CONFIG_KEY].towers == "image"
+    assert {m.label: m.value for m in app.metric}["Layers"] == "3"
+    open_page(app, "pages/5_masks.py")
+    assert not errors(app), errors(app)
+    assert [p.label for p in app.get("button_group")][:3] == ["L0", "L1", "L2"]

@@ -313,3 +313,33 @@ def test_exported_pictures_keep_the_error_bars():
     assert segments[:, 1].min() == pytest.approx(0.65) and segments[:, 1].max() == pytest.approx(
         0.82
     )
+
+
+def test_head_maps_name_the_layers_of_each_tower():
+    towers = (("image", 3), ("text", 2))
+    z = np.arange(20, dtype=float).reshape(5, 4)
+    z[3:, 2:] = np.nan  # the text tower's layers have fewer heads
+    for fig in (
+        figures.head_heatmap(z, towers=towers),
+        figures.importance_heatmaps({"a": z, "b": -z}, towers=towers),
+        figures.member_masks_figure([MemberMask("m", "test", torch.tensor(z > 5))], towers=towers),
+    ):
+        for trace in fig.data:
+            assert list(trace.y) == ["image L0", "image L1", "image L2", "text L0", "text L1"]
+            assert trace.customdata[3][1][0] == "L3H1 · text L0H1"
+        lines = [s for s in fig.layout.shapes]
+        assert len(lines) == len(fig.data) and {s.y0 for s in lines} == {2.5}
+        to_matplotlib(fig)  # the line is drawn in the downloads too
+    masks = figures.member_masks_figure(
+        [MemberMask("m", "test", torch.tensor(z > 5))], towers=towers, num_heads=(4, 4, 4, 2, 2)
+    )
+    cells = np.array(masks.data[0].z, dtype=float)
+    assert np.isnan(cells[3:, 2:]).all() and not np.isnan(cells[:3]).any()  # absent: blank
+    assert masks.layout.yaxis.showticklabels is not False  # the first map names the rows
+    many = figures.importance_heatmaps({"a": z, "b": -z}, towers=towers)
+    assert many.layout.yaxis2.showticklabels is False  # the next maps' rows are the same
+    plain = figures.head_heatmap(z)  # a model of one transformer: as before
+    assert list(plain.data[0].y) == [f"L{i}" for i in range(5)] and not plain.layout.shapes
+    assert plain.data[0].customdata[3][1][0] == "L3H1"
+    image_only = figures.head_heatmap(z[:3], towers=(("image", 3),))
+    assert list(image_only.data[0].y) == ["L0", "L1", "L2"] and not image_only.layout.shapes

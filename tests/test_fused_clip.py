@@ -200,7 +200,8 @@ def test_zero_shot_classifiers_fuse_into_member_logits(variant):
     check_fusable(classifier)
 
 
-def test_zero_shot_members_must_share_their_classifier():
+@torch.no_grad()
+def test_zero_shot_members_share_classes_and_scale_and_keep_their_own_class_embeddings():
     classifier, keep = make_tiny_zero_shot(), random_mask((3, 4), 0)
     other = copy.deepcopy(classifier)
     other.logit_scale.fill_(50.0)
@@ -209,9 +210,12 @@ def test_zero_shot_members_must_share_their_classifier():
     ):
         fuse_clip_members([(classifier, keep), (other, keep)])
     other = copy.deepcopy(classifier)
-    other.class_embeddings.mul_(-1)
-    with pytest.raises(ValueError, match="member 1 and member 0 differ in their class embeddings"):
-        fuse_clip_members([(classifier, keep), (other, keep)])
+    other.class_embeddings.copy_(other.class_embeddings.roll(1, 0))  # other class embeddings
+    fused = fuse_clip_members([(classifier, keep), (other, keep)])
+    images = clip_images()
+    assert_close(fused(images)[:, 0], ablated(classifier, keep)(images))
+    assert_close(fused(images)[:, 1], ablated(other, keep)(images))
+    assert fused.class_embeddings.shape == (2, len(CLIP_CLASSES), 32)
     renamed = make_tiny_zero_shot(classes=("a", "b", "c", "d", "e"))
     with pytest.raises(ValueError, match="member 2 and member 0 differ in their classes"):
         fuse_clip_members([(classifier, keep), (classifier, keep), (renamed, keep)])

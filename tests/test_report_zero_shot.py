@@ -1,7 +1,9 @@
 """``report --task zero-shot``: the paper's Table 3 rows on an OpenCLIP model, run end to end in
 ``--quick`` mode on a tiny random model saved as an open_clip folder (no CLIP weights exist
-offline), and the parts that hold for any weights: temperature scaling keeps the predictions, the
-claims' verdicts, the random-weights warning, and the refusals."""
+offline), with heads pruned jointly in both towers (D.3, the default) and in the image tower
+alone (``--towers image``), and the parts that hold for any weights: temperature scaling keeps
+the predictions, the claims' verdicts, the random-weights warning, the budgets, and the
+refusals."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import torch
 
 from hydra_core.baselines.temperature import TemperatureScaled
 from hydra_core.cli import main
+from hydra_core.errors import InputError
+from hydra_core.models.adapter import HeadLayout
 from hydra_core.report.zero_shot import (
     CLAIMS,
     MAIN_ROWS,
@@ -20,6 +24,7 @@ from hydra_core.report.zero_shot import (
     ZeroShotReportConfig,
     paper_table3,
     run_zero_shot_report,
+    zero_shot_budgets,
 )
 from tests.conftest import clip_images, make_tiny_zero_shot, save_tiny_clip
 
@@ -102,3 +107,45 @@ def test_the_cli_refuses_a_model_that_is_not_openclip(capsys):
 def test_zero_shot_options_are_refused_on_other_tasks(capsys):
     assert main(["report", "--task", "text", "--prompts", "openai"]) == 2
     assert "--task zero-shot" in capsys.readouterr().err
+
+
+def test_both_towers_are_pruned_jointly(report):
+    payload, out = report
+    setup = payload["setup"]
+    assert setup["towers"] == "both" and setup["tower_layers"] == {"image": 3, "text": 1}
+    budgets = setup["budgets"]
+    # 2 per image layer: 6 heads in all; Taylor spreads them over 3 image + 1 text layers
+    assert budgets["budget"] == 6 and list(budgets["removed_per_layer"]) == [2, 2, 1, 1]
+    members = json.loads((out / "members.json").read_text())
+    assert members["model"]["towers"] == {"image": 3, "text": 1}
+    taylor = members["members"][0]
+    assert taylor["name"] == "Taylor-6" and taylor["keep"]["3"] in ([0], [1])
+    text = (out / "report.md").read_text()
+    assert "pruned jointly in both towers (one head layout of 3 image + 1 text layers)" in text
+    assert "1 or 2 per layer, spread over the layers of both towers (6 in all)" in text
+
+
+def test_the_image_tower_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny_clip(tmp_path / "model")
+    argv = ["report", "--task", "zero-shot", "--quick", "--towers", "image", "--device", "cpu"]
+    argv += ["--model", f"openclip:local-dir:{folder}", "--n-search", "24", "--n-report", "40"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    payload = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert payload["setup"]["towers"] == "image"
+    assert payload["setup"]["budgets"]["removed_per_layer"] == 2
+    assert payload["setup"]["budgets"]["budget"] == 6
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "pruned in the image tower only (--towers image)" in text
+
+
+def test_budgets_of_the_paper_and_their_refusal():
+    vit_b32 = HeadLayout((12,) * 12 + (8,) * 12, 64, 768, (("image", 12), ("text", 12)))
+    budgets = zero_shot_budgets(vit_b32, ZeroShotReportConfig())
+    assert budgets.budget == 24 and budgets.removed_per_layer == (1,) * 24  # D.3: 24 heads
+    assert budgets.total == 240 and budgets.pool == 160
+    image = HeadLayout((12,) * 12, 64, 768, (("image", 12),))
+    assert zero_shot_budgets(image, ZeroShotReportConfig()).removed_per_layer == 2
+    narrow = HeadLayout((4,) * 3 + (1,), 16, 64, (("image", 3), ("text", 1)))
+    with pytest.raises(InputError, match="remove 1 of the 1 heads of text layer 0"):
+        zero_shot_budgets(narrow, ZeroShotReportConfig())

@@ -213,6 +213,11 @@ class SuffixEvaluator:
     ) -> None:
         self.model = model
         self.family = family = family_of(model)
+        if family.towers(model):
+            raise ValueError(
+                f"{type(model).__name__} holds its heads in several towers: score its candidates "
+                "with hydra_core.analysis._towers.TowersEvaluator (one of these per tower)"
+            )
         self.layout = family.layout(model)
         self.blocks = list(family.blocks(model))
         self.last_layer = len(self.blocks) - 1

@@ -37,8 +37,9 @@ import torch
 from torch import nn
 
 from hydra_core import distributed
-from hydra_core.analysis._shares import ShardedSuffixEvaluator, Unit
+from hydra_core.analysis._shares import Unit
 from hydra_core.analysis._suffix import Stopped
+from hydra_core.analysis._towers import fast_evaluator
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import (
@@ -368,11 +369,10 @@ def _evaluator(
     return _fast_evaluator(model, inputs, batch_size)
 
 
-def _fast_evaluator(
-    model: nn.Module, inputs: torch.Tensor, batch_size: int
-) -> ShardedSuffixEvaluator:
-    """On the CPU the passes are sized for its caches and threads; elsewhere by ``batch_size``."""
-    return ShardedSuffixEvaluator(
+def _fast_evaluator(model: nn.Module, inputs: torch.Tensor, batch_size: int):
+    """On the CPU the passes are sized for its caches and threads; elsewhere by ``batch_size``;
+    one evaluator per tower for a model with towers (CLIP's image and text)."""
+    return fast_evaluator(
         model, inputs, pairs_per_pass=None if inputs.device.type == "cpu" else batch_size
     )
 

@@ -62,6 +62,9 @@ def head_cls_features(
             form :func:`~hydra_core.models.adapter.model_and_inputs` takes); moved to the model's
             device in batches. Padding never changes a text sample's features.
         layers: which layers to read (negative indices count from the end); None means all.
+            A model with towers (CLIP's joint layout) is read in the tower that sees ``x``
+            (its first: the image tower): None means that tower's layers, and another tower's
+            layer (the text tower's heads see the prompts, not the samples) is refused.
         keep: optional head mask (L, H), True = kept; the other heads are ablated while reading, so
             an ablated head reads zero and later layers see the ablated model's stream.
         token: position to read; 0 is the CLS token for models that have one (every text model).
@@ -72,7 +75,7 @@ def head_cls_features(
     """
     model, x = model_and_inputs(model, x, names=("x",))
     layout = head_layout(model)
-    layers = _resolve_layers(layers, layout.num_layers)
+    layers = _resolve_layers(layers, len(layout.input_layers), layout.num_layers)
     if len(x) == 0:
         raise ValueError("x holds no samples; per-head features need at least one input")
     device = model_device(model)
@@ -92,11 +95,21 @@ def head_cls_features(
     return out
 
 
-def _resolve_layers(layers: Sequence[int] | None, num_layers: int) -> list[int]:
+def _resolve_layers(
+    layers: Sequence[int] | None, num_layers: int, total: int | None = None
+) -> list[int]:
+    """``layers`` as indices 0..num_layers - 1 (None: all); ``total`` > ``num_layers``: the
+    layers after the first ``num_layers`` are another tower's, refused by name."""
     if layers is None:
         return list(range(num_layers))
     resolved = []
     for layer in layers:
+        if total is not None and num_layers <= layer < total:
+            raise ValueError(
+                f"layer {layer} is in a tower whose heads do not see the samples (the text "
+                f"tower's see the prompts); per-head representations exist for layers "
+                f"0..{num_layers - 1}"
+            )
         if not -num_layers <= layer < num_layers:
             raise ValueError(
                 f"layer {layer} does not exist; the model has layers 0..{num_layers - 1}"

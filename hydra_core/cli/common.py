@@ -94,6 +94,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "{label} where the class name goes",
     )
     p.add_argument(
+        "--towers",
+        choices=("both", "image"),
+        default=None,
+        help="OpenCLIP models only: whose heads are pruned: both (the image tower's layers, then "
+        "the text tower's, in one head layout, as the paper's D.3; the default) or image (the "
+        "image tower alone)",
+    )
+    p.add_argument(
         "--device",
         type=options.device,
         default="auto",
@@ -105,26 +113,28 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def zero_shot_options(args: argparse.Namespace) -> dict:
-    """``classes`` and ``templates`` for :func:`~hydra_core.zoo.registry.load_model` of an
-    OpenCLIP model: the classes are --classes, else the --id-folder's class folders (sorted),
-    else Fashion-MNIST's; --prompts on any other model is refused."""
+    """``classes``, ``templates`` and ``towers`` for :func:`~hydra_core.zoo.registry.load_model`
+    of an OpenCLIP model: the classes are --classes, else the --id-folder's class folders
+    (sorted), else Fashion-MNIST's; --prompts or --towers on any other model is refused."""
     from hydra_core.models.zero_shot import folder_classes
     from hydra_core.zoo.registry import OPENCLIP_PREFIX
 
     prompts = getattr(args, "prompts", None)
+    towers = getattr(args, "towers", None)
     if not args.model.startswith(OPENCLIP_PREFIX):
-        if prompts:
-            raise InputError(
-                f"--prompts applies to zero-shot OpenCLIP models (--model openclip:...), not to "
-                f"{args.model}"
-            )
+        for flag, given in (("--prompts", prompts), ("--towers", towers)):
+            if given:
+                raise InputError(
+                    f"{flag} applies to zero-shot OpenCLIP models (--model openclip:...), not to "
+                    f"{args.model}"
+                )
         return {}
     given, folder = getattr(args, "classes", None), getattr(args, "id_folder", None)
     if given:
         classes = [c.strip() for c in given.split(",") if c.strip()]
     else:
         classes = folder_classes(folder) if folder else None
-    return {"classes": classes, "templates": prompts}
+    return {"classes": classes, "templates": prompts, "towers": towers}
 
 
 def add_data_arguments(

@@ -421,6 +421,13 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         help="zero-shot: prompt templates: paper (default, 'A photo of a {label}.'), openai, "
         "simple, or your own templates containing {label}",
     )
+    p.add_argument(
+        "--towers",
+        choices=("both", "image"),
+        default=None,
+        help="zero-shot: prune heads in both towers jointly (default, the paper's D.3: 24 heads "
+        "for ViT-B/32) or in the image tower alone (its Appendix E.3.2)",
+    )
     add_output_arguments(
         p,
         f"{DEFAULT_OUT}, {DEFAULT_OUT}/text or {DEFAULT_OUT}/zero-shot by --task; the committed "
@@ -446,9 +453,9 @@ def _report(args: argparse.Namespace) -> int:
         seeds=tuple(args.seeds) if args.seeds else None,
         removed_per_layer=args.removed_per_layer,
     )
-    if args.task != "zero-shot" and (args.id_folder or args.prompts):
+    if args.task != "zero-shot" and (args.id_folder or args.prompts or args.towers):
         raise InputError(
-            "--id-folder and --prompts apply to the zero-shot report (--task zero-shot)"
+            "--id-folder, --prompts and --towers apply to the zero-shot report (--task zero-shot)"
         )
     if args.task == "zero-shot":
         from hydra_core.models.zero_shot import prompt_templates
@@ -462,6 +469,7 @@ def _report(args: argparse.Namespace) -> int:
             id_folder=args.id_folder,
             templates=prompt_templates(args.prompts),
             removed_per_layer=args.removed_per_layer,
+            towers=args.towers,
         )
         config = zero_shot_config_from_args(args.quick, **overrides)
         out = args.out or DEFAULT_ZERO_SHOT_OUT

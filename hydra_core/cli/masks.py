@@ -276,10 +276,12 @@ def _cahp_arguments(p: argparse.ArgumentParser) -> None:
 def _cahp(args: argparse.Namespace) -> int:
     """CAHP complementary head selection (our reading of the public abstract); writes the mask."""
     from hydra_core.analysis.cahp import cahp_k_grid, cahp_select
+    from hydra_core.hydra.members import refuse_towers_for_cahp
     from hydra_core.masks import MemberMask, save_masks
 
     loaded, _, inputs, _, out = prepare(args)
     layout = head_layout(loaded.model)
+    refuse_towers_for_cahp(layout)
     result = cahp_select(
         loaded.model,
         inputs.id_x,

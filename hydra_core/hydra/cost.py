@@ -88,9 +88,21 @@ class ModelShape:
 VitShape = ModelShape
 
 
+def _named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters every input runs through: a family's model says which
+    (:meth:`~hydra_core.models.family.ModelFamily.per_input_parameters`: a CLIP classifier's
+    text tower runs once, into its class embeddings); anything else, all of them."""
+    try:
+        family = family_of(module)
+    except UnsupportedModelError:
+        return list(module.named_parameters())
+    return list(family.per_input_parameters(module))
+
+
 def count_params(module: nn.Module) -> int:
-    """Number of parameters (a tensor shared between submodules counts once)."""
-    return sum(p.numel() for p in module.parameters())
+    """Number of parameters an input runs through (a tensor shared between submodules counts
+    once; a CLIP classifier's text tower, which runs once per classifier, not at all)."""
+    return sum(p.numel() for _, p in _named_parameters(module))
 
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -235,7 +247,8 @@ def parameter_breakdown(module: nn.Module) -> dict[str, int]:
     and MLP weights) and what it leaves out (biases, norms, embedding, classifier), so that a fused
     model's count can be set against :func:`formula_params`. A text model's embedding holds its
     token, position and type embeddings and their LayerNorm; its classifier, BERT's pooler or the
-    dense layer before the classifier. Raises on a parameter no group matches, rather than
+    dense layer before the classifier. Counted as :func:`count_params` counts (a CLIP
+    classifier's text tower left out). Raises on a parameter no group matches, rather than
     dropping it."""
     try:
         family = family_of(module)
@@ -243,7 +256,7 @@ def parameter_breakdown(module: nn.Module) -> dict[str, int]:
         family = None
     tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     counts = dict.fromkeys((name for name, _ in PARAMETER_GROUPS), 0)
-    for name, parameter in module.named_parameters():
+    for name, parameter in _named_parameters(module):
         if family is not None:
             group = KIND_GROUPS[family.parameter_kind(module, name)]
             if isinstance(group, tuple):

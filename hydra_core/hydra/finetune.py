@@ -349,6 +349,7 @@ def finetune_member(
     seconds = time.perf_counter() - start
     pruned = pruned.cpu().eval()
     _reset_flags(pruned)
+    family_of(pruned).weights_changed(pruned)  # e.g. a trained text tower's class embeddings
     if cache is not None:
         state = {k: v.detach().clone() for k, v in pruned.state_dict().items()}
         cache.save(

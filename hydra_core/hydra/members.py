@@ -319,6 +319,7 @@ def cahp_members(
     """
     from hydra_core.analysis.cahp import cahp_select
 
+    refuse_towers_for_cahp(head_layout(model))
     seeds = _distinct_seeds(seeds)
     members = []
     for i, seed in enumerate(seeds):
@@ -448,6 +449,18 @@ def member_overlap(members: Sequence[MemberMask]) -> dict:
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def refuse_towers_for_cahp(layout: HeadLayout) -> None:
+    """CAHP describes each head by its response to the labelled ID inputs; in a joint layout
+    (CLIP's both towers) the text tower's heads see only the prompts, so it is refused there."""
+    if len(layout.input_layers) < layout.num_layers:
+        raise InputError(
+            f"CAHP describes each head by its response to the ID inputs, but this model's head "
+            f"layout ({layout.describe()}) holds heads that see other inputs (the text tower's "
+            "see the prompts): load the model with towers 'image' (--towers image; Setup: "
+            "Towers) for CAHP"
+        )
 
 
 def _check_count(m: int) -> int:

@@ -2,7 +2,8 @@
 
 Every function here works on any supported family (:mod:`hydra_core.models.vit` for timm ViTs,
 :mod:`hydra_core.models.text` for Hugging Face BERT-family encoders,
-:mod:`hydra_core.models.openclip` for OpenCLIP image towers); :func:`family_of` picks the family,
+:mod:`hydra_core.models.openclip` for OpenCLIP image towers and zero-shot classifiers, whose
+joint layout holds the text tower's heads too); :func:`family_of` picks the family,
 and the code above :mod:`hydra_core.models` never needs to know which one it was.
 See :mod:`hydra_core.models.family` for the head layout and the piece-by-piece forward.
 
@@ -31,6 +32,7 @@ from hydra_core.models.family import (
     parse_head_label,
 )
 from hydra_core.models.openclip import OPENCLIP
+from hydra_core.models.openclip_text import OPENCLIP_TEXT
 from hydra_core.models.text import TEXT
 from hydra_core.models.vit import (
     SHORT_SEQUENCE,
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 #: every family Hydra Lab knows, tried in this order
-FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT, OPENCLIP)
+FAMILIES: tuple[ModelFamily, ...] = (VIT, TEXT, OPENCLIP, OPENCLIP_TEXT)
 
 
 def family_of(model: nn.Module) -> ModelFamily:
@@ -245,12 +247,16 @@ def prune_heads(model: nn.Module, keep: torch.Tensor) -> nn.Module:
     layout = family.layout(model)
     keep = as_keep_mask(layout, keep)
     pruned = copy.deepcopy(model)
+    replaced = False
     for layer, block in enumerate(list(family.blocks(pruned))):
         n = layout.num_heads[layer]
         heads = keep[layer, :n].nonzero().flatten()
         if len(heads) == n:
             continue
         family.set_block(pruned, layer, family.prune_block(block, heads))
+        replaced = True
+    if replaced:
+        family.weights_changed(pruned)
     return pruned
 
 
@@ -269,10 +275,16 @@ def run_blocks(
     model: nn.Module, inputs: torch.Tensor, last_layer: int | None = None
 ) -> torch.Tensor:
     """Embed ``inputs`` and run the blocks up to ``last_layer`` (all when None), each as the model
-    runs it (hooks on its modules fire): the stream leaving that block, (B, N, d)."""
+    runs it (hooks on its modules fire): the stream leaving that block, (B, N, d). A model with
+    towers runs the tower that reads ``inputs``, its first."""
+    towers = family_of(model).towers(model)
+    if towers:
+        model = towers[0].model
     family = family_of(model)
     x, context = family.embed(model, inputs)
     blocks = family.blocks(model)
+    if last_layer is not None and last_layer >= len(blocks):
+        raise ValueError(f"layer {last_layer} is not in the blocks that read the inputs")
     for block in blocks[: len(blocks) if last_layer is None else last_layer + 1]:
         x = family.block_forward(block, x, context)
     return x

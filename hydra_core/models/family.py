@@ -21,6 +21,15 @@ last stream. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``bloc
 Fusion: ``fusion_parts`` reads a model into the one canonical layout of
 :mod:`hydra_core.models.parts` (per-head Q/K/V and W_O, norms, MLP, stem, classifier) that Hydra
 fusion builds on, so that fusion, too, never asks which family a model is from.
+
+Towers: a model may hold its heads in several transformers whose outputs meet only at the end
+(CLIP: an image tower and a text tower, the paper's D.3). Its head layout is then *joint*: the
+first tower's layers, then the next tower's, each with its own heads per layer
+(:attr:`HeadLayout.towers` names them), so that a head mask, a ranking or a mask file covers
+every tower at once, and ablation, pruning and Taylor scores work on it like on one transformer.
+Only the piece-by-piece forward is per tower: :meth:`ModelFamily.towers` gives each tower as a
+model of its own family with its own inputs, and :meth:`ModelFamily.join_towers` computes the
+logits from the towers' outputs (what the fast greedy search needs).
 """
 
 from __future__ import annotations
@@ -55,6 +64,18 @@ class HeadLayout:
     num_heads: tuple[int, ...]
     head_dim: int
     embed_dim: int
+    #: the towers whose layers the layout holds, in order, as (name, number of layers): empty for
+    #: a model of one transformer, ``(("image", 12),)`` for an OpenCLIP image tower pruned alone,
+    #: ``(("image", 12), ("text", 12))`` for both towers of a CLIP model (layers 12.. are the
+    #: text tower's); ``embed_dim`` is then the first tower's width
+    towers: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.towers and sum(n for _, n in self.towers) != len(self.num_heads):
+            raise ValueError(
+                f"the towers {self.towers} hold {sum(n for _, n in self.towers)} layers, "
+                f"the layout {len(self.num_heads)}"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -80,6 +101,47 @@ class HeadLayout:
             keep[layer, :n] = True
         return keep
 
+    @property
+    def input_layers(self) -> range:
+        """The layers whose heads see the model's inputs: every layer, or with towers the first
+        tower's (CLIP's image tower; the text tower's heads see the prompts)."""
+        return range(self.towers[0][1] if self.towers else self.num_layers)
+
+    def tower_of(self, layer: int) -> tuple[str, int]:
+        """(the tower's name, the layer's index within its tower); ("", layer) without towers."""
+        start = 0
+        for name, count in self.towers:
+            if layer < start + count:
+                return name, layer - start
+            start += count
+        return "", layer
+
+    def tower_layers(self) -> dict[str, range]:
+        """Each tower's layers in the joint layout, by name (empty without towers)."""
+        found, start = {}, 0
+        for name, count in self.towers:
+            found[name] = range(start, start + count)
+            start += count
+        return found
+
+    def describe(self) -> str:
+        """``6 layers x 12 heads``; with towers ``image 12 layers x 12 heads + text 12 layers x
+        8 heads`` (a pruned layer's count as ``6/12``)."""
+        groups = self.tower_layers() or {"": range(self.num_layers)}
+        parts = []
+        for name, layers in groups.items():
+            heads = "/".join(str(h) for h in sorted({self.num_heads[layer] for layer in layers}))
+            count = f"{len(layers)} layer{'s' if len(layers) != 1 else ''}"
+            parts.append(f"{name} {count} x {heads} heads".strip())
+        return " + ".join(parts)
+
+    def layer_names(self) -> list[str]:
+        """A name for each layer: ``L3``, or with towers ``image L3`` / ``text L0`` (the layer's
+        index within its tower), for figures and tables."""
+        if len(self.towers) < 2:
+            return [f"L{layer}" for layer in range(self.num_layers)]
+        return [f"{name} L{local}" for name, local in map(self.tower_of, range(self.num_layers))]
+
 
 def head_label(layer: int, head: int) -> str:
     """``L3H7``: the name of head 7 of layer 3 (zero-based)."""
@@ -104,6 +166,24 @@ def parse_head_label(label: str) -> tuple[int, int]:
 
 #: what ``embed`` returns besides the stream and every block needs (None for images)
 Context = Any
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One transformer of a model whose heads sit in several (see the module docstring).
+
+    Args:
+        name: as in :attr:`HeadLayout.towers` (``"image"``, ``"text"``).
+        model: the tower as a model of a registered family: its outputs (``classify``) are what
+            :meth:`ModelFamily.join_towers` takes (CLIP: embeddings (B, D)).
+        inputs: the tower's own fixed inputs (CLIP's text tower: the prompts' token ids), or
+            None for the tower that reads the model's inputs.
+    """
+
+    name: str
+    model: nn.Module
+    inputs: torch.Tensor | None = None
+
 
 #: the kinds :meth:`ModelFamily.parameter_kind` sorts a model's parameters into: the embedding
 #: (ViT: patch and position embeddings, class tokens; text: token, position and type embeddings
@@ -224,6 +304,22 @@ class ModelFamily:
         structurally; the block's other parts are shared with ``block``, not copied."""
         raise NotImplementedError
 
+    def weights_changed(self, model: nn.Module) -> None:
+        """Called once blocks of ``model`` were replaced (:meth:`set_block`, after pruning) or its
+        weights trained, so that the model can update what it derives from them (a CLIP
+        classifier: the class embeddings of its text tower). Nothing by default."""
+
+    def towers(self, model: nn.Module) -> tuple[Tower, ...]:
+        """The towers of a model whose heads sit in several transformers, in the order of its
+        joint head layout; empty (the default) for a model of one transformer."""
+        return ()
+
+    def join_towers(self, model: nn.Module, outputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The logits from each tower's outputs, in the order of :meth:`towers`: tower k's
+        outputs (..., S_k, D), leading (candidate) dimensions broadcast -> (..., S, C) for the S
+        samples of the tower that reads the model's inputs."""
+        raise NotImplementedError(f"{self.name or 'this'} models have one tower")
+
     def callable_model(self, model: nn.Module) -> nn.Module:
         """``model`` as a module that maps this family's inputs (one tensor) to logits (B, C)."""
         return model
@@ -255,6 +351,12 @@ class ModelFamily:
         """Which of :data:`PARAMETER_KINDS` the parameter ``name`` of ``model`` (as
         ``model.named_parameters()`` names it) belongs to; a ValueError naming it otherwise."""
         raise NotImplementedError
+
+    def per_input_parameters(self, model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+        """The named parameters a forward on every input runs through (what the cost counts):
+        all of them by default; a CLIP classifier leaves out its text tower, which runs once,
+        into the class embeddings."""
+        yield from model.named_parameters()
 
     def cost_sizes(self, model: nn.Module, inputs: torch.Tensor | None = None) -> CostSizes:
         """The sizes a forward's multiply-adds depend on, for one sample of ``inputs`` (this
@@ -356,3 +458,13 @@ class ModelFamily:
         raise UnsupportedModelError(
             f"{where} cannot be fused: Hydra fusion does not support {self.name or 'this'} models"
         )
+
+    def member_fusion_parts(
+        self, model: nn.Module, keep: torch.Tensor, where: str = "this model"
+    ) -> tuple[FusionParts, torch.Tensor]:
+        """A member (``model`` keeping the heads of ``keep``, a mask of its layout) as fusion
+        parts and the mask of the heads those parts hold: ``fusion_parts`` and ``keep`` by
+        default. A model with towers reads here what its other towers make of their kept heads
+        (CLIP: the member's class embeddings, from its own pruned text tower) into the parts,
+        and returns the mask of the tower that is fused."""
+        return self.fusion_parts(model, where), keep

@@ -6,9 +6,15 @@ zero-shot recipe: each prompt ("A photo of a {label}.") is embedded by the text 
 normalised; with several templates, a class's normalised embeddings are averaged and normalised
 again (OpenAI's prompt ensembling, as ``open_clip.build_zero_shot_classifier``).
 
-:class:`ZeroShotClassifier` holds the image tower (``visual``, an open_clip ``VisionTransformer``,
-whose heads Hydra Lab prunes) and the class embeddings as a buffer: the text tower is used once,
-to build them, and is not part of the classifier.
+:class:`ZeroShotClassifier` holds the image tower (``visual``, an open_clip ``VisionTransformer``)
+and the class embeddings as a buffer. Which heads Hydra Lab prunes is the classifier's *towers*
+(:data:`TOWERS`): ``"both"`` (the paper's D.3, the default) keeps the text tower too
+(``text``, a :class:`~hydra_core.models.openclip_text.ClipTextTower` with the prompts), so that
+the joint head layout holds the image tower's layers, then the text tower's, and a classifier
+whose text heads are ablated or pruned computes its class embeddings through its own text tower
+(once per pruned classifier, then stored in the buffer; at every forward while an ablation is
+on, or gradients may flow into the tower); ``"image"`` leaves the text tower out: it is used
+once, to build the embeddings, and only the image tower's heads are pruned.
 
 Loading (:func:`open_openclip`, used by ``load_model("openclip:...")``): an open_clip model name
 with a pretrained tag (``ViT-B-32/laion2b_s34b_b79k``; weights from the Hugging Face hub, so
@@ -43,6 +49,10 @@ DEFAULT_TEMPLATE = "A photo of a {label}."
 #: named sets of prompt templates: the paper's one prompt, and open_clip's ImageNet sets (OpenAI's
 #: 80 templates of CLIP's prompt ensembling, and the 7 of its "simple" subset)
 PROMPT_SETS = ("paper", "openai", "simple")
+#: which towers' heads a zero-shot classifier prunes: both (the paper's D.3: "we prune 24 attention
+#: heads jointly from both encoders"), or the image tower alone (its Appendix E.3.2)
+TOWERS = ("both", "image")
+DEFAULT_TOWERS = "both"
 #: a key of open_clip_config.json saying its weights are a random initialisation (no zero-shot
 #: result): shown on the model card
 RANDOM_WEIGHTS_KEY = "random_weights"
@@ -58,38 +68,88 @@ class ZeroShotClassifier(nn.Module):
 
     Args:
         visual: the image tower (``clip_model.visual``), mapping images to embeddings (B, D).
-        class_embeddings: (C, D), one embedding per class (normalised here).
+        class_embeddings: (C, D), one embedding per class (normalised here); None with ``text``:
+            computed by it.
         logit_scale: the multiplier of the cosine similarities (CLIP's ``logit_scale.exp()``).
         classes: the class names, index = label.
         templates: the prompt templates the embeddings were made from (``{label}`` marks the
             class name).
+        text: the text tower with the prompts (:class:`~hydra_core.models.openclip_text.
+            ClipTextTower`), whose heads then join the image tower's (towers "both"); None: the
+            image tower's heads alone (towers "image").
     """
 
     def __init__(
         self,
         visual: nn.Module,
-        class_embeddings: torch.Tensor,
+        class_embeddings: torch.Tensor | None,
         logit_scale: float,
         classes: Sequence[str],
         templates: Sequence[str] = (DEFAULT_TEMPLATE,),
+        text: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if class_embeddings is None:
+            if text is None:
+                raise ValueError("give the class embeddings, or the text tower that makes them")
+            with torch.no_grad():
+                class_embeddings = text.class_embeddings()
         if class_embeddings.ndim != 2 or len(class_embeddings) != len(classes):
             raise ValueError(
                 f"class_embeddings must have shape ({len(classes)}, D) for {len(classes)} "
                 f"classes, got {tuple(class_embeddings.shape)}"
             )
+        if text is not None and len(text.prompts) != len(classes) * len(templates):
+            raise ValueError(
+                f"the text tower holds {len(text.prompts)} prompts; {len(classes)} classes x "
+                f"{len(templates)} templates need {len(classes) * len(templates)}"
+            )
         self.visual = visual
+        self.text = text
         self.register_buffer("class_embeddings", F.normalize(class_embeddings.detach(), dim=-1))
         self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))
         self.classes = tuple(classes)
         self.templates = tuple(templates)
         self.num_classes = len(self.classes)
 
-    def logits_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """Image embeddings (..., D) -> logits (..., C)."""
-        weights = self.class_embeddings.to(embeddings.dtype)
-        return self.logit_scale.to(embeddings.dtype) * F.normalize(embeddings, dim=-1) @ weights.T
+    @property
+    def towers(self) -> str:
+        """Whose heads are pruned: "both" with a text tower, else "image"."""
+        return "image" if self.text is None else "both"
+
+    def class_weights(self) -> torch.Tensor:
+        """(C, D) normalised class embeddings: the stored ones, or the text tower's as it runs
+        now while an intervention is on it or gradients may flow into it."""
+        if self.text is not None and self.text.live():
+            return self.text.class_embeddings()
+        return self.class_embeddings
+
+    @torch.no_grad()
+    def refresh_class_embeddings(self) -> None:
+        """Recompute the stored class embeddings with the text tower (after its blocks were
+        replaced, or its weights changed)."""
+        if self.text is not None:
+            with torch.inference_mode(False):  # a buffer that stays usable outside
+                self.class_embeddings = self.text.class_embeddings().detach().clone()
+
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.double()``, ...: the stored class embeddings follow the device; a text
+        tower whose dtype changes makes them again in the new precision."""
+        before = None if self.text is None else next(self.text.parameters()).dtype
+        super()._apply(fn, recurse)
+        if before is not None and next(self.text.parameters()).dtype != before:
+            self.refresh_class_embeddings()
+        return self
+
+    def logits_from_embeddings(
+        self, embeddings: torch.Tensor, class_embeddings: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Image embeddings (..., D) -> logits (..., C), against ``class_embeddings`` (..., C, D),
+        normalised (default: :meth:`class_weights`)."""
+        weights = self.class_weights() if class_embeddings is None else class_embeddings
+        weights = weights.to(embeddings.dtype)
+        scale = self.logit_scale.to(embeddings.dtype)
+        return scale * F.normalize(embeddings, dim=-1) @ weights.transpose(-1, -2)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.logits_from_embeddings(self.visual(images))
@@ -195,9 +255,46 @@ def class_embeddings(
     rows = []
     for label in classes:
         tokens = tokenizer(prompts(label, templates)).to(device)
-        embedded = F.normalize(clip_model.encode_text(tokens).float(), dim=-1)
+        embedded = clip_model.encode_text(tokens)
+        embedded = F.normalize(
+            embedded.to(torch.promote_types(embedded.dtype, torch.float32)), dim=-1
+        )
         rows.append(F.normalize(embedded.mean(0), dim=-1))
     return torch.stack(rows)
+
+
+def check_towers(towers: str) -> str:
+    """``towers`` if it is one of :data:`TOWERS`, else an InputError naming them."""
+    if towers not in TOWERS:
+        raise InputError(
+            f"towers must be one of {', '.join(TOWERS)} (both: image and text heads pruned "
+            f"jointly, the paper's D.3; image: the image tower alone), got {towers!r}"
+        )
+    return towers
+
+
+def text_tower(
+    clip_model: nn.Module,
+    tokenizer: Callable[[list[str]], torch.Tensor],
+    classes: Sequence[str],
+    templates: Sequence[str] = (DEFAULT_TEMPLATE,),
+) -> nn.Module:
+    """The text tower of an open_clip model with the prompts of ``classes`` x ``templates``
+    (class-major), sharing the model's modules; an InputError when Hydra Lab cannot prune it."""
+    from hydra_core.models.family import UnsupportedModelError
+    from hydra_core.models.openclip_text import OPENCLIP_TEXT, ClipTextTower
+
+    texts = [text for label in classes for text in prompts(label, templates)]
+    device = next(clip_model.parameters()).device
+    try:
+        tower = ClipTextTower.of(clip_model, tokenizer(texts).to(device), len(templates))
+        OPENCLIP_TEXT.layout(tower)  # refuses blocks whose heads it cannot find
+    except UnsupportedModelError as error:
+        raise InputError(
+            f"cannot prune the heads of this model's text tower: {error}; prune the image "
+            "tower alone (towers='image', --towers image)"
+        ) from None
+    return tower
 
 
 def zero_shot_classifier(
@@ -205,12 +302,18 @@ def zero_shot_classifier(
     tokenizer: Callable[[list[str]], torch.Tensor],
     classes: Sequence[str],
     templates: Sequence[str] = (DEFAULT_TEMPLATE,),
+    *,
+    towers: str = DEFAULT_TOWERS,
 ) -> ZeroShotClassifier:
-    """A :class:`ZeroShotClassifier` from an open_clip ``CLIP`` model (its ``visual`` is shared,
-    not copied) and its tokenizer."""
+    """A :class:`ZeroShotClassifier` from an open_clip ``CLIP`` model (its ``visual`` and, with
+    ``towers="both"``, its text tower are shared, not copied) and its tokenizer."""
+    check_towers(towers)
     embeddings = class_embeddings(clip_model, tokenizer, classes, templates)
     scale = float(clip_model.logit_scale.detach().exp())
-    return ZeroShotClassifier(clip_model.visual, embeddings, scale, classes, templates).eval()
+    text = None
+    if towers == "both":
+        text = text_tower(clip_model, tokenizer, classes, templates)
+    return ZeroShotClassifier(clip_model.visual, embeddings, scale, classes, templates, text).eval()
 
 
 # --- opening open_clip models -----------------------------------------------------------------
@@ -456,10 +559,14 @@ def openclip_classifier(
     templates: Sequence[str] = (DEFAULT_TEMPLATE,),
     *,
     cache: DiskCache | None = None,
+    towers: str = DEFAULT_TOWERS,
 ) -> ZeroShotClassifier:
     """The zero-shot classifier of an opened model: its image tower (shared, not copied) and the
     class embeddings, computed once per model, classes and templates and then read from ``cache``
-    (key: the source, the text tower's weights, the tokenizer, the classes and the templates)."""
+    (key: the source, the text tower's weights, the tokenizer, the classes and the templates);
+    with ``towers="both"`` also its text tower with the prompts, whose heads join the image
+    tower's."""
+    check_towers(towers)
     classes, templates = tuple(classes), tuple(templates)
     if not classes:
         raise InputError("a zero-shot classifier needs at least one class name")
@@ -484,6 +591,9 @@ def openclip_classifier(
 
     cache = cache if cache is not None else DiskCache()
     embeddings = cache.get_or_compute("zero-shot-classes", key, compute)
+    text = None
+    if towers == "both":
+        text = text_tower(opened.clip, tokenizer, classes, templates)
     return ZeroShotClassifier(
-        opened.clip.visual, embeddings, opened.logit_scale, classes, templates
+        opened.clip.visual, embeddings, opened.logit_scale, classes, templates, text
     ).eval()

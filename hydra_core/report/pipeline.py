@@ -66,7 +66,7 @@ HYDRA_TAYLOR = "Hydra (Taylor)"
 class Budgets:
     """Head budgets derived from the model and the configuration."""
 
-    removed_per_layer: int  # heads Taylor removes in every layer
+    removed_per_layer: int | tuple[int, ...]  # heads Taylor removes in every layer (or in each)
     budget: int  # heads every circuit and member removes
     pool: int  # members draw their pruned heads from this many least useful
     total: int  # heads of the model

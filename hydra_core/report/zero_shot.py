@@ -8,17 +8,24 @@ online (the weights come from the Hugging Face hub) or from a local open_clip fo
 (``openclip:local-dir:/path``). Nothing of it is committed unless it was run on real weights.
 
 The classifier is zero-shot: the ID set's class names in the prompt "A photo of a {label}." (or
-the templates given), embedded by the text tower; logits = logit scale x cosine. Heads are pruned
-in the image tower only (the paper's Table 3 prunes both towers; its Appendix E.3.2 reports the
-image tower alone, which is what is compared here). Nothing is trained. The systems:
+the templates given), embedded by the text tower; logits = logit scale x cosine. As the paper's
+Table 3 (D.3: "we prune 24 attention heads jointly from both encoders"), heads are pruned in both
+towers by default: one head layout of the image tower's layers, then the text tower's; every
+circuit and member removes ``removed_per_layer`` x (image-tower layers) heads of it (2 x 12 = 24
+for ViT-B/32), and each pruned member's class embeddings come from its own pruned text tower.
+``towers="image"`` (``--towers image``) prunes the image tower alone (the paper's Appendix
+E.3.2). Nothing is trained. The systems:
 
 - **Single**: the zero-shot classifier as loaded.
 - **Temperature Scaling**: the single model's logits divided by one temperature, fitted on the ID
   *search* images (NLL; the paper fits it on a small part of ImageNet's training set), so it
   changes calibration, not the predicted classes (the maximum softmax probability, the OOD
   score, is not a monotone function of the temperature, so its AUROC may move a little).
-- **Taylor**: layer-wise Taylor pruning (D.1.1), ``removed_per_layer`` heads of every layer
-  (default 2 of 12: the paper's 10 heads kept).
+- **Taylor**: layer-wise Taylor pruning (D.1.1): the image tower alone, ``removed_per_layer``
+  heads of every layer (default 2 of 12: the paper's 10 heads kept); both towers, the same
+  number of heads in all, spread evenly over the layers of both (ViT-B/32: one per layer of 24;
+  where it does not divide, the earlier layers take one more, image first), which is our reading:
+  the paper gives Taylor's count ("10") but not how it was spread over the towers.
 - **CircAvg**: the greedy circuit of S_avg = (accuracy + AUROC) / 2 (Algorithm 1) on the search
   split, removing as many heads in all.
 - **Hydra (Taylor)**, **Hydra (Circ)**: M members drawn from the least useful heads of the Taylor
@@ -42,7 +49,13 @@ from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
 from hydra_core.hydra.experiment import Hydra, Pruned, Single
 from hydra_core.hydra.systems import SystemsReport, system_name
-from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, declares_random_weights
+from hydra_core.models.adapter import HeadLayout
+from hydra_core.models.zero_shot import (
+    DEFAULT_TEMPLATE,
+    DEFAULT_TOWERS,
+    check_towers,
+    declares_random_weights,
+)
 from hydra_core.report.claims import (
     paired_claim,
     paper_frame,
@@ -75,14 +88,19 @@ class ZeroShotReportConfig:
         id_folder: an ImageFolder of the user's own as the ID set (its sub-folders are the
             classes); None: Fashion-MNIST, the default ID set.
         n_search, n_report, ood, search_ood: the data, as for the image report.
-        removed_per_layer: heads Taylor removes per layer; every circuit and member removes as
-            many in all (default 2 of 12 per layer, the paper's 10 kept).
+        towers: "both" (the paper's D.3: heads pruned jointly in the image and the text tower)
+            or "image" (the image tower alone, its Appendix E.3.2).
+        removed_per_layer: heads per image-tower layer: every circuit and member removes this
+            many times the image tower's layers (default 2 of 12 per layer, the paper's 10 kept:
+            24 heads for ViT-B/32, from both towers or the image tower); Taylor removes as many,
+            per layer of the image tower alone, or spread over both towers' layers.
         pool_fraction, seeds, taylor_samples: members, as for the image report.
         device, batch_size, latency_batch, latency_repeats: where and how to predict and time.
     """
 
     model: str = ""
     templates: tuple[str, ...] = (DEFAULT_TEMPLATE,)
+    towers: str = DEFAULT_TOWERS
     id_folder: str | None = None
     n_search: int | None = 256
     n_report: int | None = None
@@ -122,10 +140,11 @@ def run_zero_shot_report(
 ) -> dict:
     """Run the zero-shot report and write ``report.md``, ``report.json`` and the CSVs into
     ``out``; returns ``report.json``'s content."""
+    check_towers(config.towers)
     run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
     run.load(lambda: _load(config))
     layout = run.layout
-    budgets = Budgets.of(layout, config)
+    budgets = zero_shot_budgets(layout, config)
     seeds = list(config.seeds)
 
     # Hydra (Circ) as the paper's method: one circuit per criterion (CircAcc, CircOOD, CircAvg)
@@ -177,11 +196,39 @@ def run_zero_shot_report(
     setup.update(
         classes=list(run.loaded.classes or ()),
         templates=list(config.templates),
+        towers=config.towers,
+        tower_layers={name: len(layers) for name, layers in layout.tower_layers().items()},
         temperature=temperature.temperature,
         random_weights=declares_random_weights(config.model),
         config=asdict(config),
     )
     return run.write(tables, run.finish(setup), report, zero_shot_markdown)
+
+
+def zero_shot_budgets(layout: HeadLayout, config: ZeroShotReportConfig) -> Budgets:
+    """The budgets of the image tower (:meth:`Budgets.of` on its layers); with both towers the
+    same number of heads, drawn from the joint layout (its pool a share of all its heads), and
+    Taylor's count spread over the layers of both towers (``removed_per_layer`` then one number
+    per layer: the earlier layers one more where the budget does not divide)."""
+    towers = layout.tower_layers()
+    image = towers.get("image", range(layout.num_layers))
+    image_layout = HeadLayout(layout.num_heads[: image.stop], layout.head_dim, layout.embed_dim)
+    budgets = Budgets.of(image_layout, config)
+    if len(towers) < 2:
+        return budgets
+    layers = layout.num_layers
+    per_layer = [budgets.budget // layers + (i < budgets.budget % layers) for i in range(layers)]
+    for layer, (r, n) in enumerate(zip(per_layer, layout.num_heads, strict=True)):
+        if r >= n:
+            name, local = layout.tower_of(layer)
+            raise InputError(
+                f"Taylor would remove {r} of the {n} heads of {name} layer {local} "
+                f"({budgets.budget} heads over {layers} layers); lower --removed-per-layer, or "
+                "prune the image tower alone (--towers image)"
+            )
+    pool = round(config.pool_fraction * layout.total_heads)
+    pool = min(layout.total_heads, max(budgets.budget + 1, pool))
+    return Budgets(tuple(per_layer), budgets.budget, pool, layout.total_heads)
 
 
 def _seeds(config: ZeroShotReportConfig) -> dict:
@@ -212,11 +259,17 @@ def _load(config: ZeroShotReportConfig):
     if config.id_folder is None:
         benchmark = default_benchmark(**data)
         loaded = load_model(
-            config.model, classes=benchmark.id_search.classes, templates=config.templates
+            config.model,
+            classes=benchmark.id_search.classes,
+            templates=config.templates,
+            towers=config.towers,
         )
         return loaded, benchmark
     loaded = load_model(
-        config.model, classes=folder_classes(config.id_folder), templates=config.templates
+        config.model,
+        classes=folder_classes(config.id_folder),
+        templates=config.templates,
+        towers=config.towers,
     )
     channels, size = input_format(loaded.model)
     benchmark = folder_benchmark(id_folder=config.id_folder, size=size, channels=channels, **data)
@@ -343,7 +396,6 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
     """``report.md`` from the tables and the setup."""
     model, b = setup["model"], setup["budgets"]
     p = setup["protocol"]
-    kept = model["heads"] - b["removed_per_layer"]
     circuit = tables["circuit"].iloc[0]
     lines = [
         "# Hydra Ensembles, zero-shot CLIP: the paper's Table 3",
@@ -355,25 +407,24 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         *_random_weights_warning(setup),
         "## Setup",
         "",
-        f"- **Model**: `{model['name']}`: {setup['model_description']}; image tower "
-        f"{model['layers']} layers x {model['heads']} heads (head dim {model['head_dim']}, width "
-        f"{model['embed_dim']}).",
+        f"- **Model**: `{model['name']}`: {setup['model_description']}; head layout "
+        f"{str(model.get('towers', '')).partition(': ')[2] or model['layers']} (head dim "
+        f"{model['head_dim']}, image width {model['embed_dim']}).",
         f"- **Classifier**: zero-shot, {len(setup['classes'])} classes from the ID set, "
         f"prompt templates {', '.join(repr(t) for t in setup['templates'])}; logits = logit "
-        "scale x cosine of the image and class embeddings. Heads are pruned in the image tower "
-        "only; the paper's Table 3 prunes both towers (its Appendix E.3.2 has the image tower "
-        "alone). Nothing is trained.",
+        f"scale x cosine of the image and class embeddings. {_towers_sentence(setup)} Nothing "
+        "is trained.",
         f"- **Data**: heads are selected, and the temperature ({setup['temperature']:.4f}) is "
         f"fitted, on {p['id_search_n']:,} ID search images and the search OOD set(s) "
         f"{', '.join(p['search_ood'])}; every table is computed on {p['id_report_n']:,} ID report "
         f"images and the report OOD sets {', '.join(p['report_ood'])}, with 95% bootstrap "
         "intervals (value [lo, hi]) and paired intervals for differences.",
         f"- **Budgets**: every pruned model and member removes {b['budget']} of {b['total']} "
-        f"heads; Taylor {b['removed_per_layer']} per layer ({kept} of {model['heads']} kept, the "
-        f"paper's 10 of 12); CircAvg the greedy S_avg circuit. Hydra (Circ) is the paper's "
-        "method: one circuit per criterion (CircAcc, CircOOD, CircAvg, each its own greedy "
-        f"search); Hydra (Taylor)'s members draw from the {b['pool']} least useful heads of the "
-        f"Taylor ranking, seeds {setup['protocol']['seeds']['pruning']}.",
+        f"heads; Taylor {_taylor_counts(b['removed_per_layer'], setup)}; CircAvg the greedy "
+        "S_avg circuit. Hydra (Circ) is the paper's method: one circuit per criterion (CircAcc, "
+        "CircOOD, CircAvg, each its own greedy search); Hydra (Taylor)'s members draw from the "
+        f"{b['pool']} least useful heads of the Taylor ranking, seeds "
+        f"{setup['protocol']['seeds']['pruning']}.",
         "",
         "## Table 3 - every system",
         "",
@@ -418,6 +469,31 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _towers_sentence(setup: Mapping) -> str:
+    """Which heads were pruned, against the paper."""
+    if setup.get("towers", "image") == "both":
+        layers = setup.get("tower_layers", {})
+        shown = " + ".join(f"{n} {name}" for name, n in layers.items())
+        return (
+            f"Heads are pruned jointly in both towers (one head layout of {shown} layers), as "
+            "the paper's Table 3 (D.3); each pruned model and member has the class embeddings "
+            "of its own pruned text tower."
+        )
+    return (
+        "Heads are pruned in the image tower only (--towers image); the paper's Table 3 prunes "
+        "both towers (its Appendix E.3.2 has the image tower alone)."
+    )
+
+
+def _taylor_counts(removed, setup: Mapping) -> str:
+    """Taylor's heads per layer: one number (the paper's "10 of 12"), or one per layer."""
+    if isinstance(removed, int):
+        return f"{removed} per layer of the image tower (the paper's 10 of 12 kept)"
+    counts = sorted(set(removed))
+    shown = " or ".join(str(c) for c in counts)
+    return f"{shown} per layer, spread over the layers of both towers ({sum(removed)} in all)"
 
 
 def _random_weights_warning(setup: Mapping) -> list[str]:

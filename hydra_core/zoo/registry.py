@@ -309,17 +309,24 @@ def _from_hf(text) -> LoadedModel:
 
 
 def _load_openclip(
-    source: str, classes: Sequence[str] | None, templates: str | Sequence[str] | None
+    source: str,
+    classes: Sequence[str] | None,
+    templates: str | Sequence[str] | None,
+    towers: str | None,
 ) -> LoadedModel:
-    """An OpenCLIP model as a zero-shot classifier of ``classes`` (default: Fashion-MNIST's)."""
+    """An OpenCLIP model as a zero-shot classifier of ``classes`` (default: Fashion-MNIST's),
+    its heads pruned in both towers or the image tower alone (``towers``)."""
     from hydra_core.data.fashion_mnist import CLASSES
     from hydra_core.models.zero_shot import (
+        DEFAULT_TOWERS,
+        check_towers,
         describe_templates,
         open_openclip,
         openclip_classifier,
         prompt_templates,
     )
 
+    towers = check_towers(towers or DEFAULT_TOWERS)
     templates = prompt_templates(templates)  # refuses bad templates before any download
     classes = tuple(classes) if classes is not None else CLASSES
     if len(classes) < 2:
@@ -329,11 +336,13 @@ def _load_openclip(
             "accuracy, calibration or OOD score means anything"
         )
     opened = open_openclip(source.removeprefix(OPENCLIP_PREFIX))
-    classifier = openclip_classifier(opened, classes, templates)
+    classifier = openclip_classifier(opened, classes, templates, towers=towers)
+    layout = head_layout(classifier)  # refuses image and text heads of different widths
     details = {
         "classifier": "zero-shot (logit scale x cosine to the prompts' text embeddings)",
         "classes": len(classes),
         "prompts": describe_templates(templates),
+        "towers": describe_layout_towers(layout),
         "logit_scale": round(opened.logit_scale, 4),
         "weights": opened.weights,
     }
@@ -351,10 +360,16 @@ def _load_openclip(
         model_preprocess(classifier),
         f"OpenCLIP {opened.architecture}, weights {opened.weights}: zero-shot classifier of "
         f"{len(classes)} classes, prompts {describe_templates(templates)}; heads are pruned in "
-        "the image tower",
+        + ("both towers (image, then text layers)" if towers == "both" else "the image tower"),
         classes,
         details,
     )
+
+
+def describe_layout_towers(layout) -> str:
+    """``both: image 12 layers x 12 heads + text 12 layers x 8 heads`` (what a joint layout
+    holds), or ``image: image 12 layers x 12 heads``."""
+    return f"{'both' if len(layout.towers) > 1 else 'image'}: {layout.describe()}"
 
 
 def _describe_preprocess(cfg: dict, size: int) -> str:
@@ -682,6 +697,7 @@ def load_model(
     num_classes: int | None = None,
     classes: Sequence[str] | None = None,
     templates: str | Sequence[str] | None = None,
+    towers: str | None = None,
     **options,
 ) -> LoadedModel:
     """Load a model by name or path.
@@ -710,6 +726,8 @@ def load_model(
         templates: OpenCLIP only: prompt templates, a set name (``"paper"``, the default: "A
             photo of a {label}."; ``"openai"``: open_clip's 80; ``"simple"``: its 7) or
             template strings containing ``{label}``.
+        towers: OpenCLIP only: whose heads are pruned, ``"both"`` (the default: the image
+            tower's layers, then the text tower's, the paper's D.3) or ``"image"``.
         options: passed to the DINOv2 loader (``img_size``, ``n_train``, ``progress``).
 
     Raises:
@@ -723,11 +741,11 @@ def load_model(
                 f"--arch, --arch-kwargs and other settings do not apply to {source}: an OpenCLIP "
                 "model says its architecture itself and takes its classes from the ID set"
             )
-        return _load_openclip(source, classes, templates)
-    if classes is not None or templates is not None:
+        return _load_openclip(source, classes, templates, towers)
+    if classes is not None or templates is not None or towers is not None:
         raise InputError(
-            f"class names and prompt templates (--prompts) apply to zero-shot OpenCLIP models "
-            f"(--model openclip:...), not to {source!r}"
+            f"class names, prompt templates (--prompts) and towers (--towers) apply to zero-shot "
+            f"OpenCLIP models (--model openclip:...), not to {source!r}"
         )
     path = Path(source).expanduser()
     text = source.startswith("hf:") or hf.is_hf_folder(path)

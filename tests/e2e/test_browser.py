@@ -10,8 +10,9 @@ to a few minutes.
 A second walk does the same on the offline text default, MiniLM sentiment with the default text
 sets (``pytest -m e2e tests/e2e -k text``), with the sentence under the mouse in the
 representations picture and the most uncertain sentences in the Hydra one
-(``e2e-artifacts/text-*.png``). A third walks a tiny random OpenCLIP model through Setup,
-a search, the masks and the Hydra page (``e2e-artifacts/clip-*.png``).
+(``e2e-artifacts/text-*.png``). A third walks a tiny random OpenCLIP model, its heads pruned in
+both towers, through Setup, a search, the importance maps, the masks and the Hydra page, then
+chooses the image tower alone and searches again (``e2e-artifacts/clip-*.png``).
 """
 
 from __future__ import annotations
@@ -408,8 +409,9 @@ def test_text_setup_search_representations_hydra(server, browser):
 
 def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     """The zero-shot walk on a tiny random OpenCLIP model saved as an open_clip folder (no CLIP
-    weights exist offline): Setup's OpenCLIP source, its RANDOM warning, a search on the image
-    tower, and the fused Hydra model."""
+    weights exist offline): Setup's OpenCLIP source, its RANDOM warning, heads of both towers
+    (the default: image-tower rows, then text-tower rows, in every head map), a search, the
+    importance maps, the masks and the fused Hydra model; then the image tower alone."""
     from tests.conftest import save_tiny_clip
 
     url, _ = server
@@ -428,12 +430,22 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     click(driver, button("Apply"))
     wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
     wait_for(driver, "//*[contains(., 'none is a zero-shot result')]")
+    both = "image 3 layers x 4 heads + text 1 layer x 2 heads"
+    wait_for(driver, f"//*[@data-testid='stCaptionContainer'][contains(., 'both: {both}')]")
     wait_idle(driver)
     no_errors(driver)
     screenshot(driver, "clip-setup", 1300, start="//h3[contains(., 'Model card')]")
 
-    headmap_search(driver)
-    build_masks(driver)
+    text_row = "//*[@data-testid='stPlotlyChart']//*[local-name()='text'][.='text L0']"
+    headmap_search(driver, "clip-headmap")
+    wait_for(driver, text_row)  # the heatmap's rows name the towers
+    head_importance(driver, "clip-importance")
+    wait_for(driver, text_row)
+    build_masks(driver, "clip-masks")
+    wait_for(driver, text_row)
+    # the grid to draw by hand names its rows by tower too (its tab is rendered, not shown)
+    pills = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='text L0']]"
+    assert driver.find_elements("xpath", pills), "the hand-drawn grid has no text L0 row"
     assemble_hydra(
         driver,
         TIMED_CALLS,
@@ -442,6 +454,18 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
         height=1500,
         start="//h3[contains(., 'Summary')]",
     )
+
+    # the image tower alone: chosen on Setup, and the head maps have the image tower's rows only
+    open_page(driver, "Setup")
+    click(driver, "//label[.//p[starts-with(normalize-space(), 'image: the image tower')]]")
+    click(driver, button("Apply"))
+    image = "Heads pruned in image: image 3 layers x 4 heads"
+    wait_for(driver, f"//*[@data-testid='stCaptionContainer'][contains(., '{image}')]")
+    wait_idle(driver)
+    no_errors(driver)
+    headmap_search(driver, "clip-image-headmap")
+    rows = driver.find_elements("xpath", text_row)
+    assert not rows, "the image-only heatmap shows a text row"
 
 
 @pytest.mark.parametrize(

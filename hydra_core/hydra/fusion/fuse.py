@@ -16,7 +16,7 @@ from hydra_core.hydra.fusion.config import agreed_architecture
 from hydra_core.hydra.fusion.post_norm import HydraText
 from hydra_core.hydra.fusion.pre_norm import HydraViT
 from hydra_core.hydra.fusion.tensors import kept_head_indices
-from hydra_core.hydra.fusion.zero_shot import HydraZeroShot, shared_zero_shot_head
+from hydra_core.hydra.fusion.zero_shot import HydraZeroShot, members_zero_shot_head
 from hydra_core.models.adapter import HeadLayout, UnsupportedModelError, as_keep_mask, family_of
 from hydra_core.models.parts import FusionParts
 
@@ -63,9 +63,10 @@ def fuse_members(
       :class:`~hydra_core.hydra.fusion.pre_norm.HydraViT` giving the members' logits (B, M, C),
       or for towers their image embeddings (B, M, D). Zero-shot classifiers
       (:class:`~hydra_core.models.zero_shot.ZeroShotClassifier`), which must share their classes,
-      prompt templates, class embeddings and logit scale, give a
+      prompt templates and logit scale, give a
       :class:`~hydra_core.hydra.fusion.zero_shot.HydraZeroShot`: the members' zero-shot logits
-      (B, M, C).
+      (B, M, C), each against its own class embeddings (with the text tower in the layout, those
+      its own pruned text tower makes).
     - post-norm (Hugging Face BERT, RoBERTa, MPNet, DistilBERT sequence classifiers, bare or in a
       TextClassifier): a :class:`~hydra_core.hydra.fusion.post_norm.HydraText` giving the
       members' logits (B, M, C).
@@ -86,16 +87,24 @@ def fuse_members(
     parts, heads, specs = [], [], []
     for i, ((model, keep), family) in enumerate(zip(pairs, families, strict=True)):
         where = f"member {i}"
-        member = family.fusion_parts(model, where)
         try:
-            layout = HeadLayout(member.num_heads, member.head_dim, member.embed_dim)
-            keep = as_keep_mask(layout, keep)
+            own = family.layout(model)
+        except UnsupportedModelError:
+            family.fusion_parts(model, where)  # raises, naming the member and the cause
+            raise
+        try:
+            keep = as_keep_mask(own, keep)
         except (ValueError, TypeError) as error:
             raise type(error)(f"{where}: {error}") from None
+        # a model with towers reads its other towers' kept heads into the parts (CLIP: the
+        # member's class embeddings) and gives the mask of the tower that is fused
+        member, keep = family.member_fusion_parts(model, keep, where)
+        layout = HeadLayout(member.num_heads, member.head_dim, member.embed_dim)
+        keep = as_keep_mask(layout, keep)
         parts.append(member)
         heads.append(kept_head_indices(keep, layout.num_heads))
         specs.append(FUSED_MODELS[member.kind].architecture(member, where))
-    zero_shot = shared_zero_shot_head([p.zero_shot for p in parts])
+    zero_shot = members_zero_shot_head([p.zero_shot for p in parts])
     spec = agreed_architecture(specs)
     fused = FUSED_MODELS[parts[0].kind].fuse(spec, parts, heads)
     if zero_shot is None:

@@ -4,15 +4,19 @@ Section 5.3).
 Members that are zero-shot classifiers (an image tower, then ``logit_scale * cos(embedding, class
 embedding)``; :class:`~hydra_core.models.parts.ZeroShotHead`) fuse into their towers' fused model
 (:class:`~hydra_core.hydra.fusion.pre_norm.HydraViT`, giving each member's embedding, (B, M, D))
-followed by the one zero-shot head they share (:func:`shared_zero_shot_head`), (B, M, C).
-``save_hydra`` stores it as the tower plus the head: the class embeddings as the tensor
-``zero_shot.class_embeddings``, the logit scale, classes and prompt templates as the header's
-``zero_shot`` entry (JSON).
+followed by the zero-shot head: member m's embedding against member m's class embeddings
+(:func:`members_zero_shot_head`), (B, M, C). Members pruned in the image tower alone share one
+set of class embeddings; members whose text heads were pruned too (the joint layout) each have
+the class embeddings of their own pruned text tower. ``save_hydra`` stores it as the tower plus
+the head: the class embeddings (M, C, D) as the tensor ``zero_shot.class_embeddings``, the logit
+scale, classes and prompt templates as the header's ``zero_shot`` entry (JSON); a file written
+before the class embeddings were per member holds one (C, D) matrix, which every member shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +33,14 @@ CLASS_EMBEDDINGS = f"{ZERO_SHOT_ENTRY}.class_embeddings"
 
 class HydraZeroShot(nn.Module):
     """A fused OpenCLIP image tower with a zero-shot head: ``forward(images)`` -> (B, M, C), each
-    member's ``logit_scale * cos(image embedding, class embedding)``, as
-    :meth:`~hydra_core.models.zero_shot.ZeroShotClassifier.logits_from_embeddings` computes it.
+    member's ``logit_scale * cos(image embedding, class embedding)`` against its own class
+    embeddings, as :meth:`~hydra_core.models.zero_shot.ZeroShotClassifier.logits_from_embeddings`
+    computes it.
 
     Args:
         visual: the fused tower, giving the members' embeddings (B, M, D).
-        class_embeddings: (C, D), normalised (a ZeroShotClassifier's buffer, taken as it is).
+        class_embeddings: (M, C, D), each member's, normalised (ZeroShotClassifiers' buffers,
+            taken as they are); (C, D): one matrix every member shares.
         logit_scale: the multiplier of the cosine similarities.
         classes: the class names, index = label.
         templates: the prompt templates the class embeddings were made from.
@@ -54,11 +60,14 @@ class HydraZeroShot(nn.Module):
         templates: Sequence[str],
     ) -> None:
         super().__init__()
-        width = visual.config.num_classes
-        if tuple(class_embeddings.shape) != (len(classes), width):
+        width, members = visual.config.num_classes, visual.num_members
+        if class_embeddings.ndim == 2:
+            class_embeddings = class_embeddings.expand(members, *class_embeddings.shape)
+        if tuple(class_embeddings.shape) != (members, len(classes), width):
             raise ValueError(
-                f"class embeddings must have shape ({len(classes)}, {width}) for {len(classes)} "
-                f"classes and {width}-wide image embeddings, got {tuple(class_embeddings.shape)}"
+                f"class embeddings must have shape ({members}, {len(classes)}, {width}) for "
+                f"{members} members, {len(classes)} classes and {width}-wide image embeddings, "
+                f"got {tuple(class_embeddings.shape)}"
             )
         self.visual = visual
         self.register_buffer("class_embeddings", class_embeddings.detach().clone())
@@ -74,9 +83,11 @@ class HydraZeroShot(nn.Module):
         return self.logits_from_embeddings(self.visual(images))  # (B, M, D) -> (B, M, C)
 
     def logits_from_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """Image embeddings (..., D) -> logits (..., C)."""
-        weights = self.class_embeddings.to(embeddings.dtype)
-        return self.logit_scale.to(embeddings.dtype) * F.normalize(embeddings, dim=-1) @ weights.T
+        """The members' image embeddings (B, M, D) -> logits (B, M, C)."""
+        weights = self.class_embeddings.to(embeddings.dtype)  # (M, C, D)
+        scale = self.logit_scale.to(embeddings.dtype)
+        scaled = scale * F.normalize(embeddings, dim=-1).transpose(0, 1)  # (M, B, D)
+        return (scaled @ weights.transpose(-1, -2)).transpose(0, 1)  # (M, B, C) -> (B, M, C)
 
     def member_head_counts(self) -> list[list[int]]:
         """Kept heads per member per layer, as counts."""
@@ -116,9 +127,10 @@ class HydraZeroShot(nn.Module):
         )
 
 
-def shared_zero_shot_head(heads: Sequence[ZeroShotHead | None]) -> ZeroShotHead | None:
-    """Member 0's zero-shot head, once every member is checked to have the same one; None when
-    no member has one. A ValueError names the members that differ, and in what."""
+def members_zero_shot_head(heads: Sequence[ZeroShotHead | None]) -> ZeroShotHead | None:
+    """The members' zero-shot head: their class embeddings stacked (M, C, D), once every member
+    is checked to have the same classes, prompt templates, logit scale and embedding width; None
+    when no member has one. A ValueError names the members that differ, and in what."""
     if len({head is None for head in heads}) > 1:
         listing = ", ".join(
             f"member {i} is {'a zero-shot classifier' if h is not None else 'an image tower'}"
@@ -139,9 +151,9 @@ def shared_zero_shot_head(heads: Sequence[ZeroShotHead | None]) -> ZeroShotHead 
             ("classes", first.classes == other.classes, f"{first.classes} vs {other.classes}"),
             ("prompt templates", first.templates == other.templates, ""),
             (
-                "class embeddings",
-                same_tensor(first.class_embeddings, other.class_embeddings),
-                "",
+                "class embeddings' shape",
+                first.class_embeddings.shape == other.class_embeddings.shape,
+                f"{tuple(first.class_embeddings.shape)} vs {tuple(other.class_embeddings.shape)}",
             ),
             (
                 "logit scale",
@@ -153,8 +165,10 @@ def shared_zero_shot_head(heads: Sequence[ZeroShotHead | None]) -> ZeroShotHead 
             if not same:
                 detail = f" ({values})" if values else ""
                 raise ValueError(
-                    f"zero-shot members must share their classifier, but member {i} and member 0 "
-                    f"differ in their {what}{detail}; build every member on the same class "
-                    "embeddings"
+                    f"zero-shot members must share their classes, prompts and logit scale, but "
+                    f"member {i} and member 0 differ in their {what}{detail}; build every member "
+                    "on the same classifier"
                 )
-    return first
+    device = first.class_embeddings.device
+    stacked = torch.stack([h.class_embeddings.detach().to(device) for h in heads])  # (M, C, D)
+    return replace(first, class_embeddings=stacked)
