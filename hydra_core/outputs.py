@@ -31,11 +31,15 @@ def same_model(a: dict | None, b: dict | None) -> bool:
 
 
 def describe_model(identity: dict) -> str:
-    """``'fmnist-vit-default' (6 x 12 heads, weights 1a2b3c...)``."""
-    return (
-        f"{identity.get('name')!r} ({identity.get('layers')} x {identity.get('heads')} heads, "
-        f"weights {identity.get('weights')})"
+    """``'fmnist-vit-default' (6 x 12 heads, weights 1a2b3c...)``; a model of several towers
+    says which (``image 12 + text 12 layers``)."""
+    towers = identity.get("towers")
+    layers = (
+        " + ".join(f"{name} {count}" for name, count in towers.items()) + " layers"
+        if towers
+        else f"{identity.get('layers')} x {identity.get('heads')} heads"
     )
+    return f"{identity.get('name')!r} ({layers}, weights {identity.get('weights')})"
 
 
 def _read_manifest(folder: Path) -> dict | None:

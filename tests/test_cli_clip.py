@@ -153,7 +153,11 @@ def test_members_fuse_over_both_towers_and_mask_files_keep_their_layout(files, t
     err = capsys.readouterr().err
     assert "image 3 layers" in err and "--towers image" in err and len(err.splitlines()) == 1
     argv = ["hydra", *clip_args(files), "--towers", "image", "--masks", str(legacy)]
-    assert main([*argv, "--out", str(out)]) == 0
+    # the image-only layout is another model to the output folder of the joint one
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "+ text" in err and "(image 3 layers, weights" in err  # the two layouts, named
+    assert main([*argv, "--out", str(tmp_path / "hydra-image")]) == 0
 
 
 @pytest.mark.parametrize(
