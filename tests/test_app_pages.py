@@ -226,6 +226,13 @@ def test_masks_build_draw_export_and_import(app):
 
     exported = exported_masks(app)
     assert [m["name"] for m in exported["members"]][-1] == "drawn"
+    made = exported["members"][0]["provenance"]  # the file says how each member was made
+    assert made["strategy"] == "seed-sampling"
+    assert made["parameters"] == {"budget": 2, "pool": 6, "seed": 0}
+    assert made["ranking"]["method"] == "taylor" and made["ranking"]["samples"] == N_SEARCH
+    assert made["ranking"]["search"]["id"]["n"] == N_SEARCH
+    assert set(made["ranking"]["search"]["ood"]) == {"photos", "faces"}
+    assert exported["members"][-1]["provenance"] == {"strategy": "manual"}
     wrong = dict(exported, model={**exported["model"], "layers": 6, "heads": 12})
     app.file_uploader[0].set_value(("wrong.json", json.dumps(wrong).encode(), "application/json"))
     app.run()

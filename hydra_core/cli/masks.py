@@ -96,14 +96,14 @@ def _masks(args: argparse.Namespace) -> int:
     """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.evaluate import resolve_device
-    from hydra_core.hydra.members import member_overlap
+    from hydra_core.hydra.members import member_overlap, search_provenance
     from hydra_core.masks import save_masks
 
     loaded, benchmark = load_for_cli(args)
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    members = _build_members(args, loaded.model, inputs)
+    members = _build_members(args, loaded.model, inputs, search_provenance(benchmark, inputs))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_masks(out, members, loaded.identity())
@@ -122,7 +122,7 @@ def _masks(args: argparse.Namespace) -> int:
 
 
 def _build_members(
-    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs
+    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs, search: dict
 ) -> list[MemberMask]:
     """The members ``--strategy`` asks for, each strategy calling its own function of members.py.
 
@@ -141,6 +141,7 @@ def _build_members(
         greedy_ranking,
         identical_members,
         member_seeds,
+        ranking_provenance,
         seed_sampled_members,
         taylor_member,
         taylor_ranking,
@@ -172,8 +173,13 @@ def _build_members(
             per_layer=per_layer,
             samples=args.taylor_samples,
             batch_size=args.batch_size,
+            search=search,
         )
         return [member]
+    # greedy_ranking runs the whole budget (or fails): the search made that many steps
+    greedy_info = ranking_provenance(
+        "greedy", objective=args.objective, budget=args.budget, steps=args.budget, search=search
+    )
     if args.strategy in ("circuit", "identical-circuit"):
         if args.strategy == "circuit" and args.m != 1:
             raise ValueError(
@@ -182,7 +188,9 @@ def _build_members(
                 "for the identical-members ablation (paper Table 9)"
             )
         name = CIRCUIT_NAMES[args.objective]
-        circuit = circuit_member(greedy(), layout, budget=args.budget, ranking_name=name)
+        circuit = circuit_member(
+            greedy(), layout, budget=args.budget, ranking_name=name, ranking_info=greedy_info
+        )
         return [circuit] if args.m == 1 else identical_members(circuit, args.m)
     seeds = member_seeds(args.m, args.seeds)
     if args.strategy == "cahp":
@@ -195,14 +203,17 @@ def _build_members(
             batch_size=args.batch_size,
             progress=progress_bar(f"{args.strategy} ranking"),
             allow_identical=args.allow_identical,
+            search=search,
         )
     if args.strategy == "taylor" or args.ranking_source == "taylor":
         name = TAYLOR_NAME
         ranking = taylor_ranking(
             model, inputs, samples=args.taylor_samples, batch_size=args.batch_size
         )
+        samples = min(args.taylor_samples, len(inputs.id_x))
+        info = ranking_provenance("taylor", samples=samples, search=search)
     else:
-        name, ranking = CIRCUIT_NAMES[args.objective], greedy()
+        name, ranking, info = CIRCUIT_NAMES[args.objective], greedy(), greedy_info
     return seed_sampled_members(
         ranking,
         layout,
@@ -211,6 +222,7 @@ def _build_members(
         ranking_name=name,
         pool=args.pool,
         allow_identical=args.allow_identical,
+        ranking_info=info,
     )
 
 
