@@ -23,9 +23,10 @@ OBJECTIVES = {
 }
 
 
-def evaluations(steps: int, total: int) -> int:
-    """Candidate evaluations in the first ``steps`` steps: step t tries the total - t heads left."""
-    return steps * total - steps * (steps - 1) // 2
+def candidates(budget: int, total: int) -> list[int]:
+    """Candidate evaluations of each step: step t tries the total - t heads left, so the steps
+    get cheaper as the search goes (the time left is estimated from them)."""
+    return [total - t for t in range(budget)]
 
 
 def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
@@ -56,7 +57,7 @@ def start_search(
     done_before = min(previous.steps, budget) if continued else 0
 
     def work(job):
-        job.begin(evaluations(budget, total), evaluations(done_before, total))
+        job.begin_steps(candidates(budget, total), done=done_before)
         return greedy_circuit(
             model,
             inputs.id_x,
@@ -67,7 +68,7 @@ def start_search(
             cache=disk_cache(),
             resume=resume,
             should_stop=job.should_stop,
-            progress=lambda step: job.report(step, done=evaluations(step.step + 1, total)),
+            progress=lambda step: job.report(step, steps=step.step + 1),
         )
 
     extends = not continued or previous.steps < budget

@@ -14,7 +14,7 @@ from hydra_core.analysis.greedy import GreedyResult
 from hydra_core.masks import MemberMask
 from hydra_ui import figures
 from hydra_ui.export import figure_png, figure_svg, to_matplotlib
-from hydra_ui.jobs import DONE, FAILED, STOPPED, Job, format_seconds, start_job
+from hydra_ui.jobs import DONE, FAILED, STOPPED, Job, format_seconds, start_job, time_left
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -260,6 +260,40 @@ def test_job_time_left_counts_only_its_own_work(monkeypatch):
     assert job.fraction() == pytest.approx(0.4)
     job.report(done=4, total=20)  # work that learns its total as it goes
     assert job.eta_seconds() == pytest.approx(32.0)
+
+
+def test_time_left_of_steps_that_get_cheaper():
+    """A greedy search of 72 heads, budget 4: step t tries 72 - t candidates at 0.1 s each."""
+    sizes = [72, 71, 70, 69]
+    assert time_left([], sizes) is None  # nothing timed yet: no estimate
+    # one step done in 7.2 s: the three left take (71 + 70 + 69) x 0.1 s
+    assert time_left([(7.2, 72)], sizes[1:]) == pytest.approx(21.0)
+    # 3 s into the second step: the estimate counts down instead of growing with the wait
+    assert time_left([(7.2, 72)], sizes[1:], into_step=3.0) == pytest.approx(18.0)
+    # a step that runs long stops at what the later steps take, never below
+    assert time_left([(7.2, 72)], sizes[1:], into_step=60.0) == pytest.approx(13.9)
+    # the cost per candidate of the latest steps counts, not the first step's
+    timed = [(20.0, 72), (7.1, 71), (7.0, 70), (6.9, 69)]
+    assert time_left(timed, [68, 67]) == pytest.approx(13.5)
+    assert time_left(timed, []) == 0.0
+
+
+def test_job_in_steps_counts_down_from_the_steps_done(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr("hydra_ui.jobs.time.monotonic", lambda: now[0])
+    job = Job("search", lambda job: None)
+    job.begin_steps([10, 9, 8, 7], done=1)  # a resumed search: its first step was done before
+    assert job.eta_seconds() is None and job.fraction() == pytest.approx(10 / 34)
+    now[0] += 9.0
+    job.report("step 2", steps=2)  # 9 candidates in 9 s
+    assert job.eta_seconds() == pytest.approx(15.0) and job.fraction() == pytest.approx(19 / 34)
+    now[0] += 5.0
+    assert job.eta_seconds() == pytest.approx(10.0)  # 5 s into the 8-candidate step
+    job.report("step 2 again", steps=2)  # the same step reported twice changes nothing
+    assert job.eta_seconds() == pytest.approx(10.0)
+    now[0] += 3.0
+    job.report("step 3", steps=3)
+    assert job.eta_seconds() == pytest.approx(7.0)  # 17 candidates in 17 s: 7 left
 
 
 def test_job_stop_and_failure():
