@@ -13,7 +13,12 @@ from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
-from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+from hydra_ui.widgets import (
+    figure_with_download,
+    head_map_with_download,
+    show_error,
+    table_with_download,
+)
 
 JOB = "search"
 OBJECTIVES = {
@@ -264,8 +269,10 @@ with show_error("Could not run the head search"):
             runs = {o: stored[o].prefix(min(shown, stored[o].steps)) for o in compare}
             for column, (o, run) in zip(st.columns(len(runs)), runs.items(), strict=True):
                 with column:
-                    figure_with_download(
-                        removal_step_heatmap(run, budget=shown), f"headmap_{o}_{run.steps}"
+                    head_map_with_download(
+                        removal_step_heatmap(run, budget=shown),
+                        f"headmap_{o}_{run.steps}",
+                        key=f"headmap_{o}",
                     )
             figure_with_download(greedy_curves(runs), "greedy_curves_" + "_".join(runs))
             for o, run in runs.items():

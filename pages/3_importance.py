@@ -6,7 +6,12 @@ from hydra_core.analysis.importance import importance_maps
 from hydra_ui.analyses import search_data, single_head, stored_greedy_runs, taylor
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import importance_heatmaps, matrix_heatmap
-from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+from hydra_ui.widgets import (
+    figure_with_download,
+    head_map_with_download,
+    show_error,
+    table_with_download,
+)
 
 st.title("Head importance")
 st.caption(
@@ -57,7 +62,7 @@ with show_error("Could not compute head importance"):
         f"Dense model on the search split: accuracy {found.base_accuracy:.4f}, "
         f"AUROC {found.base_auroc:.4f}."
     )
-    figure_with_download(importance_heatmaps(found.maps, raw=found.raw), "head_importance")
+    head_map_with_download(importance_heatmaps(found.maps, raw=found.raw), "head_importance")
 
     left, right = st.columns([3, 2])
     with right:
@@ -66,7 +71,7 @@ with show_error("Could not compute head importance"):
         figure_with_download(
             matrix_heatmap(
                 correlations,
-                title="Spearman correlation between criteria",
+                title="Spearman ρ between criteria",
                 value_name="Spearman ρ",
                 zmin=-1,
                 zmax=1,

@@ -169,6 +169,18 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         default=32,
         help="images per timed forward (default: %(default)s)",
     )
+    p.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=20,
+        help="timed calls per system (default: %(default)s)",
+    )
+    p.add_argument(
+        "--latency-warmup",
+        type=int,
+        default=3,
+        help="untimed rounds of every system before the timed ones (default: %(default)s)",
+    )
     p.add_argument("--out", default="results/hydra", help="output folder (default: %(default)s)")
 
 
@@ -186,6 +198,10 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.models.preprocess import describe
 
     baselines = _baselines(args, baseline_systems)
+    if args.latency_repeats < 1:
+        raise InputError(f"--latency-repeats must be at least 1, got {args.latency_repeats}")
+    if args.latency_warmup < 0:
+        raise InputError(f"--latency-warmup must be 0 or more, got {args.latency_warmup}")
     loaded, benchmark = load_for_cli(args)
     if not (getattr(args, "id_folder", None) or getattr(args, "id_file", None)):
         for baseline in baselines:  # heads train on the embedded ID set's training split
@@ -214,6 +230,8 @@ def _hydra(args: argparse.Namespace) -> int:
         progress=stage_bars(),
         latency=not args.no_latency,
         latency_batch=args.latency_batch,
+        latency_repeats=args.latency_repeats,
+        latency_warmup=args.latency_warmup,
         batch_size=args.batch_size,
     )
     if not distributed.is_main():

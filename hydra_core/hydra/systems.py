@@ -51,6 +51,7 @@ from hydra_core.evaluate import (
 )
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
 from hydra_core.models.adapter import UnsupportedModelError, head_layout
+from hydra_core.types import Progress, StageProgress
 
 #: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
 #: or an OOD average ("near", "far", "all"); MI and disagreement on OOD data average all OOD sets.
@@ -143,6 +144,15 @@ class SystemsReport:
         shared = self.evaluations[self.systems[0]].resamples()
         for ev in self.evaluations.values():
             ev.use_resamples(shared)
+
+    def compute_intervals(self, progress: Progress | None = None) -> None:
+        """Compute every system's bootstrap replicates now (the tables and differences read
+        them), on shared resamples; ``progress(done, total)`` after each system."""
+        self._paired()
+        for done, evaluation in enumerate(self.evaluations.values(), start=1):
+            evaluation.replicates()
+            if progress:
+                progress(done, len(self.evaluations))
 
     def table(self) -> pd.DataFrame:
         """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
@@ -312,11 +322,14 @@ class SystemsReport:
         systems: Sequence[str] | None = None,
         latency: bool = True,
         repeats: int = 20,
+        warmup: int = 3,
+        progress: StageProgress | None = None,
     ) -> pd.DataFrame:
         """Measure the cost of ``systems`` (default: all) on the batch ``images`` with
         :func:`~hydra_core.hydra.cost.cost_table`: params, multiply-adds, the paper's formula
         parameter count, and latency (on CUDA also under bf16 autocast) of each system's models
-        run one after another. The result becomes :attr:`cost` and is returned."""
+        run one after another (``warmup`` untimed rounds first, ``progress`` as cost_table's).
+        The result becomes :attr:`cost` and is returned."""
         chosen = self.systems if systems is None else list(systems)
         missing = [n for n in chosen if n not in self.info]
         if missing:
@@ -330,7 +343,9 @@ class SystemsReport:
             images,
             latency=latency,
             precisions=precisions,
+            warmup=warmup,
             repeats=repeats,
+            progress=progress,
         )
         # every system here comes from one architecture; a plain ViT among them gives its sizes
         shape = VitShape.of(
