@@ -4,6 +4,7 @@ in one process, each from a cold prediction cache.
     python bench/hydra_page.py                     # 64 search / 500 report images per set
     python bench/hydra_page.py --n-search 512 --n-report 2000   # Setup's default sizes
     python bench/hydra_page.py --gc                # ... and the page as it ran before the fix
+    python bench/hydra_page.py --rounds 3          # page, CLI (, page --gc), three times over
     python bench/hydra_page.py --json
 
 Members: seed sampling (M = 3, budget 4, pool 48, seeds 0-2) from a fixed seeded ranking of the
@@ -11,7 +12,8 @@ default model's 72 heads; the cost of evaluating them does not depend on which h
 
 - **page**: the app's Hydra page driven with Streamlit's AppTest (pages/6_hydra.py with the
   members in the session, every control at its default: temperature scaling and post-hoc MC
-  Dropout ticked, the default timed calls per system), from the click on "Assemble and evaluate"
+  Dropout (5 passes) ticked, 5 timed calls per system after one warm-up round), from the click
+  on "Assemble and evaluate"
   until the page shows the results. While the job runs the page is rerun once a second, as its
   progress fragment's timer does in the browser; the stage labels it shows are recorded.
 - **page --gc**: the same with a full garbage collection after every rerun, what the Streamlit
@@ -20,8 +22,9 @@ default model's 72 heads; the cost of evaluating them does not depend on which h
 - **CLI**: ``hydra_core.cli.main(["hydra", ...])`` with the same members, sizes, baselines and
   timed calls, from loading the model to writing its files.
 
-The ratio page / CLI is what the page's own path costs; the load average is printed beside each
-run, as the machine may be shared.
+The ratio page / CLI (each against the CLI run of its round) is what the page's own path costs;
+wall and CPU seconds, and the load average before and after each run, are printed, as the
+machine may be shared: compare runs made at the same load.
 """
 
 from __future__ import annotations

@@ -366,7 +366,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         st.rerun()
     if running:
-        watch_job(job, lambda j: f"{j.progress or 'Loading'}", left="left in this stage")
+        starting = "**Evaluation**: starting"
+        watch_job(job, lambda j: j.progress or starting, left="left in this stage")
     else:
         job_outcome(job, "The evaluation")
         if job is not None and job.result is not None and not job.info.get("stored"):

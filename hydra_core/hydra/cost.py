@@ -1,6 +1,6 @@
 """What a model costs: parameters, multiply-adds (counted and by formula) and measured latency.
 
-The paper (Appendix B.4, SPEC section 7) counts per transformer layer 12d² for a single model,
+The paper (Appendix B.4) counts per transformer layer 12d² for a single model,
 4M(H_l/H)d² + 8d² for Hydra and 12Md² for Deep Ensembles (MLP ratio 4). Those are *weights*: the
 merged MLP is stored once. Its *multiply-adds* are not shared - the merged MLP runs on each of the M
 token streams - so per token Hydra costs M(4(H_l/H)d² + 8d²), the same as running the pruned members

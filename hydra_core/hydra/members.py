@@ -19,7 +19,7 @@ report:
 - :func:`cahp_members`: complementary heads (:func:`~hydra_core.analysis.cahp.cahp_select`), one
   k-medoids seed per member; CAHP chooses how many heads each member keeps.
 - :func:`manual_members`: masks drawn by hand, as (L, H) bool tensors or :class:`MemberMask`
-  objects. The members of a mask file (SPEC section 9) come from
+  objects. The members of a mask file (README, Mask files) come from
   :func:`~hydra_core.masks.load_masks`.
 
 Members must differ: the functions that make several members refuse identical masks with a message

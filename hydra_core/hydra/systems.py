@@ -1,6 +1,7 @@
-"""The systems of a Hydra experiment, evaluated on the same report split (SPEC sections 6-7), as
-one report: :class:`SystemsReport`. :func:`~hydra_core.hydra.experiment.evaluate_systems` makes it;
-its usual systems, on the ID report split and every OOD report set:
+"""The systems of a Hydra experiment, evaluated on the same report split (README, Metric
+conventions), as one report: :class:`SystemsReport`.
+:func:`~hydra_core.hydra.experiment.evaluate_systems` makes it; its usual systems, on the ID
+report split and every OOD report set:
 
 - ``single``: the source model;
 - any extra single pruned models (``pruned={"Taylor": mask, "CircAvg": mask}``);
@@ -156,9 +157,9 @@ class SystemsReport:
 
     def table(self) -> pd.DataFrame:
         """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
-        of SPEC section 6, with mutual information and disagreement for ensembles (also averaged
-        over the OOD sets of each group); each metric ``m`` with its 95% interval in ``m_lo`` and
-        ``m_hi``."""
+        of the README's Metric conventions, with mutual information and disagreement for
+        ensembles (also averaged over the OOD sets of each group); each metric ``m`` with its 95%
+        interval in ``m_lo`` and ``m_hi``."""
         self._paired()
         frames = []
         for name, ev in self.evaluations.items():
