@@ -21,6 +21,8 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-data.txt pyproject.
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# .streamlit/config.toml: no file watcher (it watched the whole checkout, .venv included) and no
+# garbage collection after every script run (it starved the pages' background jobs).
 run: setup
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true
 
@@ -51,6 +53,7 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/greedy.py
 	$(BIN)/python bench/fusion.py
+	$(BIN)/python bench/hydra_page.py
 
 report: setup
 	$(BIN)/python -m hydra_core report --out docs/report --overwrite

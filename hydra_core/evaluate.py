@@ -1,5 +1,5 @@
-"""Evaluation harness: batched predictions on any device, and the metrics table of SPEC section 6
-with a 95% bootstrap interval on every number (SPEC section 4).
+"""Evaluation harness: batched predictions on any device, and the metrics table of the README's
+Metric conventions with a 95% bootstrap interval on every number (README, "Intervals").
 
 A *system* is anything that maps a batch of model inputs to logits: a single model (B, C), a model
 under a head mask, or an ensemble returning member logits (B, M, C). Ensemble probabilities are the
@@ -156,7 +156,8 @@ def probabilities(logits: torch.Tensor) -> torch.Tensor:
 
 
 def ood_score(logits: torch.Tensor, score: str = "msp") -> np.ndarray:
-    """Per-sample "higher = more in-distribution" score; ensembles follow SPEC section 6."""
+    """Per-sample "higher = more in-distribution" score; ensembles as the README's Metric
+    conventions say."""
     if score not in SCORES:
         raise ValueError(f"unknown OOD score {score!r}; expected one of {', '.join(SCORES)}")
     mean_logits = logits.float().mean(1) if logits.ndim == 3 else logits.float()

@@ -7,11 +7,12 @@ A member mask is a bool tensor (layers, heads), True = kept. Strategies (paper 4
 - Taylor and CAHP rankings/masks plug into the same two functions; masks drawn by hand are plain
   tensors.
 
-Mask file (SPEC section 9), JSON::
+Mask file (README, "Mask files"), JSON::
 
     {"format": "hydra-masks", "version": 1,
      "model": {"name": ..., "layers": L, "heads": H, "weights": <fingerprint>},
-     "members": [{"name": ..., "source": ..., "keep": {"<layer>": [head, ...]}}],
+     "members": [{"name": ..., "source": ..., "keep": {"<layer>": [head, ...]},
+                  "provenance": {"strategy": ..., "parameters": {...}, "ranking": {...}}}],
      "created": "<ISO time>"}
 
 A model whose layout names its towers (an OpenCLIP zero-shot classifier) says which in the model
@@ -20,6 +21,11 @@ block, ``"towers": {"image": 12, "text": 12}`` (the joint layout: layers 0-11 th
 was written for a model of one transformer, or by a Hydra Lab that pruned only OpenCLIP's image
 tower: it loads as the image-only layout, and onto a model with the joint layout it is refused
 with the way to load the model image-only.
+
+``provenance`` says how a member was made, so that a file explains itself later: the strategy
+and its parameters (budget, pool, seed, ...) and the ranking it drew from (the greedy search's
+objective, budget and steps made, or Taylor's samples, with the search sets and their sizes).
+It is optional: files written before it existed import as they are.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +55,14 @@ class MaskFileError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class MemberMask:
-    """One ensemble member: a name, where its mask came from, and the mask (L, H) bool."""
+    """One ensemble member: a name, where its mask came from (a sentence, and the provenance
+    block of the mask file: strategy, parameters, ranking, search data), and the mask (L, H)
+    bool."""
 
     name: str
     source: str
     keep: torch.Tensor
+    provenance: dict = field(default_factory=dict)
 
     @property
     def kept(self) -> int:
@@ -183,6 +192,7 @@ def masks_to_json(members: Sequence[MemberMask], identity: dict) -> dict:
                     str(layer): m.keep[layer].nonzero().flatten().tolist()
                     for layer in range(m.keep.shape[0])
                 },
+                **({"provenance": m.provenance} if m.provenance else {}),
             }
             for m in members
         ],
@@ -289,7 +299,14 @@ def masks_from_json(
             )
         if not keep.any():
             raise MaskFileError(f"{where} keeps no head at all")
-        members.append(MemberMask(name, str(m.get("source", "file")), as_keep_mask(layout, keep)))
+        provenance = m.get("provenance", {})  # absent from files written before it existed
+        if not isinstance(provenance, dict):
+            raise MaskFileError(
+                f"{where}: 'provenance' must be an object (strategy, parameters, ranking), got "
+                f"{type(provenance).__name__}"
+            )
+        source = str(m.get("source", "file"))
+        members.append(MemberMask(name, source, as_keep_mask(layout, keep), provenance))
     if not allow_identical:
         for i, a in enumerate(members):
             twin = next((b for b in members[i + 1 :] if torch.equal(a.keep, b.keep)), None)

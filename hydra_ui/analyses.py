@@ -22,6 +22,7 @@ from hydra_core.analysis.representations import (
 )
 from hydra_core.analysis.taylor import taylor_scores
 from hydra_ui.context import Context, disk_cache
+from hydra_ui.projections import report_sample_images
 from hydra_ui.texts import report_sample_texts
 
 
@@ -69,6 +70,17 @@ def report_texts(context: Context) -> dict[str, tuple[str, ...]]:
     """A text model's report sample as texts ("ID" and each report OOD set), in the order of
     :func:`report_data`'s tensors."""
     return _report_texts(context.config.key, context)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _report_images(setup_key: str, _context: Context) -> dict[str, torch.Tensor]:
+    return report_sample_images(_context.benchmark)
+
+
+def report_images(context: Context) -> dict[str, torch.Tensor]:
+    """An image model's report sample as pictures (uint8; "ID" and each report OOD set), in the
+    order of :func:`report_data`'s tensors."""
+    return _report_images(context.config.key, context)
 
 
 def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:

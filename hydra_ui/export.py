@@ -17,6 +17,8 @@ import plotly.graph_objects as go
 from matplotlib.colors import LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
 
+from hydra_ui.figures import HEAD_PICKER
+
 DPI = 100
 _TAG = re.compile(r"<[^>]+>")
 _RGB = re.compile(r"rgba?\(([^)]*)\)")
@@ -204,7 +206,8 @@ def _draw_scatter(canvas: _Canvas, trace) -> None:
         )
     elif "markers" in mode:
         size = trace.marker.size if trace.marker is not None and trace.marker.size else 6
-        alpha = trace.marker.opacity if trace.marker is not None and trace.marker.opacity else 1.0
+        opacity = trace.marker.opacity if trace.marker is not None else None
+        alpha = 1.0 if opacity is None else float(opacity)
         ax.scatter(x, y, s=float(size) ** 2 / 2, alpha=alpha, label=label, linewidths=0, **kwargs)
     _draw_error_bars(ax, trace, x, y, kwargs)
     if "text" in mode and trace.text is not None:
@@ -220,16 +223,34 @@ def _draw_scatter(canvas: _Canvas, trace) -> None:
             )
 
 
+def _draw_bar(canvas: _Canvas, trace) -> None:
+    """Vertical bars (e.g. the samples per bin under a reliability diagram)."""
+    ax, _ = canvas.axes_for(trace)
+    x = np.asarray(trace.x, dtype=np.float64)
+    width = np.asarray(trace.width, dtype=np.float64) if trace.width is not None else 0.8
+    colour = trace.marker.color if trace.marker is not None else None
+    kwargs = {"color": _colour(colour)} if isinstance(colour, str) else {}
+    alpha = 1.0 if trace.opacity is None else float(trace.opacity)
+    ax.bar(x, np.asarray(trace.y, dtype=np.float64), width=width, alpha=alpha, **kwargs)
+
+
 def to_matplotlib(fig: go.Figure) -> Figure:
-    """A matplotlib Figure drawing the data of ``fig`` (heatmaps and scatters, any subplot grid)."""
+    """A matplotlib Figure drawing the data of ``fig`` (heatmaps, scatters and bars, any subplot
+    grid); the invisible points that make a head map clickable are left out."""
     canvas = _Canvas(fig)
     for trace in fig.data:
+        if trace.meta == HEAD_PICKER:
+            continue
         if trace.type == "heatmap":
             _draw_heatmap(canvas, trace)
         elif trace.type == "scatter":
             _draw_scatter(canvas, trace)
+        elif trace.type == "bar":
+            _draw_bar(canvas, trace)
         else:
-            raise ValueError(f"cannot draw a Plotly {trace.type!r} trace; only heatmap and scatter")
+            raise ValueError(
+                f"cannot draw a Plotly {trace.type!r} trace; only heatmap, scatter and bar"
+            )
     for shape in fig.layout.shapes or ():
         # a horizontal line across a map (the line between a model's towers)
         if shape.type == "line" and shape.y0 == shape.y1 and (shape.xref or "").endswith("domain"):

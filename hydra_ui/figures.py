@@ -11,9 +11,7 @@ both names in the hover box (``L15H2 · text L3H2``).
 
 from __future__ import annotations
 
-import html
 import math
-import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -24,9 +22,12 @@ from scipy.stats import rankdata
 
 #: one colour per system, in order; colour-blind safe (Okabe-Ito)
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
-#: ID is blue; OOD sets get colours far from it (no light blue)
+#: ID is blue; the OOD sets take a qualitative palette without blue, cyan or teal (ColorBrewer
+#: Set1 less its blue and yellow), so no OOD set can be taken for ID
 ID_COLOUR = "#0072B2"
-OOD_COLOURS = ("#E69F00", "#009E73", "#D55E00", "#CC79A7", "#555555", "#F0E442", "#8C510A")
+OOD_COLOURS = ("#E41A1C", "#FF7F00", "#4DAF4A", "#984EA3", "#A65628", "#F781BF", "#999999")
+#: marks the invisible points that make a head map's cells clickable (left out of downloads)
+HEAD_PICKER = "head-picker"
 #: kept heads are dark, removed heads light, in every mask picture
 MASK_COLOURS = ((0.0, "#f2f2f2"), (0.5, "#f2f2f2"), (0.5, "#1f4e79"), (1.0, "#1f4e79"))
 
@@ -249,10 +250,18 @@ def matrix_heatmap(
     zmin: float | None = None,
     zmax: float | None = None,
     text_format: str = ".2f",
+    diverging: bool = False,
 ) -> go.Figure:
-    """A labelled matrix (e.g. Spearman correlations, Jaccard overlap), its values written in."""
+    """A labelled matrix (e.g. Spearman correlations, Jaccard overlap), its values written in.
+
+    ``diverging``: a scale centred at 0, symmetric around it (differences such as circuit minus
+    dense), unless ``zmin`` and ``zmax`` are given."""
     z = frame.to_numpy(dtype=np.float64)
     rows, cols = [str(i) for i in frame.index], [str(c) for c in frame.columns]
+    if diverging and zmin is None and zmax is None:
+        finite = np.abs(z[np.isfinite(z)])
+        top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        zmin, zmax = -top, top
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -261,13 +270,63 @@ def matrix_heatmap(
             colorscale=colorscale,
             zmin=zmin,
             zmax=zmax,
+            zmid=0.0 if diverging else None,
             texttemplate=f"%{{z:{text_format}}}",
             colorbar={"title": {"text": value_name}},
             hovertemplate=f"%{{y}} / %{{x}}<br>{value_name}: %{{z:{text_format}}}<extra></extra>",
         )
     )
-    fig.update_layout(title=title, height=160 + 40 * len(rows), margin=dict(l=60, r=20, t=60, b=40))
+    fig.update_layout(
+        title=_below_toolbar(title),
+        height=200 + 40 * len(rows),
+        margin=dict(l=60, r=20, t=90, b=40),
+    )
     fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def _below_toolbar(title: str) -> dict:
+    """A title set below the chart's toolbar (the mode bar, top right), left-aligned, so that a
+    long title in a narrow column does not run under it."""
+    return {
+        "text": title,
+        "x": 0.0,
+        "xanchor": "left",
+        "xref": "container",
+        "yref": "container",
+        "y": 1.0,
+        "yanchor": "top",
+        "pad": {"t": 40, "l": 10},
+    }
+
+
+def add_head_picker(fig: go.Figure) -> go.Figure:
+    """``fig`` (a head map: heatmaps with head columns ``H…`` and layer rows ``L…``) with an
+    invisible point on every cell, carrying the head's label (``L3H7``) in ``customdata[0]``: a
+    click on a cell then selects that head (Streamlit's point selection works on scatter points,
+    not on heatmap cells). The points repeat the cell's hover label, and downloads leave them
+    out."""
+    for trace in [t for t in fig.data if t.type == "heatmap"]:
+        layers, heads = np.asarray(trace.z).shape
+        custom = np.asarray(trace.customdata) if trace.customdata is not None else None
+        cells = [(layer, head) for layer in range(layers) for head in range(heads)]
+        labels = [f"L{layer}H{head}" for layer, head in cells]
+        hover = [custom[layer, head, 1] if custom is not None else "" for layer, head in cells]
+        fig.add_trace(
+            go.Scatter(
+                x=[f"H{head}" for _, head in cells],
+                y=[f"L{layer}" for layer, _ in cells],
+                mode="markers",
+                marker={"size": 14, "opacity": 0, "color": "#000000"},
+                customdata=np.stack([labels, hover], axis=-1),
+                hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[1]}<extra></extra>",
+                showlegend=False,
+                name="pick a head",
+                meta=HEAD_PICKER,
+                xaxis=trace.xaxis,
+                yaxis=trace.yaxis,
+            )
+        )
     return fig
 
 
@@ -356,89 +415,6 @@ def greedy_curves(
     return fig
 
 
-# --- representations -----------------------------------------------------------------------------
-
-
-HOVER_CHARS = 160  # a hover label shows at most this many characters of a text
-HOVER_WIDTH = 60  # characters per line of a hover label
-
-
-def hover_text(text: str, limit: int = HOVER_CHARS, width: int = HOVER_WIDTH) -> str:
-    """``text`` for a Plotly hover label: cut to ``limit`` characters (ending in an ellipsis),
-    HTML-escaped (Plotly reads labels as HTML) and broken into lines of ``width``."""
-    short = text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-    return "<br>".join(html.escape(line, quote=False) for line in textwrap.wrap(short, width))
-
-
-def _set_colours(sets: Sequence[str]) -> dict[str, str]:
-    others = [s for s in sets if s != "ID"]
-    colours = {"ID": ID_COLOUR}
-    colours.update({s: OOD_COLOURS[i % len(OOD_COLOURS)] for i, s in enumerate(others)})
-    return colours
-
-
-def _scatter_traces(
-    frame: pd.DataFrame, colours: Mapping[str, str], showlegend: bool
-) -> list[go.Scatter]:
-    traces = []
-    for name, part in frame.groupby("set", sort=False):
-        # a text model's projection carries each sample's text: the hover label shows it
-        texts = [hover_text(t) for t in part["text"]] if "text" in part else None
-        traces.append(
-            go.Scatter(
-                x=part["x"],
-                y=part["y"],
-                mode="markers",
-                name=str(name),
-                legendgroup=str(name),
-                showlegend=showlegend,
-                marker={"color": colours[name], "size": 5, "opacity": 0.6},
-                customdata=texts,
-                hovertemplate=f"<b>{name}</b>"
-                + ("<br>%{customdata}" if texts else "")
-                + "<extra></extra>",
-            )
-        )
-    return traces
-
-
-def projection_scatter(frame: pd.DataFrame, *, title: str = "", method: str = "PCA") -> go.Figure:
-    """2-D projection of per-head features (columns x, y, set), one colour per set, ID first; a
-    ``text`` column (a text model's samples) is shown on hover."""
-    colours = _set_colours(list(dict.fromkeys(frame["set"])))
-    fig = go.Figure(_scatter_traces(frame, colours, True))
-    fig.update_layout(
-        title=title,
-        height=460,
-        xaxis_title=f"{method} 1",
-        yaxis_title=f"{method} 2",
-        margin=dict(l=50, r=20, t=60, b=40),
-    )
-    return fig
-
-
-def projection_pair(
-    left: pd.DataFrame,
-    right: pd.DataFrame,
-    *,
-    titles: tuple[str, str],
-    method: str = "PCA",
-    title: str = "",
-) -> go.Figure:
-    """Two projections side by side with the same set colours (paper Figure 4: most vs least
-    important heads)."""
-    sets = list(dict.fromkeys([*left["set"], *right["set"]]))
-    colours = _set_colours(sets)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.08)
-    for col, frame in ((1, left), (2, right)):
-        for trace in _scatter_traces(frame, colours, showlegend=col == 1):
-            fig.add_trace(trace, row=1, col=col)
-        fig.update_xaxes(title_text=f"{method} 1", row=1, col=col)
-        fig.update_yaxes(title_text=f"{method} 2", row=1, col=col)
-    fig.update_layout(title=title, height=460, margin=dict(l=50, r=20, t=80, b=40))
-    return fig
-
-
 # --- masks ---------------------------------------------------------------------------------------
 
 
@@ -509,41 +485,96 @@ def _diagonal(name: str) -> go.Scatter:
     )
 
 
+def wilson_interval(correct: np.ndarray, count: np.ndarray, z: float = 1.959964) -> np.ndarray:
+    """The Wilson score interval (95% by default) of a share ``correct / count``, per entry:
+    (2, n) lower and upper bounds; NaN where ``count`` is 0. A bin of a reliability diagram
+    holding a handful of samples gets a wide interval, not a dot at 0 or 1 that looks certain."""
+    k, n = np.asarray(correct, dtype=np.float64), np.asarray(count, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = k / n
+        centre = (k + z**2 / 2) / (n + z**2)
+        half = z * np.sqrt(share * (1 - share) * n + z**2 / 4) / (n + z**2)
+    bounds = np.stack([centre - half, centre + half])
+    bounds[:, n == 0] = np.nan
+    return np.clip(bounds, 0.0, 1.0)
+
+
 def reliability_diagram(
     curves: Mapping[str, pd.DataFrame], *, title: str = "Reliability diagram"
 ) -> go.Figure:
-    """Accuracy against confidence per bin for each system, and the diagonal of calibration.
+    """Accuracy against confidence per bin for each system, with the diagonal of calibration and
+    each bin's 95% Wilson interval; below it, how many samples each bin holds.
 
     Args:
-        curves: system -> frame with columns ``confidence`` (mean confidence of the bin),
-            ``accuracy`` (accuracy in the bin) and ``count`` (samples in the bin); empty bins are
-            left out.
+        curves: system -> frame with columns ``bin_lower``, ``bin_upper``, ``confidence`` (mean
+            confidence of the bin), ``accuracy`` (accuracy in the bin) and ``count`` (samples in
+            the bin), e.g. :func:`~hydra_core.metrics.reliability_curve`. Empty bins are left
+            out of the curve (a line never drops to 0 where there is nothing to measure).
     """
-    fig = go.Figure(_diagonal("perfect calibration"))
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.05
+    )
+    diagonal = _diagonal("perfect calibration")
+    fig.add_trace(diagonal, row=1, col=1)
     for i, (name, frame) in enumerate(curves.items()):
+        colour = PALETTE[i % len(PALETTE)]
         part = frame[frame["count"] > 0]
+        count = part["count"].to_numpy(dtype=np.float64)
+        accuracy = part["accuracy"].to_numpy(dtype=np.float64)
+        lo, hi = wilson_interval(np.round(accuracy * count), count)
         fig.add_trace(
             go.Scatter(
                 x=part["confidence"],
-                y=part["accuracy"],
+                y=accuracy,
                 mode="lines+markers",
                 name=name,
-                line={"color": PALETTE[i % len(PALETTE)]},
+                legendgroup=name,
+                line={"color": colour},
                 marker={"size": 6},
-                customdata=part["count"],
-                hovertemplate=f"{name}<br>confidence %{{x:.3f}}<br>accuracy %{{y:.3f}}<br>"
-                "%{customdata} samples<extra></extra>",
-            )
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": hi - accuracy,
+                    "arrayminus": accuracy - lo,
+                    "thickness": 1,
+                    "width": 3,
+                    "color": colour,
+                },
+                customdata=np.stack([count, lo, hi], axis=-1),
+                hovertemplate=f"{name}<br>confidence %{{x:.3f}}<br>accuracy %{{y:.3f}} "
+                "[%{customdata[1]:.3f}, %{customdata[2]:.3f}]<br>"
+                "%{customdata[0]:.0f} samples<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Bar(
+                x=(frame["bin_lower"] + frame["bin_upper"]) / 2,
+                y=frame["count"],
+                width=(frame["bin_upper"] - frame["bin_lower"]) * 0.9,
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                marker={"color": colour},
+                opacity=0.45,
+                hovertemplate=f"{name}<br>confidence %{{x:.2f}} ± bin<br>%{{y}} samples"
+                "<extra></extra>",
+            ),
+            row=2,
+            col=1,
         )
     fig.update_layout(
         title=title,
-        height=440,
-        xaxis_title="confidence",
-        yaxis_title="accuracy",
-        xaxis_range=[0, 1],
-        yaxis_range=[0, 1],
+        height=520,
+        barmode="overlay",
         margin=dict(l=50, r=20, t=60, b=40),
+        legend={"orientation": "h", "y": -0.18},
     )
+    fig.update_xaxes(range=[0, 1], row=1, col=1)
+    fig.update_xaxes(range=[0, 1], title_text="confidence", row=2, col=1)
+    fig.update_yaxes(range=[0, 1.02], title_text="accuracy", row=1, col=1)
+    fig.update_yaxes(title_text="samples", row=2, col=1)
     return fig
 
 
@@ -632,7 +663,8 @@ def cost_scatter(
                 mode="markers+text",
                 name=name,
                 text=[name],
-                textposition="top center",
+                textposition=_label_position(i, len(frame)),
+                cliponaxis=False,  # a label near the edge is drawn whole
                 marker={"size": 11, "color": PALETTE[i % len(PALETTE)]},
                 hovertemplate=f"{name}<br>{x_title or x}: %{{x:.4g}}<br>"
                 f"{y_title}: %{{y:.4f}}{interval}<extra></extra>",
@@ -640,15 +672,36 @@ def cost_scatter(
         )
     fig.update_layout(
         title=title,
-        height=440,
+        height=480,
         xaxis_title=x_title or x,
         yaxis_title=y_title,
         showlegend=False,
-        margin=dict(l=50, r=20, t=60, b=40),
+        margin=dict(l=60, r=60, t=60, b=50),
     )
-    if log_x:
-        fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log" if log_x else "linear", range=_padded(frame[x], log_x, 0.12))
+    bounds = [frame[b] for b in (f"{y}_lo", f"{y}_hi") if b in frame]
+    fig.update_yaxes(range=_padded(pd.concat([frame[y], *bounds]), False, 0.15))
     return fig
+
+
+def _label_position(i: int, n: int) -> str:
+    """Labels of neighbouring points alternate above and below, so close points keep theirs
+    apart."""
+    return "top center" if i % 2 == 0 or n < 3 else "bottom center"
+
+
+def _padded(values: pd.Series, log: bool, share: float) -> list[float] | None:
+    """An axis range around ``values`` with ``share`` of its span added on each side (room for
+    the points' labels); on a log axis, in log10 units. None when there is nothing to show."""
+    data = np.asarray(values, dtype=np.float64)
+    data = data[np.isfinite(data) & ((data > 0) if log else True)]
+    if not data.size:
+        return None
+    if log:
+        data = np.log10(data)
+    low, high = float(data.min()), float(data.max())
+    span = high - low or (abs(high) * 0.1 if high else 1.0)
+    return [low - share * span, high + share * span]
 
 
 #: How a difference whose 95% interval excludes 0, and one whose interval contains it, are drawn.

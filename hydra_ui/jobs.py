@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 RUNNING, DONE, STOPPED, FAILED = "running", "done", "stopped", "failed"
@@ -50,6 +50,10 @@ class Job:
         self._done = self._total = 0.0
         self._base = 0.0  # work already done when the count began (a resumed run)
         self._since = self.started  # when the count began
+        self._steps: list[float] | None = None  # the size of every step, for work done in steps
+        self._timed: list[tuple[float, float]] = []  # (seconds, size) of the steps timed here
+        self._steps_done = 0
+        self._last = self.started  # when the latest step ended
         self._thread = threading.Thread(target=self._run, name=f"hydra-job-{name}", daemon=True)
 
     def _run(self) -> None:
@@ -80,18 +84,44 @@ class Job:
         with self._lock:
             self._total, self._done, self._base = float(total), float(done), float(done)
             self._since = time.monotonic()
+            self._steps = None
+
+    def begin_steps(self, sizes: Sequence[float], done: int = 0) -> None:
+        """Declare work made of steps whose cost grows with a known size (a greedy search step
+        costs about one candidate evaluation per head left, so its steps get cheaper as it goes),
+        of which the first ``done`` are already done. Report finished steps with
+        ``report(..., steps=n)``; the time left is then :func:`time_left` of the steps timed."""
+        with self._lock:
+            self._steps = [float(s) for s in sizes]
+            self._steps_done = done
+            self._timed = []
+            self._total = sum(self._steps)
+            self._done = self._base = sum(self._steps[:done])
+            self._since = self._last = time.monotonic()
 
     def report(
-        self, payload: Any = None, *, done: float | None = None, total: float | None = None
+        self,
+        payload: Any = None,
+        *,
+        done: float | None = None,
+        total: float | None = None,
+        steps: int | None = None,
     ) -> None:
         """Publish the latest progress (``payload``) and, optionally, the work done so far and
-        the total (for work that learns its total as it goes)."""
+        the total (for work that learns its total as it goes), or the number of steps done (for
+        work declared with :meth:`begin_steps`)."""
         with self._lock:
             self.progress = payload
             if done is not None:
                 self._done = float(done)
             if total is not None:
                 self._total = float(total)
+            if steps is not None and self._steps is not None and steps > self._steps_done:
+                now = time.monotonic()
+                size = sum(self._steps[self._steps_done : steps])
+                self._timed.append((now - self._last, size))
+                self._steps_done, self._last = steps, now
+                self._done = sum(self._steps[:steps])
 
     # --- used by the page -------------------------------------------------------------------------
 
@@ -116,8 +146,13 @@ class Job:
         return (self.finished or time.monotonic()) - self.started
 
     def eta_seconds(self) -> float | None:
-        """Seconds left at the rate since :meth:`begin`; None until some work is reported."""
+        """Seconds left: for work in steps (:meth:`begin_steps`), from the cost of the latest
+        steps and the sizes of the steps left, counting down while a step runs; otherwise at the
+        rate since :meth:`begin`. None until some work is reported."""
         with self._lock:
+            if self._steps is not None:
+                left = self._steps[self._steps_done :]
+                return time_left(self._timed, left, time.monotonic() - self._last)
             done_here = self._done - self._base
             left = self._total - self._done
             since = self._since
@@ -131,11 +166,62 @@ class Job:
         return not self._thread.is_alive()
 
 
+def time_left(
+    timed: Sequence[tuple[float, float]],
+    sizes_left: Sequence[float],
+    into_step: float = 0.0,
+    *,
+    recent: int = 3,
+) -> float | None:
+    """Seconds left of work done in steps whose cost grows with their size.
+
+    Args:
+        timed: ``(seconds, size)`` of the steps done so far, in order.
+        sizes_left: the size of each step still to do, the one under way first.
+        into_step: seconds already spent on the step under way.
+        recent: the cost per unit of size is that of the last ``recent`` steps (a search's
+            early steps, slower per candidate, stop counting as it goes).
+
+    Returns the cost per unit times the sizes left, less ``into_step`` (the step under way never
+    counts below 0, so the estimate falls while a step runs and never grows because time passed);
+    None before any step was timed.
+    """
+    if not timed:
+        return None
+    chosen = timed[-recent:]
+    units = sum(size for _, size in chosen)
+    if units <= 0:
+        return None
+    per_unit = sum(seconds for seconds, _ in chosen) / units
+    if not sizes_left:
+        return 0.0
+    current, *later = sizes_left
+    return max(0.0, per_unit * current - into_step) + per_unit * sum(later)
+
+
 def start_job(name: str, work: Callable[[Job], Any], info: dict | None = None) -> Job:
     """Start ``work(job)`` in a background thread and return the job at once."""
     job = Job(name, work, info)
     job._thread.start()
     return job
+
+
+def staged_progress(
+    job: Job, label: Callable[[str, int, int], str]
+) -> Callable[[str, int, int], None]:
+    """A ``progress(stage, done, total)`` callback (hydra_core's long jobs made of stages) that
+    publishes ``label(stage, done, total)`` as the job's progress, restarts the count at each new
+    stage (the time left is then the stage's) and ends the work at a stop."""
+    current = {"stage": None}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        job.check()  # a stop ends the work here
+        if stage != current["stage"]:
+            current["stage"] = stage
+            job.begin(total)
+        job.report(label(stage, done, total), done=done, total=total)
+
+    return progress
 
 
 def format_seconds(seconds: float | None) -> str:

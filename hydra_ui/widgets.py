@@ -13,6 +13,7 @@ import streamlit as st
 
 from hydra_core.errors import InputError
 from hydra_ui.export import figure_png, figure_svg
+from hydra_ui.figures import add_head_picker
 from hydra_ui.jobs import FAILED, STOPPED, Job, format_seconds
 
 
@@ -35,16 +36,23 @@ def show_error(what: str) -> Iterator[None]:
 
 
 def table_with_download(
-    rows, filename: str, *, float_format: str | None = None, key: str | None = None
+    rows,
+    filename: str,
+    *,
+    float_format: str | None = None,
+    key: str | None = None,
+    pinned: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Show a table and a button that downloads it as CSV."""
+    """Show a table and a button that downloads it as CSV; ``pinned`` columns stay in view while
+    a wide table scrolls sideways."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     styled = (
         frame.style.format(float_format, subset=frame.select_dtypes("floating").columns)
         if float_format
         else frame
     )
-    st.dataframe(styled, hide_index=True, width="stretch")
+    config = {c: st.column_config.Column(pinned=True) for c in pinned if c in frame}
+    st.dataframe(styled, hide_index=True, width="stretch", column_config=config or None)
     st.download_button(
         "Download CSV",
         frame.to_csv(index=False).encode(),
@@ -55,13 +63,64 @@ def table_with_download(
     return frame
 
 
-def figure_with_download(fig: go.Figure, filename: str, *, key: str | None = None) -> None:
+def figure_with_download(
+    fig: go.Figure,
+    filename: str,
+    *,
+    key: str | None = None,
+    on_select: Callable[[], None] | None = None,
+) -> None:
     """Show a Plotly figure with buttons that download it as PNG and SVG.
 
     The files are drawn (with matplotlib) only when a button is clicked, not on every rerun.
-    ``filename`` has no extension."""
+    ``filename`` has no extension. ``on_select``: called when a point is clicked (its selection
+    is in ``st.session_state[f"fig-{key}"]``)."""
     key = key or filename
-    st.plotly_chart(fig, key=f"fig-{key}", config={"displaylogo": False})
+    if on_select is None:
+        st.plotly_chart(fig, key=f"fig-{key}", config={"displaylogo": False})
+    else:
+        st.plotly_chart(
+            fig,
+            key=f"fig-{key}",
+            config={"displaylogo": False},
+            on_select=on_select,
+            selection_mode="points",
+        )
+    downloads(fig, filename, key)
+
+
+def vega_with_download(spec: dict, fig: go.Figure, filename: str, *, key: str) -> None:
+    """Show a Vega-Lite chart (what Plotly cannot draw, such as pictures on hover) with the PNG
+    and SVG buttons of ``fig``, the same data as a Plotly figure."""
+    st.vega_lite_chart(spec, key=f"vega-{key}", width="stretch")
+    downloads(fig, filename, key)
+
+
+#: the session-state key of the head last clicked on a head map
+PICKED_HEAD = "picked_head"
+
+
+def head_map_with_download(fig: go.Figure, filename: str, *, key: str | None = None) -> None:
+    """A head map (:func:`figure_with_download`) on which a click picks a head: it becomes
+    :data:`PICKED_HEAD`, the head the Representations page shows (one head)."""
+    chart = f"fig-{key or filename}"
+
+    def picked() -> None:
+        points = st.session_state[chart]["selection"]["points"]
+        labels = [p["customdata"][0] for p in points if p.get("customdata")]
+        if labels:
+            st.session_state[PICKED_HEAD] = labels[-1]
+
+    figure_with_download(add_head_picker(fig), filename, key=key, on_select=picked)
+    head = st.session_state.get(PICKED_HEAD)
+    st.caption(
+        "Click a head on any head map to see it on its own on the Representations page"
+        + (f" (picked: **{head}**)." if head else ".")
+    )
+
+
+def downloads(fig: go.Figure, filename: str, key: str) -> None:
+    """The PNG and SVG buttons of a figure (drawn with matplotlib only when clicked)."""
     left, right, _ = st.columns([1, 1, 6])
     left.download_button(
         "PNG",
@@ -83,16 +142,19 @@ def figure_with_download(fig: go.Figure, filename: str, *, key: str | None = Non
     )
 
 
-def watch_job(job: Job, describe: Callable[[Job], str]) -> None:
-    """While ``job`` runs: a progress bar with the time left and a Stop button, redrawn every
-    second without rerunning the page; when it ends, the whole page reruns to show the result."""
+def watch_job(job: Job, describe: Callable[[Job], str], *, left: str = "left") -> None:
+    """While ``job`` runs: a progress bar with the time left (``left`` says of what) and the
+    time so far, and a Stop button, redrawn every second without rerunning the page; when it
+    ends, the whole page reruns to show the result."""
 
     @st.fragment(run_every=1.0)
     def view() -> None:
         if not job.running:
             st.rerun()
+        eta = format_seconds(job.eta_seconds())
         st.progress(
-            job.fraction(), text=f"{describe(job)} · {format_seconds(job.eta_seconds())} left"
+            job.fraction(),
+            text=f"{describe(job)} · {eta} {left} · {job.elapsed():.0f} s so far",
         )
         if st.button("Stop", icon=":material/stop:", key=f"stop-{job.name}", disabled=job.stopping):
             job.stop()

@@ -1,5 +1,6 @@
 """Setup: choose the model, the data and the device; see the model card."""
 
+import dataclasses
 from pathlib import Path
 
 import streamlit as st
@@ -50,6 +51,8 @@ NO_ARCH = {"arch": None, "arch_kwargs": ""}
 DATA_DEFAULTS = {"id_source": None, "ood": None, "search_ood": None, "ood_sources": ()}
 #: the session-state key of the data choices last set with each modality, by its name
 DATA_KEY = "setup_data"
+#: the session-state key of the confirmation shown once after Apply
+APPLIED_KEY = "setup_applied"
 
 
 def source_of(model: str) -> str:
@@ -73,38 +76,60 @@ def modality_of(source: str) -> Modality:
 
 
 def image_model_fields(config, source: str) -> dict:
-    """The model name and architecture of an image source; returns the setup changes."""
-    name = st.text_input(
-        "timm name or checkpoint path (for those two sources)",
-        value="" if config.model in BUILT_IN else config.model,
-        placeholder="vit_small_patch16_224  or  /path/to/weights.safetensors",
-        key="setup_model_name",
-    )
-    c1, c2 = st.columns(2)
-    arch = c1.text_input(
-        "timm architecture of a checkpoint file (when the file does not carry its configuration)",
-        value=config.arch or "",
-        placeholder="vit_small_patch16_224",
-        key="setup_arch",
-    )
-    arch_kwargs = c2.text_input(
+    """The fields of an image source, and only those: none for the embedded default, the input
+    size for DINOv2, a name (and timm settings) for a timm model, a path (and its architecture
+    when the file does not carry it) for a checkpoint file; returns the setup changes."""
+    own = source_of(config.model) == source
+    if source == "default":
+        st.caption(f"**default**: {BUILTIN_MODELS['default']}")
+        return {"model": source, **NO_ARCH}
+    if source == "dinov2-s":
+        st.caption(f"**dinov2-s**: {BUILTIN_MODELS['dinov2-s']}")
+        img_size = st.select_slider(
+            "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
+        )
+        return {"model": source, **NO_ARCH, "dinov2_img_size": int(img_size)}
+    if source == "timm":
+        name = st.text_input(
+            "timm model name",
+            value=config.model if own else "",
+            placeholder="vit_small_patch16_224",
+            key="setup_model_name",
+        )
+        st.caption(
+            "Pretrained weights come from the timm/Hugging Face hub: **this needs the network**."
+        )
+        arch, arch_kwargs = None, timm_settings(config if own else None)
+    else:
+        name = st.text_input(
+            "Checkpoint file (.safetensors, .pt, .pth, .bin)",
+            value=config.model if own else "",
+            placeholder="/path/to/weights.safetensors",
+            key="setup_model_name",
+        )
+        c1, c2 = st.columns(2)
+        with c1:
+            arch = st.text_input(
+                "timm architecture (when the file does not carry its configuration)",
+                value=(config.arch or "") if own else "",
+                placeholder="vit_small_patch16_224",
+                key="setup_arch",
+            ).strip()
+        with c2:
+            arch_kwargs = timm_settings(config if own else None)
+    return {"model": name.strip(), "arch": arch or None, "arch_kwargs": arch_kwargs}
+
+
+def timm_settings(config) -> str:
+    """The JSON keyword arguments for timm.create_model (the current setup's, if given)."""
+    return st.text_input(
         "Architecture settings (JSON, optional)",
-        value=config.arch_kwargs,
+        value=config.arch_kwargs if config is not None else "",
         placeholder='{"img_size": 32, "patch_size": 8, "init_values": 1e-5}',
         help="Keyword arguments for timm.create_model beside the architecture (or the timm "
         "name): image size, patch size, layer scale, pooling, ...",
         key="setup_arch_kwargs",
-    )
-    img_size = st.select_slider(
-        "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
-    )
-    st.caption(" · ".join(f"**{k}**: {BUILTIN_MODELS[k]}" for k in ("default", "dinov2-s")))
-    return {
-        "model": source if source in BUILT_IN else name.strip(),
-        "arch": arch.strip() or None,
-        "arch_kwargs": arch_kwargs.strip(),
-        "dinov2_img_size": int(img_size),
-    }
+    ).strip()
 
 
 def text_model_fields(config, source: str) -> dict:
@@ -403,6 +428,26 @@ def class_order_notes(config: SetupConfig, context) -> list[str | None]:
     ]
 
 
+def applied_message(old: SetupConfig, new: SetupConfig, noun: str) -> str:
+    """The confirmation shown after Apply: what is in use now and what changed."""
+    changed = [
+        f"{field.name} {getattr(old, field.name)!r} → {getattr(new, field.name)!r}"
+        for field in dataclasses.fields(SetupConfig)
+        if getattr(old, field.name) != getattr(new, field.name)
+    ]
+    report = "all" if new.n_report is None else f"{new.n_report:,}"
+    in_use = (
+        f"Setup applied: **{new.model}**, {new.n_search:,} search and {report} report {noun} "
+        f"per set, device {new.device}, {new.precision}."
+    )
+    if not changed:
+        return f"{in_use} Nothing changed: the results computed so far stay."
+    return (
+        f"{in_use} Changed: {'; '.join(changed)}. Results computed under the previous setup were "
+        "cleared from the pages (the disk cache keeps them for when you return to it)."
+    )
+
+
 def missing_name(source: str, model: str) -> str | None:
     """What to enter first when the source needs a name or path and none (or no folder) was
     given; None when the model can be loaded."""
@@ -431,6 +476,8 @@ st.caption(
     "results computed under the old ones (cached results on disk come back when you return)."
 )
 
+if message := st.session_state.pop(APPLIED_KEY, None):
+    st.success(message, icon=":material/check_circle:")
 config = get_config()
 remember_data(config)
 st.subheader("Model")
@@ -501,6 +548,7 @@ if applied:
                 id_search = setup_benchmark(chosen, loaded).id_search
                 check_fit(loaded, id_search, own_folder=chosen.id_source is not None)
                 set_config(chosen)
+                st.session_state[APPLIED_KEY] = applied_message(config, chosen, noun)
                 st.rerun()
 
 with show_error("Could not load the model or data"):

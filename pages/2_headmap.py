@@ -13,7 +13,12 @@ from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
-from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+from hydra_ui.widgets import (
+    figure_with_download,
+    head_map_with_download,
+    show_error,
+    table_with_download,
+)
 
 JOB = "search"
 OBJECTIVES = {
@@ -23,9 +28,10 @@ OBJECTIVES = {
 }
 
 
-def evaluations(steps: int, total: int) -> int:
-    """Candidate evaluations in the first ``steps`` steps: step t tries the total - t heads left."""
-    return steps * total - steps * (steps - 1) // 2
+def candidates(budget: int, total: int) -> list[int]:
+    """Candidate evaluations of each step: step t tries the total - t heads left, so the steps
+    get cheaper as the search goes (the time left is estimated from them)."""
+    return [total - t for t in range(budget)]
 
 
 def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
@@ -56,7 +62,7 @@ def start_search(
     done_before = min(previous.steps, budget) if continued else 0
 
     def work(job):
-        job.begin(evaluations(budget, total), evaluations(done_before, total))
+        job.begin_steps(candidates(budget, total), done=done_before)
         return greedy_circuit(
             model,
             inputs.id_x,
@@ -67,7 +73,7 @@ def start_search(
             cache=disk_cache(),
             resume=resume,
             should_stop=job.should_stop,
-            progress=lambda step: job.report(step, done=evaluations(step.step + 1, total)),
+            progress=lambda step: job.report(step, steps=step.step + 1),
         )
 
     extends = not continued or previous.steps < budget
@@ -265,9 +271,10 @@ with show_error("Could not run the head search"):
             runs = {o: stored[o].prefix(min(shown, stored[o].steps)) for o in compare}
             for column, (o, run) in zip(st.columns(len(runs)), runs.items(), strict=True):
                 with column:
-                    figure_with_download(
+                    head_map_with_download(
                         removal_step_heatmap(run, budget=shown, towers=layout.towers),
                         f"headmap_{o}_{run.steps}",
+                        key=f"headmap_{o}",
                     )
             figure_with_download(greedy_curves(runs), "greedy_curves_" + "_".join(runs))
             for o, run in runs.items():

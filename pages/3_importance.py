@@ -7,7 +7,12 @@ from hydra_core.models.adapter import head_layout
 from hydra_ui.analyses import search_data, single_head, stored_greedy_runs, taylor
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import importance_heatmaps, matrix_heatmap
-from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+from hydra_ui.widgets import (
+    figure_with_download,
+    head_map_with_download,
+    show_error,
+    table_with_download,
+)
 
 st.title("Head importance")
 st.caption(
@@ -59,7 +64,7 @@ with show_error("Could not compute head importance"):
         f"AUROC {found.base_auroc:.4f}."
     )
     towers = head_layout(context.loaded.model).towers
-    figure_with_download(
+    head_map_with_download(
         importance_heatmaps(found.maps, raw=found.raw, towers=towers), "head_importance"
     )
 
@@ -70,7 +75,7 @@ with show_error("Could not compute head importance"):
         figure_with_download(
             matrix_heatmap(
                 correlations,
-                title="Spearman correlation between criteria",
+                title="Spearman ρ between criteria",
                 value_name="Spearman ρ",
                 zmin=-1,
                 zmax=1,

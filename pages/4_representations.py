@@ -13,14 +13,29 @@ from hydra_ui.analyses import (
     features,
     projection,
     report_data,
+    report_images,
     report_texts,
     search_data,
     stored_greedy_runs,
 )
 from hydra_ui.context import get_context, results
-from hydra_ui.figures import head_heatmap, matrix_heatmap, projection_pair, projection_scatter
+from hydra_ui.figures import head_heatmap, matrix_heatmap
+from hydra_ui.projections import (
+    TOOLTIP_CSS,
+    projection_pair,
+    projection_scatter,
+    projection_spec,
+    with_thumbnails,
+)
 from hydra_ui.texts import with_texts
-from hydra_ui.widgets import figure_with_download, show_error, table_with_download
+from hydra_ui.widgets import (
+    PICKED_HEAD,
+    figure_with_download,
+    head_map_with_download,
+    show_error,
+    table_with_download,
+    vega_with_download,
+)
 
 st.title("Representations")
 st.caption(
@@ -48,7 +63,27 @@ def project(heads: list[tuple[int, int]], sets: list[str], method: str, what: st
         done.add(request)
     if context.loaded.modality.shows_as_text:
         frame = with_texts(frame, report_texts(context), sets)
+    else:
+        frame = with_thumbnails(frame, report_images(context), sets)
     return frame
+
+
+def scatter(frames: list[tuple[str, object]], title: str, filename: str, key: str) -> None:
+    """The projection(s) with what each point is on hover: a text model's sentence (Plotly), an
+    image model's picture (Vega-Lite, as Plotly's hover labels take text only)."""
+    if len(frames) == 1:
+        fig = projection_scatter(frames[0][1], method=method.upper(), title=title)
+    else:
+        titles = (frames[0][0], frames[1][0])
+        fig = projection_pair(
+            frames[0][1], frames[1][1], titles=titles, method=method.upper(), title=title
+        )
+    if context.loaded.modality.shows_as_text:
+        figure_with_download(fig, filename, key=key)
+    else:
+        st.html(TOOLTIP_CSS)  # the pictures on hover at three times their size, pixels sharp
+        spec = projection_spec(frames, method=method.upper(), title=title)
+        vega_with_download(spec, fig, filename, key=key)
 
 
 with show_error("Could not compute the representations"):
@@ -58,10 +93,8 @@ with show_error("Could not compute the representations"):
     feats = features(context, sample)
     key = context.config.key
     ood_names = list(sample.ood_per_set)
-    st.caption(
-        f"Shown: {describe_report(context, sample)}."
-        + (" Hover a point to read its sentence." if context.loaded.modality.shows_as_text else "")
-    )
+    what = "read its sentence" if context.loaded.modality.shows_as_text else "see its image"
+    st.caption(f"Shown: {describe_report(context, sample)}. Hover a point to {what}.")
     if note := context.benchmark.protocol_note():
         st.warning(note)
     readable = layout.input_layers  # with CLIP's towers: the image tower's (text heads see prompts)
@@ -74,30 +107,38 @@ with show_error("Could not compute the representations"):
         ["Chosen heads", "Most vs least important", "Centroid distances", "Dense vs circuit"]
     )
     with tabs[0]:
-        layers = st.multiselect(
-            "Layers",
-            readable,
-            default=[last],
-            format_func=lambda layer: f"L{layer}",
-        )
-        options = [
-            head_label(layer, h) for layer in sorted(layers) for h in range(layout.num_heads[layer])
-        ]
-        chosen = st.multiselect(
-            "Heads (their features are concatenated)", options, default=options[:4]
-        )
+        every = [head_label(layer, h) for layer in readable for h in range(layout.num_heads[layer])]
+        several = st.radio(
+            "Heads shown",
+            ["one head", "several heads (their features concatenated)"],
+            horizontal=True,
+        ).startswith("several")
+        if several:
+            layers = st.multiselect(
+                "Layers",
+                readable,
+                default=[last],
+                format_func=lambda layer: f"L{layer}",
+            )
+            options = [h for h in every if parse_head_label(h)[0] in layers]
+            chosen = st.multiselect("Heads", options, default=options[:4])
+        else:
+            picked = st.session_state.get(PICKED_HEAD)
+            start = picked if picked in every else head_label(last, 0)
+            chosen = [
+                st.selectbox(
+                    "Head (or click one on any head map: the distances below, Head importance, "
+                    "Headmap search)",
+                    every,
+                    index=every.index(start),
+                )
+            ]
         if chosen and sets:
             heads = [parse_head_label(h) for h in chosen]
             frame = project(heads, sets, method, "chosen heads")
             if frame is not None:
-                figure_with_download(
-                    projection_scatter(
-                        frame,
-                        method=method.upper(),
-                        title=f"{method.upper()} of {', '.join(chosen)}",
-                    ),
-                    f"{method}_{'_'.join(chosen[:6])}",
-                )
+                title = f"{method.upper()} of {', '.join(chosen)}"
+                scatter([(title, frame)], title, f"{method}_{'_'.join(chosen[:6])}", "chosen")
         else:
             st.info("Choose at least one head and one OOD set.")
 
@@ -127,14 +168,11 @@ with show_error("Could not compute the representations"):
                     f"most important: {', '.join(head_label(*h) for h in most)}",
                     f"least important: {', '.join(head_label(*h) for h in least)}",
                 )
-                figure_with_download(
-                    projection_pair(
-                        *pair,
-                        titles=titles,
-                        method=method.upper(),
-                        title=f"Most vs least important heads ({objective})",
-                    ),
+                scatter(
+                    list(zip(titles, pair, strict=True)),
+                    f"Most vs least important heads ({objective})",
                     f"most_vs_least_{objective}_{k}",
+                    "most-least",
                 )
             st.caption(
                 "As in the paper's Figure 4: the heads the search removed last (most important) "
@@ -156,7 +194,7 @@ with show_error("Could not compute the representations"):
             for m in grid:
                 grid[m][layer, head] = row[m]
         other = "euclidean" if metric == "mahalanobis" else "mahalanobis"
-        figure_with_download(
+        head_map_with_download(
             head_heatmap(
                 grid[metric],
                 value_name=metric,
@@ -164,6 +202,7 @@ with show_error("Could not compute the representations"):
                 title=f"ID/OOD centroid distance per head ({where})",
             ),
             f"distances_{metric}_{where.replace(' ', '_')}",
+            key="distances",
         )
         st.caption(
             "Mahalanobis uses each head's ID covariance, regularised (Ledoit-Wolf) so it is "
@@ -208,10 +247,11 @@ with show_error("Could not compute the representations"):
                 figure_with_download(
                     matrix_heatmap(
                         deltas,
-                        title="Circuit minus dense",
+                        title="Circuit minus dense (0 = white: no change)",
                         value_name="Δ distance",
                         colorscale="RdBu",
                         text_format=".3f",
+                        diverging=True,
                     ),
                     "dense_vs_circuit_delta",
                 )

@@ -12,12 +12,15 @@ from hydra_core.errors import InputError
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     CIRCUIT_OBJECTIVES,
+    MANUAL,
     TAYLOR_NAME,
     cahp_members,
     check_members,
     circuit_member,
     circuit_members,
     member_overlap,
+    ranking_provenance,
+    search_provenance,
     seed_sampled_members,
     taylor_member,
 )
@@ -74,6 +77,7 @@ def set_manual(keep: torch.Tensor) -> None:
 def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, replace: bool) -> None:
     model = copy.deepcopy(context.loaded.model)  # heads other pages ablate must not reach it
     grid = cahp_k_grid(head_layout(model).total_heads, k_step)
+    searched = search_provenance(context.benchmark, inputs)
 
     def work(job):
         def progress(done: int, all_: int) -> None:
@@ -81,7 +85,13 @@ def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, repl
             job.report(done=done, total=all_)
 
         return cahp_members(
-            model, inputs, seeds=seeds, degree=degree, k_grid=grid, progress=progress
+            model,
+            inputs,
+            seeds=seeds,
+            degree=degree,
+            k_grid=grid,
+            progress=progress,
+            search=searched,
         )
 
     results()["jobs"]["cahp"] = start_job("cahp", work, {"seeds": seeds, "replace": replace})
@@ -140,8 +150,13 @@ with show_error("Could not build the masks"):
             first_seed = int(c4.number_input("First seed", 0, 10_000, 0))
         replace = st.checkbox("Replace the current members", value=True, key="replace-ranking")
         if st.button("Build", type="primary", icon=":material/build:"):
+            searched = search_provenance(context.benchmark, inputs)  # recorded in the members
             if strategy == "taylor":
-                new = [taylor_member(context.loaded.model, inputs, per_layer=per_layer)]
+                new = [
+                    taylor_member(
+                        context.loaded.model, inputs, per_layer=per_layer, search=searched
+                    )
+                ]
             elif strategy == "circuits":
                 missing = [o for o in CIRCUIT_OBJECTIVES if o not in stored]
                 if missing:
@@ -151,16 +166,41 @@ with show_error("Could not build the masks"):
                         ". Run them on the Headmap page first"
                     )
                 rankings = {o: stored[o].ranking() for o in CIRCUIT_OBJECTIVES}
-                new = circuit_members(rankings, layout, budget=budget)
+                info = {
+                    o: ranking_provenance(
+                        "greedy",
+                        objective=o,
+                        budget=stored[o].budget,
+                        steps=stored[o].steps,
+                        search=searched,
+                    )
+                    for o in CIRCUIT_OBJECTIVES
+                }
+                new = circuit_members(rankings, layout, budget=budget, ranking_info=info)
             else:
                 if ranking_name == TAYLOR_NAME:
                     scores = taylor(context.config.key, len(inputs.id_x), context, inputs)
                     ranking = taylor_global_ranking(torch.from_numpy(scores))
+                    info = ranking_provenance("taylor", samples=len(inputs.id_x), search=searched)
                 else:
-                    ranking = greedy[ranking_name].ranking()
+                    run = greedy[ranking_name]
+                    ranking = run.ranking()
+                    info = ranking_provenance(
+                        "greedy",
+                        objective=run.objective,
+                        budget=run.budget,
+                        steps=run.steps,
+                        search=searched,
+                    )
                 if strategy == "circuit":
                     new = [
-                        circuit_member(ranking, layout, budget=budget, ranking_name=ranking_name)
+                        circuit_member(
+                            ranking,
+                            layout,
+                            budget=budget,
+                            ranking_name=ranking_name,
+                            ranking_info=info,
+                        )
                     ]
                 else:
                     new = seed_sampled_members(
@@ -170,6 +210,7 @@ with show_error("Could not build the masks"):
                         seeds=range(first_seed, first_seed + count),
                         ranking_name=ranking_name,
                         pool=pool,
+                        ranking_info=info,
                     )
             use_members(new, replace)
             st.rerun()
@@ -237,11 +278,13 @@ with show_error("Could not build the masks"):
         name = c1.text_input("Member name", value=f"manual {len(members) + 1}").strip() or "manual"
         c2.metric("Heads kept", f"{int(keep.sum())} of {total}")
         if st.button("Add member", icon=":material/add:", disabled=not keep.any()):
-            use_members([MemberMask(name, "drawn by hand", keep)], replace=False)
+            use_members([MemberMask(name, "drawn by hand", keep, MANUAL)], replace=False)
             st.rerun()
 
     with tabs[3]:
-        upload = st.file_uploader("Import a mask file (JSON, SPEC section 9)", type=["json"])
+        upload = st.file_uploader(
+            "Import a mask file (JSON; its format: README, Mask files)", type=["json"]
+        )
         other = st.checkbox("Accept masks made for other weights of the same shape")
         if upload is not None:
             try:  # validated as the command line validates a mask file

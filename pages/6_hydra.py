@@ -21,13 +21,13 @@ from hydra_core.baselines.systems import (
     TemperatureBaseline,
 )
 from hydra_core.evaluate import format_intervals
-from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+from hydra_core.hydra.experiment import STAGES, evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.models.preprocess import describe
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
-from hydra_ui.jobs import start_job
+from hydra_ui.jobs import staged_progress, start_job
 from hydra_ui.portable import onnx_export
 from hydra_ui.texts import most_uncertain, readable
 from hydra_ui.widgets import (
@@ -82,15 +82,8 @@ def start_evaluation(
     source = context.config.model
 
     def work(job):
-        stage = {"name": None}
-
-        def progress(name: str, done: int, total: int) -> None:
-            job.check()  # a stop ends the evaluation here
-            if name != stage["name"]:
-                stage["name"] = name
-                job.begin(total)
-            job.report(name, done=done, total=total)
-
+        progress = staged_progress(job, lambda *step: stage_label(*step, noun=context.noun))
+        job.report("**Evaluation**: starting (predictions made before are read from the cache)")
         systems = hydra_systems(
             members,
             label=label,
@@ -108,11 +101,52 @@ def start_evaluation(
             progress=progress,
             latency=latency,
             latency_repeats=repeats,
+            latency_warmup=1,  # the page's quick look; the command line warms up 3 rounds
         )
 
     results()["jobs"][JOB] = start_job(
         JOB, work, {"members": [m.name for m in members], "label": label}
     )
+
+
+#: the summary's columns a reader looks at first, in this order; the others follow
+SUMMARY_FIRST = (
+    "system",
+    "heads",
+    "accuracy",
+    "near_auroc",
+    "far_auroc",
+    "all_auroc",
+    "all_fpr95",
+    "nll",
+    "ece",
+    "id_mi",
+    "ood_mi",
+)
+
+
+def summary_order(summary: pd.DataFrame) -> list[str]:
+    """The summary's columns with the AUROCs up front (a wide table scrolls; the system column
+    stays pinned)."""
+    first = [c for c in SUMMARY_FIRST if c in summary]
+    rest = [c for c in summary if c not in first and not c.endswith(("_lo", "_hi"))]
+    return first + rest
+
+
+def stage_label(stage: str, done: int, total: int, noun: str) -> str:
+    """What the progress bar says in each stage of the evaluation (hydra_core's STAGES)."""
+    kind, _, what = stage.partition(": ")
+    if kind == STAGES["evaluate"]:
+        return f"**Evaluation** of {what}: {done:,} of {total:,} report {noun}"
+    if kind == STAGES["finetune"]:
+        return f"**Fine-tuning** {what}: step {done:,} of {total:,}"
+    if kind == STAGES["macs"]:
+        return f"**Cost**: multiply-adds of model {done} of {total}"
+    if kind == STAGES["intervals"]:
+        return f"**Intervals**: bootstrap of system {done} of {total}"
+    if kind.startswith(STAGES["latency"]):
+        return f"**Latency**: timed round {done} of {total} (every system once per round)"
+    return f"**{stage}**: {done} of {total}"
 
 
 def roc_frame(report, system: str, ood_set: str) -> pd.DataFrame:
@@ -246,7 +280,17 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         disabled=running,
         help=f"On {context.device.type}, {context.config.precision}, batches of 32 {context.noun}",
     )
-    repeats = int(c3.number_input("Timed calls per system", 3, 200, 20, disabled=running))
+    repeats = int(
+        c3.number_input(
+            "Timed calls per system",
+            3,
+            200,
+            5,
+            disabled=running,
+            help="Latency is the median of these calls, after one untimed round; the command "
+            "line (`hydra --latency-repeats`) takes 20. Each call of MC Dropout is all its passes.",
+        )
+    )
     # members train on the embedded ID set's training split; data of your own has none
     modality = context.loaded.modality
     can_tune = context.config.id_source is None
@@ -323,7 +367,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         st.rerun()
     if running:
-        watch_job(job, lambda j: f"{j.progress or 'starting'}")
+        starting = "**Evaluation**: starting"
+        watch_job(job, lambda j: j.progress or starting, left="left in this stage")
     else:
         job_outcome(job, "The evaluation")
         if job is not None and job.result is not None and not job.info.get("stored"):
@@ -349,7 +394,12 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             st.info(f"{name} left out: {reason}")
         st.subheader("Summary")
         summary = report.summary()
-        table_with_download(format_intervals(summary), "hydra_summary.csv", float_format="{:.4g}")
+        table_with_download(
+            format_intervals(summary)[summary_order(summary)],
+            "hydra_summary.csv",
+            float_format="{:.4g}",
+            pinned=("system",),
+        )
         st.caption(
             "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
             "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "

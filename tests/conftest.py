@@ -164,7 +164,7 @@ def text_batch(
     return ids, mask
 
 
-# --- tiny random OpenCLIP models (no weights exist offline: SPEC section 5) ---------------------
+# --- tiny random OpenCLIP models (no weights exist offline: README, Zero-shot CLIP) -------------
 
 CLIP_CLASSES = ("cat", "dog", "car", "ship", "plane")
 

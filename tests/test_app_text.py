@@ -24,7 +24,8 @@ from hydra_core.masks import MemberMask
 from hydra_core.metrics.diversity import mutual_information
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from hydra_ui.figures import hover_text, rank_percentile
+from hydra_ui.figures import rank_percentile
+from hydra_ui.projections import hover_text
 from hydra_ui.texts import markdown_literal, report_sample_texts
 from tests.conftest import make_tiny_text, missing_data
 from tests.test_app_pages import array, button, figures, finish_job, open_page

@@ -382,6 +382,7 @@ def test_setup_refuses_a_model_that_cannot_be_fused(tmp_path, monkeypatch):
     app.session_state[CONFIG_KEY] = SetupConfig(n_search=32, n_report=64)
     app.run()
     app.radio[0].set_value("Checkpoint file")
+    app.run()  # the source's own fields appear
     app.text_input(key="setup_model_name").set_value(str(path))
     app.button[0].click()
     app.run()

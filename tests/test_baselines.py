@@ -17,6 +17,7 @@ from hydra_core.baselines.temperature import TemperatureScaled
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.hydra.experiment import Hydra, Pruned, Single, evaluate_systems
+from hydra_core.inference import predict
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.temperature import fit_temperature
 from hydra_core.zoo.registry import LoadedModel
@@ -103,9 +104,45 @@ def test_temperature_is_fitted_on_the_search_split(loaded, benchmark):
     torch.testing.assert_close(
         report.evaluations["Temperature Scaling"].id.logits, single / scaled.temperature
     )
+    # taken from the single model's predictions, bit for bit what the scaled model predicts
+    evaluated = report.evaluations["Temperature Scaling"]
+    for part, data in zip(
+        [evaluated.id, *evaluated.ood], [benchmark.id_report, *benchmark.ood_report], strict=True
+    ):
+        direct = predict(scaled, data.inputs, loaded.preprocess, batch_size=256)
+        assert torch.equal(part.logits, direct), part.name
     nll = F.cross_entropy(single / scaled.temperature, benchmark.id_report.labels)
     table = report.table().set_index(["system", "set"])
     assert table.loc[("Temperature Scaling", "id_set"), "nll"] == pytest.approx(float(nll), 1e-5)
+
+
+def test_every_stage_is_named_in_the_progress(loaded, benchmark, members):
+    """evaluate_systems reports each stage it runs, in order: each system's evaluation (counting
+    the report items over all sets), the multiply-adds, the latency rounds, the intervals."""
+    seen: dict[str, list[tuple[int, int]]] = {}
+    systems = [Single(), Hydra(members), TemperatureBaseline()]
+    report = evaluate_systems(
+        loaded,
+        benchmark,
+        systems,
+        device="cpu",
+        latency_repeats=2,
+        latency_warmup=1,
+        progress=lambda stage, done, total: seen.setdefault(stage, []).append((done, total)),
+    )
+    items = len(benchmark.id_report) + sum(len(s) for s in benchmark.ood_report)
+    evaluated = ["single", "Hydra: m0", "Hydra: m1", "Hydra (fused)"]
+    assert list(seen) == [
+        *(f"evaluation: {name}" for name in evaluated),  # the unfused ensemble and temperature
+        "multiply-adds",  # scaling reuse these predictions
+        "latency",
+        "intervals",
+    ]
+    ends = [steps[-1] for stage, steps in seen.items() if stage.startswith("evaluation")]
+    assert ends == [(items, items)] * len(evaluated)
+    assert seen["latency"] == [(1, 3), (2, 3), (3, 3)]  # warm-up round, then the timed ones
+    assert seen["intervals"][-1] == (len(report.systems), len(report.systems))
+    assert report.setup["latency_warmup"] == 1
 
 
 def test_systems_side_by_side(loaded, benchmark, members):

@@ -71,6 +71,15 @@ def test_masks_then_hydra(checkpoint, tmp_path, capsys):
     members = load_masks(masks, HeadLayout((4, 4), 6, 24))
     assert [m.name for m in members] == ["CircAvg seed 0", "CircAvg seed 2", "CircAvg seed 3"]
     assert all(m.kept == 6 for m in members)
+    # the file says how each member was made: strategy, parameters, the search behind the ranking
+    made = json.loads(masks.read_text())["members"][1]["provenance"]
+    assert made["strategy"] == "seed-sampling"
+    assert made["parameters"] == {"budget": 2, "pool": 5, "seed": 2}
+    ranking = made["ranking"]
+    assert [ranking[k] for k in ("name", "method", "objective")] == ["CircAvg", "greedy", "avg"]
+    assert (ranking["budget"], ranking["steps"]) == (2, 2)
+    assert ranking["search"]["id"] == {"name": "fashion_mnist", "n": 40}
+    assert set(ranking["search"]["ood"]) == {"photos", "faces"}
 
     out = tmp_path / "hydra"
     assert (
@@ -86,11 +95,14 @@ def test_masks_then_hydra(checkpoint, tmp_path, capsys):
                 str(out),
                 "--latency-batch",
                 "4",
+                "--latency-repeats",
+                "3",
             ]
         )
         == 0
     )
     summary = pd.read_csv(out / "summary.csv").set_index("system")
+    assert json.loads((out / "systems.json").read_text())["setup"]["latency_repeats"] == 3
     assert {"single", "Hydra (unfused)", "Hydra (fused)"} <= set(summary.index)
     assert summary.loc["Hydra (fused)", "heads"] == "6x3"
     assert len(pd.read_csv(out / "systems_table.csv")) == 6 * len(summary)
@@ -272,6 +284,8 @@ def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     assert (
         "argument --mc-dropout-rate: must lie strictly between 0 and 1" in capsys.readouterr().err
     )
+    assert main([*common, "--latency-repeats", "0"]) == 2
+    assert "argument --latency-repeats: must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_masks_circuits_is_one_circuit_per_criterion(checkpoint, tmp_path, capsys):

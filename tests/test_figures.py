@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import threading
 import xml.etree.ElementTree as ET
 
@@ -12,9 +14,9 @@ import torch
 
 from hydra_core.analysis.greedy import GreedyResult
 from hydra_core.masks import MemberMask
-from hydra_ui import figures
+from hydra_ui import figures, projections
 from hydra_ui.export import figure_png, figure_svg, to_matplotlib
-from hydra_ui.jobs import DONE, FAILED, STOPPED, Job, format_seconds, start_job
+from hydra_ui.jobs import DONE, FAILED, STOPPED, Job, format_seconds, start_job, time_left
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -120,12 +122,105 @@ def test_projection_scatter_has_one_trace_per_set():
     frame = pd.DataFrame(
         {"x": [0.0, 1, 2, 3], "y": [1.0, 2, 3, 4], "set": ["ID", "ID", "mnist", "noise"]}
     )
-    fig = figures.projection_scatter(frame)
+    fig = projections.projection_scatter(frame)
     assert [t.name for t in fig.data] == ["ID", "mnist", "noise"]
     assert list(fig.data[0].x) == [0.0, 1.0] and list(fig.data[2].y) == [4.0]
     assert fig.data[0].marker.color == figures.ID_COLOUR
-    pair = figures.projection_pair(frame, frame, titles=("most", "least"))
+    pair = projections.projection_pair(frame, frame, titles=("most", "least"))
     assert len(pair.data) == 6 and [t.showlegend for t in pair.data] == [True] * 3 + [False] * 3
+
+
+def lab(colour: str) -> np.ndarray:
+    """CIE L*a*b* (D65) of a #rrggbb colour."""
+    rgb = np.array([int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = (
+        np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+        @ linear
+        / np.array([0.95047, 1.0, 1.08883])
+    )
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_id_is_distinct_from_every_ood_colour():
+    """ID is the only blue: no OOD colour lies in the blue family (HSV hue 150-250 degrees, from
+    teal to blue: ID is 201, the teal of the old palette, animal_silhouettes', 164) unless it is
+    a grey; and the five default report sets' colours lie far apart (CIE76 distance, about 2.3
+    is just noticeable)."""
+    import colorsys
+
+    def hsv(colour: str) -> tuple[float, float, float]:
+        return colorsys.rgb_to_hsv(*(int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)))
+
+    def bluish(colour: str) -> bool:
+        hue, saturation, _ = hsv(colour)
+        return saturation > 0.2 and 150 <= hue * 360 <= 250
+
+    assert bluish(figures.ID_COLOUR) and bluish("#009E73")
+    assert not any(bluish(c) for c in figures.OOD_COLOURS)
+    shown = [lab(c) for c in figures.OOD_COLOURS[:5]]
+    assert min(np.linalg.norm(a - b) for i, a in enumerate(shown) for b in shown[i + 1 :]) > 30
+    colours = projections.set_colours(["ID", "mnist", "animal_silhouettes"])
+    assert colours == {"ID": figures.ID_COLOUR, "mnist": "#E41A1C", "animal_silhouettes": "#FF7F00"}
+
+
+def test_image_points_carry_their_thumbnail():
+    images = {
+        "ID": torch.arange(2 * 28 * 28, dtype=torch.uint8).reshape(2, 1, 28, 28),
+        "noise": torch.full((1, 3, 96, 96), 200, dtype=torch.uint8),
+    }
+    frame = pd.DataFrame({"x": [0.0, 1, 2], "y": [1.0, 2, 3], "set": ["ID", "ID", "noise"]})
+    shown = projections.with_thumbnails(frame, images, ["noise"])
+    from PIL import Image
+
+    pictures = [
+        Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))) for u in shown["image"]
+    ]
+    assert all(u.startswith("data:image/png;base64,") for u in shown["image"])
+    assert [p.size for p in pictures] == [(28, 28), (28, 28), (64, 64)]  # large ones shrink
+    np.testing.assert_array_equal(np.asarray(pictures[1]), images["ID"][1, 0].numpy())
+    with pytest.raises(ValueError, match="made from another sample"):
+        projections.with_thumbnails(frame.iloc[:2], images, ["noise"])
+    spec = projections.projection_spec([("L5H0", shown)], method="PCA")
+    assert {"field": "image", "type": "nominal"} in spec["encoding"]["tooltip"]
+    assert spec["encoding"]["color"]["scale"]["range"] == [figures.ID_COLOUR, "#E41A1C"]
+    assert [v["set"] for v in spec["data"]["values"]] == ["ID", "ID", "noise"]
+    pair = projections.projection_spec([("most", shown), ("least", shown)])
+    assert len(pair["hconcat"]) == 2 and pair["usermeta"]["embedOptions"]["renderer"] == "svg"
+
+
+def test_head_picker_makes_every_cell_clickable_and_stays_out_of_downloads():
+    fig = figures.add_head_picker(figures.importance_heatmaps({"a": a_map(), "b": a_map()}))
+    pickers = [t for t in fig.data if t.meta == figures.HEAD_PICKER]
+    assert len(pickers) == 2 and pickers[1].xaxis == "x2"
+    custom = np.asarray(pickers[0].customdata)
+    assert custom[0, 0] == "L0H0" and custom[7, 0] == "L1H3" and len(custom) == 12
+    assert custom[7, 1] == np.asarray(fig.data[0].customdata)[1, 3, 1]  # the cell's hover text
+    assert (pickers[0].x[7], pickers[0].y[7]) == ("H3", "L1")
+    from matplotlib.collections import PathCollection
+
+    drawn = to_matplotlib(fig)  # the heatmaps, without the picker's points
+    assert not [c for ax in drawn.axes for c in ax.collections if isinstance(c, PathCollection)]
+    assert sum(len(ax.images) for ax in drawn.axes) == 2
+
+
+def test_dense_vs_circuit_scale_is_centred_at_zero():
+    deltas = pd.DataFrame({"delta_euclidean": [0.5, -0.1], "delta_mahalanobis": [0.2, 0.05]})
+    fig = figures.matrix_heatmap(deltas, colorscale="RdBu", diverging=True)
+    assert (fig.data[0].zmin, fig.data[0].zmid, fig.data[0].zmax) == (-0.5, 0.0, 0.5)
+    assert figures.matrix_heatmap(deltas).data[0].zmid is None
+
+
+def test_wilson_interval_matches_scipy():
+    from scipy.stats import binomtest
+
+    correct, count = np.array([0, 3, 9, 0]), np.array([2, 10, 9, 0])
+    bounds = figures.wilson_interval(correct, count)
+    for i in range(3):
+        expected = binomtest(int(correct[i]), int(count[i])).proportion_ci(method="wilson")
+        assert bounds[:, i] == pytest.approx([expected.low, expected.high], abs=1e-6)
+    assert np.isnan(bounds[:, 3]).all()
 
 
 def test_member_masks_and_matrix():
@@ -142,10 +237,18 @@ def test_member_masks_and_matrix():
 
 def test_reliability_roc_and_cost_figures():
     bins = pd.DataFrame(
-        {"confidence": [0.3, 0.6, 0.9], "accuracy": [0.2, 0.6, 0.95], "count": [4, 0, 9]}
-    )
+        {"bin_lower": [0.2, 0.5, 0.8], "bin_upper": [0.4, 0.7, 1.0],
+         "confidence": [0.3, np.nan, 0.9], "accuracy": [0.25, np.nan, 1.0], "count": [4, 0, 9]}
+    )  # fmt: skip
     fig = figures.reliability_diagram({"single": bins})
-    assert list(fig.data[1].x) == [0.3, 0.9]  # the empty bin is left out
+    curve, counts = fig.data[1], fig.data[2]
+    assert list(curve.x) == [0.3, 0.9]  # the empty bin is left out, not drawn at 0
+    lo, hi = figures.wilson_interval(np.array([1, 9]), np.array([4, 9]))
+    assert list(curve.error_y.arrayminus) == pytest.approx(list(np.array([0.25, 1.0]) - lo))
+    assert list(curve.error_y.array) == pytest.approx(list(hi - np.array([0.25, 1.0])))
+    assert counts.type == "bar" and list(counts.y) == [4, 0, 9] and counts.yaxis == "y2"
+    assert list(counts.x) == pytest.approx([0.3, 0.6, 0.9])
+    assert figure_png(fig).startswith(PNG_SIGNATURE)  # bars and error bars draw in downloads
     roc = pd.DataFrame({"fpr": [0.0, 0.5, 1.0], "tpr": [0.0, 0.8, 1.0]})
     roc.attrs["auroc"] = 0.65
     assert figures.roc_curves({"hydra": roc}).data[1].name == "hydra (AUROC 0.650)"
@@ -153,6 +256,11 @@ def test_reliability_roc_and_cost_figures():
     scatter = figures.cost_scatter(cost, x="macs", log_x=True)
     assert [t.name for t in scatter.data] == ["single", "Hydra"]
     assert list(scatter.data[1].x) == [2.5e6] and scatter.layout.xaxis.type == "log"
+    # room for the labels: the axes reach past the outermost points, labels are not clipped
+    low, high = scatter.layout.xaxis.range
+    assert low < 6 < np.log10(2.5e6) < high and scatter.data[0].cliponaxis is False
+    y_low, y_high = scatter.layout.yaxis.range
+    assert y_low < 0.8 and y_high > 0.9
 
 
 def test_intervals_become_error_bars():
@@ -221,8 +329,8 @@ def test_matplotlib_rendering_draws_the_same_data():
 def test_export_refuses_trace_types_it_cannot_draw():
     import plotly.graph_objects as go
 
-    with pytest.raises(ValueError, match="'bar'"):
-        figure_png(go.Figure(go.Bar(x=[1], y=[2])))
+    with pytest.raises(ValueError, match="'pie'"):
+        figure_png(go.Figure(go.Pie(values=[1, 2])))
 
 
 # --- jobs ----------------------------------------------------------------------------------------
@@ -260,6 +368,40 @@ def test_job_time_left_counts_only_its_own_work(monkeypatch):
     assert job.fraction() == pytest.approx(0.4)
     job.report(done=4, total=20)  # work that learns its total as it goes
     assert job.eta_seconds() == pytest.approx(32.0)
+
+
+def test_time_left_of_steps_that_get_cheaper():
+    """A greedy search of 72 heads, budget 4: step t tries 72 - t candidates at 0.1 s each."""
+    sizes = [72, 71, 70, 69]
+    assert time_left([], sizes) is None  # nothing timed yet: no estimate
+    # one step done in 7.2 s: the three left take (71 + 70 + 69) x 0.1 s
+    assert time_left([(7.2, 72)], sizes[1:]) == pytest.approx(21.0)
+    # 3 s into the second step: the estimate counts down instead of growing with the wait
+    assert time_left([(7.2, 72)], sizes[1:], into_step=3.0) == pytest.approx(18.0)
+    # a step that runs long stops at what the later steps take, never below
+    assert time_left([(7.2, 72)], sizes[1:], into_step=60.0) == pytest.approx(13.9)
+    # the cost per candidate of the latest steps counts, not the first step's
+    timed = [(20.0, 72), (7.1, 71), (7.0, 70), (6.9, 69)]
+    assert time_left(timed, [68, 67]) == pytest.approx(13.5)
+    assert time_left(timed, []) == 0.0
+
+
+def test_job_in_steps_counts_down_from_the_steps_done(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr("hydra_ui.jobs.time.monotonic", lambda: now[0])
+    job = Job("search", lambda job: None)
+    job.begin_steps([10, 9, 8, 7], done=1)  # a resumed search: its first step was done before
+    assert job.eta_seconds() is None and job.fraction() == pytest.approx(10 / 34)
+    now[0] += 9.0
+    job.report("step 2", steps=2)  # 9 candidates in 9 s
+    assert job.eta_seconds() == pytest.approx(15.0) and job.fraction() == pytest.approx(19 / 34)
+    now[0] += 5.0
+    assert job.eta_seconds() == pytest.approx(10.0)  # 5 s into the 8-candidate step
+    job.report("step 2 again", steps=2)  # the same step reported twice changes nothing
+    assert job.eta_seconds() == pytest.approx(10.0)
+    now[0] += 3.0
+    job.report("step 3", steps=3)
+    assert job.eta_seconds() == pytest.approx(7.0)  # 17 candidates in 17 s: 7 left
 
 
 def test_job_stop_and_failure():

@@ -93,6 +93,78 @@ def test_file_round_trip(tmp_path):
     assert json.loads(path.read_text())["format"] == "hydra-masks"
 
 
+def test_members_carry_their_provenance_through_the_file(tmp_path):
+    """A mask file explains itself: strategy, its parameters, the ranking's search (objective,
+    budget, steps made) and the search sets with their sizes come back from the file."""
+    from types import SimpleNamespace
+
+    from hydra_core.analysis.inputs import SearchInputs
+    from hydra_core.hydra.members import (
+        circuit_member,
+        ranking_provenance,
+        search_provenance,
+        seed_sampled_members,
+    )
+
+    inputs = SearchInputs(
+        torch.zeros(40, 1),
+        torch.zeros(40, dtype=torch.long),
+        torch.zeros(40, 1),
+        {"photos": torch.zeros(30, 1), "faces": torch.zeros(20, 1)},
+    )
+    benchmark = SimpleNamespace(protocol="dedicated", id_search=SimpleNamespace(name="fmnist"))
+    search = search_provenance(benchmark, inputs)
+    assert search == {
+        "protocol": "dedicated",
+        "id": {"name": "fmnist", "n": 40},
+        "ood": {"photos": 30, "faces": 20},
+        "ood_pooled": 40,
+    }
+    info = ranking_provenance("greedy", objective="avg", budget=6, steps=5, search=search)
+    members = seed_sampled_members(
+        RANKING, LAYOUT, budget=3, seeds=[0, 4], ranking_name="CircAvg", pool=6, ranking_info=info
+    )
+    members.append(circuit_member(RANKING, LAYOUT, budget=2, ranking_name="CircAvg"))
+    path = save_masks(tmp_path / "masks.json", members, IDENTITY)
+    loaded = load_masks(path, LAYOUT, IDENTITY)
+    ranking = {"name": "CircAvg", "method": "greedy", "objective": "avg", "budget": 6}
+    assert loaded[1].provenance == {
+        "strategy": "seed-sampling",
+        "parameters": {"budget": 3, "pool": 6, "seed": 4},
+        "ranking": {**ranking, "steps": 5, "search": search},
+    }
+    assert loaded[2].provenance == {  # a ranking of unknown origin: its name only
+        "strategy": "circuit",
+        "parameters": {"budget": 2},
+        "ranking": {"name": "CircAvg"},
+    }
+    written = json.loads(path.read_text())["members"][0]
+    assert written["provenance"]["ranking"]["search"]["ood"] == {"photos": 30, "faces": 20}
+
+
+def test_files_without_provenance_still_import(tmp_path):
+    """A file written before members carried their provenance (no such key) imports as it is,
+    with empty provenance, and is written back the same way."""
+    older = {
+        "format": "hydra-masks",
+        "version": 1,
+        "model": IDENTITY,
+        "members": [
+            {"name": "a", "source": "seed sampling", "keep": {"0": [0, 1], "1": [2], "2": [3]}},
+            {"name": "b", "source": "manual", "keep": {"0": [3], "1": [0, 1, 2], "2": []}},
+        ],
+        "created": "2026-11-22T10:00:00+00:00",
+    }
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(older))
+    loaded = load_masks(path, LAYOUT, IDENTITY)
+    assert [(m.name, m.source, m.kept, m.provenance) for m in loaded] == [
+        ("a", "seed sampling", 4, {}),
+        ("b", "manual", 4, {}),
+    ]
+    assert masks_to_json(loaded, IDENTITY)["members"] == older["members"]
+
+
 def _valid() -> dict:
     return masks_to_json([MemberMask("m", "manual", torch.ones(3, 4, dtype=torch.bool))], IDENTITY)
 
@@ -122,6 +194,7 @@ def _edit(path: tuple, value) -> dict:
         (_edit(("members", 0, "keep"), {"x": [0]}), "not a number"),
         (_edit(("members", 0, "keep"), {"0": [], "1": [], "2": []}), "keeps no head"),
         (_edit(("members", 0, "keep"), {"0": [0]}), r"layer\(s\) 1, 2 missing from 'keep'"),
+        (_edit(("members", 0, "provenance"), "greedy"), "'provenance' must be an object"),
     ],
 )
 def test_bad_files_are_refused_with_a_reason(tmp_path, data, match):

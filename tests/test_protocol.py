@@ -1,4 +1,5 @@
-"""Head selection never sees a reported OOD set (SPEC section 4, paper D.1.2).
+"""Head selection never sees a reported OOD set (README, The embedded default, "Protocol";
+paper D.1.2).
 
 Checked on what the search is actually given: the tensors that reach ``greedy_circuit`` in a
 command-line ``search`` run are compared, row by row, with every report set run through the same

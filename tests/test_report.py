@@ -143,9 +143,7 @@ def test_key_numbers(report_dir):
         assert over.loc[name, "all_auroc"] == pytest.approx(expected, abs=1e-9)
         assert over.loc[name, "all_auroc_lo"] <= over.loc[name, "all_auroc"] + 1e-12
         assert over.loc[name, "all_auroc"] <= over.loc[name, "all_auroc_hi"] + 1e-12
-    assert "Differences over the 2 repeats" in (
-        report_dir / "report.md"
-    ).read_text()
+    assert "Differences over the 2 repeats" in (report_dir / "report.md").read_text()
     cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
     assert cost.loc["single", "latency_ratio"] == 1.0 and cost["latency_ms"].gt(0).all()
     members = json.loads((report_dir / "members.json").read_text())["members"]

@@ -163,9 +163,11 @@ def test_verdicts_are_taken_over_the_repeats(report_dir):
     claims = pd.read_csv(report_dir / "paper_claims.csv").set_index("claim")
     row = claims.loc["Hydra (Circ) raises OOD AUROC"]
     hydra, single = "Hydra (Circ), fine-tuned (fused)", SINGLE
-    expected = 100 * sum(
-        by.loc[(r, hydra), "all_auroc"] - by.loc[(r, single), "all_auroc"] for r in (0, 1)
-    ) / 2
+    expected = (
+        100
+        * sum(by.loc[(r, hydra), "all_auroc"] - by.loc[(r, single), "all_auroc"] for r in (0, 1))
+        / 2
+    )
     assert row["fine_tuned"] == pytest.approx(expected, abs=1e-9)
     assert row["fine_tuned_lo"] <= row["fine_tuned"] <= row["fine_tuned_hi"]
     # the seeded systems differ between repeats; the single model does not

@@ -15,7 +15,11 @@ from hydra_core.baselines.shared_backbone import (
     deep_heads,
     train_text_ensemble,
 )
-from hydra_core.baselines.temperature import TemperatureScaled, fitted_temperature
+from hydra_core.baselines.temperature import (
+    TemperatureScaled,
+    fitted_temperature,
+    scaled_evaluation,
+)
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.hydra.experiment import Run, System
@@ -93,8 +97,14 @@ class TemperatureBaseline(System):
             ),
         )
         scaled = TemperatureScaled(run.model, self.temperature)
-        parts = ("temperature", model_fingerprint(run.model), self.temperature)
-        evaluation = run.evaluate_module(self.name, scaled, parts)
+        source = run.source_evaluation()
+        if source is not None and not run.options["bf16"]:
+            # the source model's fp32 logits divided by T are what the scaled model predicts,
+            # bit for bit: no second pass over the report items
+            evaluation = scaled_evaluation(source, self.name, scaled.temperature)
+        else:
+            parts = ("temperature", model_fingerprint(run.model), self.temperature)
+            evaluation = run.evaluate_module(self.name, scaled, parts)
         heads = str(head_layout(run.model).total_heads)
         run.record(self.name, evaluation, SystemInfo("temperature", heads, models=[scaled]))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from hydra_core.evaluate import callable_model
+from hydra_core.evaluate import Evaluation, SetPredictions, callable_model
 from hydra_core.inference import predict
 from hydra_core.metrics.temperature import fit_temperature
 
@@ -46,3 +46,20 @@ def fitted_temperature(
         callable_model(model), inputs, preprocess, device=device, batch_size=batch_size
     )
     return fit_temperature(logits.float().cpu(), labels.cpu())
+
+
+def scaled_evaluation(source: Evaluation, name: str, temperature: torch.Tensor) -> Evaluation:
+    """The evaluation of :class:`TemperatureScaled` from the source model's own (fp32)
+    predictions: every logit divided by ``temperature`` (the buffer the scaled model divides by),
+    which is what the scaled model's forward computes."""
+
+    def scaled(part: SetPredictions) -> SetPredictions:
+        return SetPredictions(part.name, part.group, part.logits / temperature, part.labels)
+
+    return Evaluation(
+        name,
+        scaled(source.id),
+        [scaled(s) for s in source.ood],
+        score=source.score,
+        bootstrap=source.bootstrap,
+    )

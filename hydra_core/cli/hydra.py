@@ -196,6 +196,18 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         default=32,
         help="images per timed forward (default: %(default)s)",
     )
+    p.add_argument(
+        "--latency-repeats",
+        type=options.positive_int,
+        default=20,
+        help="timed calls per system (default: %(default)s)",
+    )
+    p.add_argument(
+        "--latency-warmup",
+        type=options.non_negative_int,
+        default=3,
+        help="untimed rounds of every system before the timed ones (default: %(default)s)",
+    )
     add_output_arguments(p, "results/hydra")
 
 
@@ -214,6 +226,10 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.outputs import data_identity
 
     baselines = _baselines(args, baseline_systems)
+    if args.latency_repeats < 1:
+        raise InputError(f"--latency-repeats must be at least 1, got {args.latency_repeats}")
+    if args.latency_warmup < 0:
+        raise InputError(f"--latency-warmup must be 0 or more, got {args.latency_warmup}")
     loaded, benchmark = load_for_cli(args)
     if not (getattr(args, "id_folder", None) or getattr(args, "id_file", None)):
         for baseline in baselines:  # heads train on the embedded ID set's training split
@@ -251,6 +267,8 @@ def _hydra(args: argparse.Namespace) -> int:
         progress=stage_bars(),
         latency=not args.no_latency,
         latency_batch=args.latency_batch,
+        latency_repeats=args.latency_repeats,
+        latency_warmup=args.latency_warmup,
         batch_size=args.batch_size,
     )
     if not distributed.is_main():

@@ -120,7 +120,7 @@ def _masks(args: argparse.Namespace) -> int:
     """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.evaluate import resolve_device
-    from hydra_core.hydra.members import member_overlap
+    from hydra_core.hydra.members import member_overlap, search_provenance
     from hydra_core.masks import save_masks
     from hydra_core.outputs import check_result_file
 
@@ -131,7 +131,7 @@ def _masks(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    members = _build_members(args, loaded.model, inputs)
+    members = _build_members(args, loaded.model, inputs, search_provenance(benchmark, inputs))
     save_masks(out, members, loaded.identity())
     overlap = member_overlap(members)
     print("kept heads per layer:")
@@ -148,7 +148,7 @@ def _masks(args: argparse.Namespace) -> int:
 
 
 def _build_members(
-    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs
+    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs, search: dict
 ) -> list[MemberMask]:
     """The members ``--strategy`` asks for, each strategy calling its own function of members.py.
 
@@ -169,6 +169,7 @@ def _build_members(
         greedy_ranking,
         identical_members,
         member_seeds,
+        ranking_provenance,
         seed_sampled_members,
         taylor_member,
         taylor_ranking,
@@ -200,8 +201,18 @@ def _build_members(
                 "'seed-sampling' for another number of members"
             )
         rankings = {o: greedy(o) for o in CIRCUIT_OBJECTIVES}
+        info = {
+            o: ranking_provenance(
+                "greedy", objective=o, budget=args.budget, steps=args.budget, search=search
+            )
+            for o in CIRCUIT_OBJECTIVES
+        }
         return circuit_members(
-            rankings, layout, budget=args.budget, allow_identical=args.allow_identical
+            rankings,
+            layout,
+            budget=args.budget,
+            allow_identical=args.allow_identical,
+            ranking_info=info,
         )
     if args.strategy == "taylor" and args.m == 1:
         member = taylor_member(
@@ -211,8 +222,13 @@ def _build_members(
             per_layer=per_layer,
             samples=args.taylor_samples,
             batch_size=args.batch_size,
+            search=search,
         )
         return [member]
+    # greedy_ranking runs the whole budget (or fails): the search made that many steps
+    greedy_info = ranking_provenance(
+        "greedy", objective=args.objective, budget=args.budget, steps=args.budget, search=search
+    )
     if args.strategy in ("circuit", "identical-circuit"):
         if args.strategy == "circuit" and args.m != 1:
             raise ValueError(
@@ -221,7 +237,9 @@ def _build_members(
                 "for the identical-members ablation (paper Table 9)"
             )
         name = CIRCUIT_NAMES[args.objective]
-        circuit = circuit_member(greedy(), layout, budget=args.budget, ranking_name=name)
+        circuit = circuit_member(
+            greedy(), layout, budget=args.budget, ranking_name=name, ranking_info=greedy_info
+        )
         return [circuit] if args.m == 1 else identical_members(circuit, args.m)
     seeds = member_seeds(args.m, args.seeds)
     if args.strategy == "cahp":
@@ -234,14 +252,17 @@ def _build_members(
             batch_size=args.batch_size,
             progress=progress_bar(f"{args.strategy} ranking"),
             allow_identical=args.allow_identical,
+            search=search,
         )
     if args.strategy == "taylor" or args.ranking_source == "taylor":
         name = TAYLOR_NAME
         ranking = taylor_ranking(
             model, inputs, samples=args.taylor_samples, batch_size=args.batch_size
         )
+        samples = min(args.taylor_samples, len(inputs.id_x))
+        info = ranking_provenance("taylor", samples=samples, search=search)
     else:
-        name, ranking = CIRCUIT_NAMES[args.objective], greedy()
+        name, ranking, info = CIRCUIT_NAMES[args.objective], greedy(), greedy_info
     return seed_sampled_members(
         ranking,
         layout,
@@ -250,6 +271,7 @@ def _build_members(
         ranking_name=name,
         pool=args.pool,
         allow_identical=args.allow_identical,
+        ranking_info=info,
     )
 
 

@@ -1,6 +1,6 @@
 """What a model costs: parameters, multiply-adds (counted and by formula) and measured latency.
 
-The paper (Appendix B.4, SPEC section 7) counts per transformer layer 12d² for a single model,
+The paper (Appendix B.4) counts per transformer layer 12d² for a single model,
 4M(H_l/H)d² + 8d² for Hydra and 12Md² for Deep Ensembles (MLP ratio 4). Those are *weights*: the
 merged MLP is stored once. Its *multiply-adds* are not shared - the merged MLP runs on each of the M
 token streams - so per token Hydra costs M(4(H_l/H)d² + 8d²), the same as running the pruned members
@@ -31,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hydra_core.evaluate import callable_model
 from hydra_core.models.adapter import UnsupportedModelError, family_of, head_layout
+from hydra_core.types import Progress, StageProgress
 
 
 @dataclass(frozen=True)
@@ -294,29 +295,36 @@ def measure_latencies(
     warmup: int = 3,
     repeats: int = 20,
     device: str | torch.device = "cpu",
+    progress: Progress | None = None,
 ) -> dict[str, dict[str, float]]:
     """Wall-clock time of each function, called in turn (round-robin, so slow drifts in machine load
     hit all of them alike). Returns, per name, the median and inter-quartile range in milliseconds.
-    On CUDA every call is followed by ``torch.cuda.synchronize()`` before the clock stops."""
+    On CUDA every call is followed by ``torch.cuda.synchronize()`` before the clock stops.
+    ``progress(done, total)`` after each round, warm-up rounds included."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     cuda = torch.device(device).type == "cuda"
+    rounds = warmup + repeats
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    for _ in range(warmup):
+    for done in range(1, warmup + 1):
         for fn in fns.values():
             fn()
+        if progress:
+            progress(done, rounds)
     sync()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
+    for done in range(warmup + 1, rounds + 1):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
             sync()
             times[name].append((time.perf_counter() - start) * 1e3)
+        if progress:
+            progress(done, rounds)
     result = {}
     for name, ms in times.items():
         q25, median, q75 = np.percentile(ms, [25, 50, 75])
@@ -349,6 +357,7 @@ def cost_table(
     precisions: Mapping[str, torch.dtype | None] | None = None,
     warmup: int = 3,
     repeats: int = 20,
+    progress: StageProgress | None = None,
 ) -> pd.DataFrame:
     """Parameters, multiply-adds and (optionally) latency of systems, each a list of models run
     one after another - the one place where the app, the CLI, the report and the benchmark get
@@ -367,6 +376,8 @@ def cost_table(
             "latency_bf16": torch.bfloat16}`` adds bf16 columns.
         warmup, repeats: untimed and timed round-robin calls per system (see
             :func:`measure_latencies`).
+        progress: ``progress(stage, done, total)``: stage ``"multiply-adds"`` per model counted,
+            then one stage per latency column (``"latency"``, ``"latency_bf16"``) per round.
 
     Returns:
         One row per system, the index named ``system``. Columns: params; macs (for the whole
@@ -379,10 +390,13 @@ def cost_table(
     # counted on the whole batch: a text batch runs at its padded length, not each sample's own
     macs: dict[int, int] = {}
     rows = {}
+    distinct = len({id(m) for models in systems.values() for m in models})
     for name, models in systems.items():
         for m in models:
             if id(m) not in macs:
                 macs[id(m)] = count_macs(m, inputs)
+                if progress:
+                    progress("multiply-adds", len(macs), distinct)
         rows[name] = {
             "params": sum(count_params(m) for m in models),
             "macs": sum(macs[id(m)] for m in models),
@@ -392,7 +406,10 @@ def cost_table(
             name: forward_fn(models, inputs, autocast_dtype=dtype)
             for name, models in systems.items()
         }
-        timings = measure_latencies(fns, warmup=warmup, repeats=repeats, device=inputs.device)
+        report = (lambda done, total, stem=stem: progress(stem, done, total)) if progress else None
+        timings = measure_latencies(
+            fns, warmup=warmup, repeats=repeats, device=inputs.device, progress=report
+        )
         for name, t in timings.items():
             rows[name][f"{stem}_ms"] = t["median_ms"]
             rows[name][f"{stem}_iqr_ms"] = t["iqr_ms"]

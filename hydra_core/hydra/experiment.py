@@ -52,6 +52,16 @@ from hydra_core.metrics.bootstrap import LEVEL, BootstrapConfig
 from hydra_core.models.adapter import head_layout, prune_heads
 from hydra_core.types import StageProgress
 
+#: The stages of :func:`evaluate_systems` in the order they run, as its ``progress`` names them:
+#: ``"fine-tuning: <member>"``, ``"evaluation: <system>"``, then the others alone.
+STAGES = {
+    "finetune": "fine-tuning",
+    "evaluate": "evaluation",
+    "macs": "multiply-adds",
+    "latency": "latency",
+    "intervals": "intervals",
+}
+
 
 @dataclass
 class Run:
@@ -110,10 +120,16 @@ class Run:
         return value
 
     def stage_progress(self, name: str) -> Callable[[str, int, int], None] | None:
-        """The run's progress for the predictions of system ``name``."""
+        """The run's progress for the predictions of system ``name``: stage
+        ``"evaluation: <name>"``, counting the report items predicted over all sets."""
         if self.progress is None:
             return None
-        return lambda s, done, total: self.progress(f"{name}: {s}", done, total)
+        sets = [self.benchmark.id_report, *self.benchmark.ood_report]
+        before, count = {}, 0
+        for s in sets:
+            before[s.name], count = count, count + len(s)
+        stage = f"{STAGES['evaluate']}: {name}"
+        return lambda s, done, total: self.progress(stage, before[s] + done, count)
 
     def evaluate(self, name: str, model: nn.Module, keep: torch.Tensor | None = None) -> Evaluation:
         """Evaluate a model (under the head mask ``keep``); predictions cached under its weights."""
@@ -147,6 +163,14 @@ class Run:
                 **self.options,
             ),
         )
+
+    def source_evaluation(self) -> Evaluation | None:
+        """The source model's own predictions in this run (a :class:`Single` system recorded
+        before), or None."""
+        for name, info in self.info.items():
+            if info.kind == "single" and info.models and info.models[0] is self.model:
+                return self.evaluations[name]
+        return None
 
     def record(self, name: str, evaluation: Evaluation, info: SystemInfo) -> None:
         if name in self.evaluations:
@@ -307,7 +331,8 @@ class Hydra(System):
         elif self.finetune is not None:
             report = None
             if run.progress is not None:
-                report = lambda name, done, total: run.progress(f"fine-tune {name}", done, total)
+                stage = STAGES["finetune"]
+                report = lambda name, done, total: run.progress(f"{stage}: {name}", done, total)
             self.tuned = run.timed(
                 "finetune",
                 lambda: finetune_members(
@@ -389,6 +414,7 @@ def evaluate_systems(
     latency: bool = True,
     latency_batch: int = 32,
     latency_repeats: int = 20,
+    latency_warmup: int = 3,
     batch_size: int = 256,
     score: str = "msp",
     bootstrap: BootstrapConfig | None = None,
@@ -407,9 +433,12 @@ def evaluate_systems(
             ``finetune_seeds``, ``train_set``, ``deep_ensemble``) passed here.
         device: "auto", "cpu" or "cuda"; bf16: predict under bfloat16 autocast (meant for CUDA).
         cache: predictions and fine-tuned weights are read from and saved to it.
-        progress: ``progress(stage, done, total)`` for fine-tuning steps and prediction batches.
+        progress: ``progress(stage, done, total)`` through every stage (:data:`STAGES`):
+            fine-tuning steps per member, report items predicted per system, models whose
+            multiply-adds are counted, latency rounds, systems whose intervals are computed.
         latency: measure latency (otherwise params and multiply-adds only).
-        latency_batch: items per forward when timing; latency_repeats: timed calls per system.
+        latency_batch: items per forward when timing; latency_repeats: timed calls per system,
+            after latency_warmup untimed rounds.
         batch_size: items per forward when predicting; score: the OOD score.
         bootstrap: resamples and seed of the 95% intervals (computed at the end, stage
             "intervals" of ``setup["seconds"]``).
@@ -446,6 +475,7 @@ def evaluate_systems(
         "ood_sets": {s.name: {"group": s.group, "n": len(s)} for s in ood_sets},
         "latency_batch": latency_batch,
         "latency_repeats": latency_repeats,
+        "latency_warmup": latency_warmup,
         "torch_threads": torch.get_num_threads(),
         "machine": machine_description(device),
         "bootstrap": {
@@ -467,9 +497,13 @@ def evaluate_systems(
     report = SystemsReport(run.evaluations, run.info, None, setup)
     items = loaded.preprocess(id_set.inputs[:latency_batch]).to(device)  # images or texts
     # in a distributed job rank 0 alone times, on a machine the other processes leave quiet
-    measure = lambda: report.measure(items, latency=latency, repeats=latency_repeats)
+    measure = lambda: report.measure(
+        items, latency=latency, repeats=latency_repeats, warmup=latency_warmup, progress=progress
+    )
     report.cost = run.timed("cost", lambda: distributed.from_main(measure))
-    run.timed("intervals", report.table)  # every system's bootstrap, once, inside the job
+    stage = STAGES["intervals"]
+    report_intervals = (lambda done, total: progress(stage, done, total)) if progress else None
+    run.timed("intervals", lambda: report.compute_intervals(report_intervals))
     return report
 
 

@@ -23,7 +23,7 @@ report:
 - :func:`cahp_members`: complementary heads (:func:`~hydra_core.analysis.cahp.cahp_select`), one
   k-medoids seed per member; CAHP chooses how many heads each member keeps.
 - :func:`manual_members`: masks drawn by hand, as (L, H) bool tensors or :class:`MemberMask`
-  objects. The members of a mask file (SPEC section 9) come from
+  objects. The members of a mask file (README, Mask files) come from
   :func:`~hydra_core.masks.load_masks`.
 
 Members must differ: the functions that make several members refuse identical masks with a message
@@ -122,7 +122,12 @@ def taylor_ranking(
 
 
 def circuit_member(
-    ranking: Sequence[Head], layout: HeadLayout, *, budget: int, ranking_name: str
+    ranking: Sequence[Head],
+    layout: HeadLayout,
+    *,
+    budget: int,
+    ranking_name: str,
+    ranking_info: dict | None = None,
 ) -> MemberMask:
     """The circuit left when the ``budget`` least useful heads of ``ranking`` are removed, named
     after its ranking: ``f"{ranking_name}-{budget}"`` (``CircAvg-24``, ``Taylor-24``).
@@ -133,6 +138,8 @@ def circuit_member(
         budget: heads removed, between 1 and the number of heads - 1.
         ranking_name: what the ranking is called (``CIRCUIT_NAMES[objective]``,
             :data:`TAYLOR_NAME`).
+        ranking_info: how the ranking was made (:func:`ranking_provenance`), for the member's
+            provenance in a mask file.
     """
     budget = _budget(budget, layout)
     keep = mask_from_ranking(ranking, budget, layout)
@@ -140,6 +147,7 @@ def circuit_member(
         f"{ranking_name}-{budget}",
         f"{budget} least useful heads of the {ranking_name} ranking removed",
         keep,
+        provenance("circuit", {"budget": budget}, ranking_name, ranking_info),
     )
 
 
@@ -153,6 +161,7 @@ def circuit_members(
     *,
     budget: int,
     allow_identical: bool = False,
+    ranking_info: Mapping[str, dict] | None = None,
 ) -> list[MemberMask]:
     """One member per greedy criterion: the circuit of each ranking, ``budget`` heads removed,
     named ``CircAcc-24``, ``CircOOD-24``, ``CircAvg-24`` (paper B.2 question 3: "we extract three
@@ -164,6 +173,8 @@ def circuit_members(
         layout, budget: as :func:`circuit_member`.
         allow_identical: accept two criteria that found the same circuit (otherwise refused:
             members must differ).
+        ranking_info: objective -> how its ranking was made (:func:`ranking_provenance`), for
+            each member's provenance in a mask file.
     """
     unknown = sorted(set(rankings) - set(CIRCUIT_NAMES))
     if unknown:
@@ -174,8 +185,15 @@ def circuit_members(
         raise ValueError(
             f"Hydra (Circ) needs circuits of two or more criteria, got {len(rankings)}"
         )
+    info = ranking_info or {}
     members = [
-        circuit_member(rankings[o], layout, budget=budget, ranking_name=CIRCUIT_NAMES[o])
+        circuit_member(
+            rankings[o],
+            layout,
+            budget=budget,
+            ranking_name=CIRCUIT_NAMES[o],
+            ranking_info=info.get(o),
+        )
         for o in CIRCUIT_NAMES
         if o in rankings
     ]
@@ -201,7 +219,12 @@ def identical_members(member: MemberMask, m: int) -> list[MemberMask]:
         m: number of copies, at least 1.
     """
     return [
-        MemberMask(f"{member.name} copy {i}", f"{member.source} (identical copy {i})", member.keep)
+        MemberMask(
+            f"{member.name} copy {i}",
+            f"{member.source} (identical copy {i})",
+            member.keep,
+            {**member.provenance, "identical_copy": i},
+        )
         for i in range(_check_count(m))
     ]
 
@@ -215,6 +238,7 @@ def seed_sampled_members(
     ranking_name: str,
     pool: int | None = None,
     allow_identical: bool = False,
+    ranking_info: dict | None = None,
 ) -> list[MemberMask]:
     """One member per seed, each pruning ``budget`` heads drawn from the ``pool`` least useful
     heads of ``ranking``, named ``f"{ranking_name} seed {seed}"``.
@@ -230,6 +254,8 @@ def seed_sampled_members(
             every head; the paper draws 48 of 100).
         allow_identical: accept members with equal masks (a pool too small for the seeds to
             matter), for ablations only.
+        ranking_info: how the ranking was made (:func:`ranking_provenance`), for the members'
+            provenance in a mask file.
     """
     budget = _budget(budget, layout)
     seeds = _distinct_seeds(seeds)
@@ -240,6 +266,12 @@ def seed_sampled_members(
             f"{ranking_name} seed {s}",
             f"{budget} of the {pool} least useful heads ({ranking_name} ranking) pruned, seed {s}",
             keep,
+            provenance(
+                "seed-sampling",
+                {"budget": budget, "pool": pool, "seed": s},
+                ranking_name,
+                ranking_info,
+            ),
         )
         for s, keep in zip(seeds, masks, strict=True)
     ]
@@ -255,6 +287,7 @@ def taylor_member(
     per_layer: int | Sequence[int] | None = None,
     samples: int | None = 512,
     batch_size: int = 256,
+    search: dict | None = None,
 ) -> MemberMask:
     """Layer-wise Taylor pruning (paper D.1.1): ``per_layer`` heads removed in each layer, named
     ``Taylor-<heads removed>``.
@@ -264,6 +297,7 @@ def taylor_member(
         inputs: search-split tensors; the scores use the first ``samples`` ID inputs (None: all).
         budget: heads removed in all, split evenly over the layers (give this or ``per_layer``).
         per_layer: heads removed in each layer, one number or one per layer.
+        search: the search data (:func:`search_provenance`), for the member's provenance.
     """
     from hydra_core.analysis.taylor import taylor_prune
 
@@ -288,6 +322,12 @@ def taylor_member(
         f"{TAYLOR_NAME}-{len(result.pruned)}",
         f"layer-wise Taylor pruning, {counts} heads per layer ({len(x)} ID search samples)",
         result.keep,
+        provenance(
+            "taylor",
+            {"per_layer": per_layer if isinstance(per_layer, int) else [int(r) for r in per_layer]},
+            TAYLOR_NAME,
+            ranking_provenance("taylor", samples=len(x), search=search),
+        ),
     )
     check_members([member], layout)
     return member
@@ -303,6 +343,7 @@ def cahp_members(
     batch_size: int = 256,
     progress: Progress | None = None,
     allow_identical: bool = False,
+    search: dict | None = None,
 ) -> list[MemberMask]:
     """One CAHP selection per k-medoids seed, named ``CAHP seed <seed>``; CAHP chooses how many
     heads each member keeps (the clustering and so the accuracy curve depend on the seed).
@@ -316,6 +357,7 @@ def cahp_members(
             default: every count).
         progress: ``progress(done, total)`` over the curves of every seed.
         allow_identical: accept seeds that select the same heads, for ablations only.
+        search: the search data (:func:`search_provenance`), for the members' provenance.
     """
     from hydra_core.analysis.cahp import cahp_select
 
@@ -343,6 +385,17 @@ def cahp_members(
                 f"CAHP seed {seed}",
                 f"CAHP, knee at {result.knee_k} heads, degree {degree}, k-medoids seed {seed}",
                 result.keep,
+                provenance(
+                    "cahp",
+                    {
+                        "degree": degree,
+                        "seed": seed,
+                        "k_grid": None if k_grid is None else [int(k) for k in k_grid],
+                        "knee_k": int(result.knee_k),
+                    },
+                    "CAHP",
+                    ranking_provenance("cahp", samples=len(inputs.id_x), search=search),
+                ),
             )
         )
     check_members(members, head_layout(model), allow_identical=allow_identical)
@@ -366,9 +419,11 @@ def manual_members(
     members = []
     for i, mask in enumerate(masks):
         if isinstance(mask, MemberMask):
-            members.append(MemberMask(mask.name, mask.source, as_keep_mask(layout, mask.keep)))
+            keep = as_keep_mask(layout, mask.keep)
+            members.append(MemberMask(mask.name, mask.source, keep, mask.provenance))
         else:
-            members.append(MemberMask(f"member {i}", "drawn by hand", as_keep_mask(layout, mask)))
+            keep = as_keep_mask(layout, mask)
+            members.append(MemberMask(f"member {i}", "drawn by hand", keep, MANUAL))
     check_members(members, layout, allow_identical=allow_identical)
     return members
 
@@ -382,6 +437,59 @@ def member_seeds(m: int, seeds: Sequence[int] | None = None) -> list[int]:
     if len(seeds) != m:
         raise ValueError(f"{len(seeds)} seeds were given for m={m} members; give one per member")
     return _distinct_seeds(seeds)
+
+
+# --- provenance: how a member was made, as its mask file records it -----------------------------
+
+#: the provenance of a member drawn by hand
+MANUAL = {"strategy": "manual"}
+
+
+def search_provenance(benchmark, inputs: SearchInputs) -> dict:
+    """The search data a ranking was computed on: the protocol, the ID search set and the
+    number of its items used, each OOD search set and its number of items, and the size of the
+    pooled OOD set the search scores (a :class:`~hydra_core.data.benchmark.Benchmark` and the
+    :class:`SearchInputs` made from it)."""
+    return {
+        "protocol": benchmark.protocol,
+        "id": {"name": benchmark.id_search.name, "n": len(inputs.id_x)},
+        "ood": {name: len(x) for name, x in inputs.ood_per_set.items()},
+        "ood_pooled": len(inputs.ood_x),
+    }
+
+
+def ranking_provenance(
+    method: str,
+    *,
+    objective: str | None = None,
+    budget: int | None = None,
+    steps: int | None = None,
+    samples: int | None = None,
+    search: dict | None = None,
+) -> dict:
+    """How a ranking was made: ``method`` ("greedy", "taylor", "cahp"), a greedy search's
+    objective, budget and the steps it made, the ID samples of a gradient or clustering method,
+    and the search data (:func:`search_provenance`); what is not given is left out."""
+    found = {
+        "method": method,
+        "objective": objective,
+        "budget": budget,
+        "steps": steps,
+        "samples": samples,
+        "search": search,
+    }
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def provenance(
+    strategy: str, parameters: dict, ranking_name: str, ranking: dict | None = None
+) -> dict:
+    """A member's provenance block: the strategy, its parameters and the ranking it drew from."""
+    return {
+        "strategy": strategy,
+        "parameters": parameters,
+        "ranking": {"name": ranking_name, **(ranking or {})},
+    }
 
 
 # --- checks and overlap -------------------------------------------------------------------------

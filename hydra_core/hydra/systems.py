@@ -1,6 +1,7 @@
-"""The systems of a Hydra experiment, evaluated on the same report split (SPEC sections 6-7), as
-one report: :class:`SystemsReport`. :func:`~hydra_core.hydra.experiment.evaluate_systems` makes it;
-its usual systems, on the ID report split and every OOD report set:
+"""The systems of a Hydra experiment, evaluated on the same report split (README, Metric
+conventions), as one report: :class:`SystemsReport`.
+:func:`~hydra_core.hydra.experiment.evaluate_systems` makes it; its usual systems, on the ID
+report split and every OOD report set:
 
 - ``single``: the source model;
 - any extra single pruned models (``pruned={"Taylor": mask, "CircAvg": mask}``);
@@ -53,6 +54,7 @@ from hydra_core.evaluate import (
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
 from hydra_core.metrics.bootstrap import BootstrapConfig, two_level_interval
 from hydra_core.models.adapter import UnsupportedModelError, head_layout
+from hydra_core.types import Progress, StageProgress
 
 #: The metric columns of :meth:`SystemsReport.summary`: name -> (metric, set), the set being "id"
 #: or an OOD average ("near", "far", "all"); MI and disagreement on OOD data average all OOD sets.
@@ -146,11 +148,20 @@ class SystemsReport:
         for ev in self.evaluations.values():
             ev.use_resamples(shared)
 
+    def compute_intervals(self, progress: Progress | None = None) -> None:
+        """Compute every system's bootstrap replicates now (the tables and differences read
+        them), on shared resamples; ``progress(done, total)`` after each system."""
+        self._paired()
+        for done, evaluation in enumerate(self.evaluations.values(), start=1):
+            evaluation.replicates()
+            if progress:
+                progress(done, len(self.evaluations))
+
     def table(self) -> pd.DataFrame:
         """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
-        of SPEC section 6, with mutual information and disagreement for ensembles (also averaged
-        over the OOD sets of each group); each metric ``m`` with its 95% interval in ``m_lo`` and
-        ``m_hi``."""
+        of the README's Metric conventions, with mutual information and disagreement for
+        ensembles (also averaged over the OOD sets of each group); each metric ``m`` with its 95%
+        interval in ``m_lo`` and ``m_hi``."""
         self._paired()
         frames = []
         for name, ev in self.evaluations.items():
@@ -321,11 +332,14 @@ class SystemsReport:
         systems: Sequence[str] | None = None,
         latency: bool = True,
         repeats: int = 20,
+        warmup: int = 3,
+        progress: StageProgress | None = None,
     ) -> pd.DataFrame:
         """Measure the cost of ``systems`` (default: all) on the batch ``images`` with
         :func:`~hydra_core.hydra.cost.cost_table`: params, multiply-adds, the paper's formula
         parameter count, and latency (on CUDA also under bf16 autocast) of each system's models
-        run one after another. The result becomes :attr:`cost` and is returned."""
+        run one after another (``warmup`` untimed rounds first, ``progress`` as cost_table's).
+        The result becomes :attr:`cost` and is returned."""
         chosen = self.systems if systems is None else list(systems)
         missing = [n for n in chosen if n not in self.info]
         if missing:
@@ -339,7 +353,9 @@ class SystemsReport:
             images,
             latency=latency,
             precisions=precisions,
+            warmup=warmup,
             repeats=repeats,
+            progress=progress,
         )
         # every system here comes from one architecture; a plain ViT among them gives its sizes
         shape = VitShape.of(

@@ -1,5 +1,5 @@
-"""Uncertainty metrics of Hydra Lab (SPEC section 6): classification and calibration, OOD detection,
-OOD scores, ensemble diversity.
+"""Uncertainty metrics of Hydra Lab (README, Metric conventions): classification and
+calibration, OOD detection, OOD scores, ensemble diversity.
 
 Conventions shared by every metric:
 

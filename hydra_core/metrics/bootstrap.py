@@ -1,6 +1,6 @@
-"""Percentile bootstrap intervals over the report images, stratified and paired (SPEC section 4:
-"every reported metric carries a 95% bootstrap interval; comparisons between systems use paired
-intervals").
+"""Percentile bootstrap intervals over the report images, stratified and paired (README, The
+embedded default, "Intervals": every reported metric carries a 95% bootstrap interval;
+comparisons between systems use paired intervals).
 
 What is resampled, and why:
 
@@ -23,9 +23,9 @@ What is resampled, and why:
   themselves, not the mean of the resamples.
 
 How it is fast: a resample is stored as counts, ``counts[b, i]`` = how often image i is drawn in
-resample b (shape (B, N)). Every metric of SPEC section 6 is a function of per-image values and
-these counts, so all B resamples are computed together and each set is sorted once per system, not
-once per resample:
+resample b (shape (B, N)). Every metric of the README's Metric conventions is a function of
+per-image values and these counts, so all B resamples are computed together and each set is sorted
+once per system, not once per resample:
 
 - accuracy, NLL, Brier, MI, disagreement: counts @ per-image value / N;
 - ECE: an image's equal-width bin depends only on its confidence, so bin sums are counts @ one-hot;

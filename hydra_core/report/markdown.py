@@ -187,12 +187,13 @@ def _setup_section(setup: dict) -> list[str]:
             "`python -m hydra_core train-ensemble --seeds 1 2` (15-40 min each on 2 CPU cores) "
             "and run the report again."
         ),
-        "- **Metrics** (SPEC section 6): ensemble probabilities are the mean of member softmax "
-        "probabilities; ECE with 15 equal-width bins, aECE with 15 equal-mass bins; OOD score = "
-        "maximum softmax probability, OOD is the positive class (OpenOOD): AUROC, FPR95 (share "
-        "of ID flagged OOD when 95% of OOD is caught), AUPR-In / AUPR-Out; near/far/all averages "
-        "are unweighted means over the OOD sets of the group. MI = mutual information "
-        "H(mean p) - mean H(p_m), DI = disagreement. Accuracy and OOD metrics in percent.",
+        "- **Metrics** (README, Metric conventions): ensemble probabilities are the mean of "
+        "member softmax probabilities; ECE with 15 equal-width bins, aECE with 15 equal-mass "
+        "bins; OOD score = maximum softmax probability, OOD is the positive class (OpenOOD): "
+        "AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is caught), AUPR-In / AUPR-Out; "
+        "near/far/all averages are unweighted means over the OOD sets of the group. MI = mutual "
+        "information H(mean p) - mean H(p_m), DI = disagreement. Accuracy and OOD metrics in "
+        "percent.",
         "",
         "Durations of the stages (seconds; cached searches and fine-tunes load instantly):",
         "",

@@ -31,7 +31,7 @@ import torch
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
 from hydra_core.evaluate import nest_intervals, resolve_device
-from hydra_core.hydra.experiment import System, evaluate_systems
+from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     circuit_member,
@@ -158,7 +158,8 @@ class Pipeline:
         """The run's progress for one training run, its stage named after the model."""
         if self.progress is None:
             return None
-        return lambda done, total: self.progress(f"fine-tune {name}", done, total)
+        stage = f"{STAGES['finetune']}: {name}"  # as evaluate_systems names it
+        return lambda done, total: self.progress(stage, done, total)
 
     def total(self) -> float:
         """Seconds since the run began."""

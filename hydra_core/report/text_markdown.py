@@ -104,13 +104,13 @@ def _setup_section(setup: dict) -> list[str]:
         f"{config['mc_passes']} passes with seeds {p['seeds']['mc_dropout']} (each re-seeded at "
         "every batch), probabilities averaged.",
         f"- **Fine-tuning after pruning**: {_finetune_sentence(ft)}",
-        "- **Metrics** (SPEC section 6): ECE with 15 equal-width bins, aECE with 15 equal-mass "
-        "bins, Brier summed over the classes; OOD score = maximum softmax probability, OOD is the "
-        "positive class: AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is caught), "
-        "AUPR-In / AUPR-Out (the paper's AUPR is AUPR-Out; both depend on the ratio of OOD to ID "
-        "sentences, so neither compares across setups); near/far/all averages are unweighted "
-        "means over the OOD sets of the group. MI = mutual information H(mean p) - mean H(p_m) "
-        "of ensembles. Accuracy and OOD metrics in percent.",
+        "- **Metrics** (README, Metric conventions): ECE with 15 equal-width bins, aECE with 15 "
+        "equal-mass bins, Brier summed over the classes; OOD score = maximum softmax probability, "
+        "OOD is the positive class: AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is "
+        "caught), AUPR-In / AUPR-Out (the paper's AUPR is AUPR-Out; both depend on the ratio of "
+        "OOD to ID sentences, so neither compares across setups); near/far/all averages are "
+        "unweighted means over the OOD sets of the group. MI = mutual information H(mean p) - "
+        "mean H(p_m) of ensembles. Accuracy and OOD metrics in percent.",
         "- **Speed**: report sentences are predicted in order of length with each batch's unused "
         "padding removed; padding never changes a result, only the time.",
         "",
