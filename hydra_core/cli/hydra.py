@@ -226,10 +226,6 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.outputs import data_identity
 
     baselines = _baselines(args, baseline_systems)
-    if args.latency_repeats < 1:
-        raise InputError(f"--latency-repeats must be at least 1, got {args.latency_repeats}")
-    if args.latency_warmup < 0:
-        raise InputError(f"--latency-warmup must be 0 or more, got {args.latency_warmup}")
     loaded, benchmark = load_for_cli(args)
     if not (getattr(args, "id_folder", None) or getattr(args, "id_file", None)):
         for baseline in baselines:  # heads train on the embedded ID set's training split
