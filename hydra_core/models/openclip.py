@@ -556,6 +556,14 @@ class OpenClipFamily(ModelFamily):
         k, v = _project(attn, normed, 1), _project(attn, normed, 2)  # (B, H, N, d_k)
         return attention(q, k, v).transpose(1, 2)  # (B, Nq, H, d_k)
 
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        b, n, _ = x.shape
+        if int(block.attn.num_heads) == 0:
+            return x.new_zeros(b, 0, n, n)
+        normed = block.ln_1(x)  # (B, N, d)
+        q, k = _project(block.attn, normed, 0), _project(block.attn, normed, 1)  # (B, H, N, d_k)
+        return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(-1)  # (B, H, N, N)
+
     def block_rest(self, block: nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         x = x + block.ls_1(attn_out)
         return x + block.ls_2(block.mlp(block.ln_2(x)))

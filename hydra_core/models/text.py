@@ -545,11 +545,29 @@ class TextFamily(ModelFamily):
         if isinstance(_get(block, arch.attention), NoHeads):
             nq = n if queries is None else len(range(n)[queries])
             return x.new_zeros(b, nq, 0, dk)
+        q, bias = self._queries(block, x, context, queries)
+        key, value = _get(block, arch.key), _get(block, arch.value)
+        if q.shape[2] == 1:
+            return self._one_query(q[:, :, 0], x, key, value, bias, dk)
+        h = q.shape[1]
+        k = key(x).reshape(b, n, h, dk).transpose(1, 2)
+        v = value(x).reshape(b, n, h, dk).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) + bias  # (B, H, Nq, N)
+        return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+
+    def _queries(
+        self, block: nn.Module, x: torch.Tensor, context: Context, queries: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scaled queries (B, H, Nq, d_k) of a block with heads, and what its attention adds
+        to the scores: the padding bias (B, 1, 1, N), plus MPNet's position bias of the block's
+        heads (then (B, H, Nq, N))."""
+        arch = self._arch_of_block(block)
+        b = x.shape[0]
+        dk = self.layout_head_dim(block)
         query = _get(block, arch.query)
         h = query.out_features // dk
         xq = x if queries is None else x[:, queries]
         q = query(xq).reshape(b, -1, h, dk).transpose(1, 2) * dk**-0.5  # (B, H, Nq, d_k)
-        key, value = _get(block, arch.key), _get(block, arch.value)
         bias = context.scores_bias(x.dtype)  # (B, 1, 1, N)
         if context.position_bias is not None:
             position = context.position_bias
@@ -557,12 +575,19 @@ class TextFamily(ModelFamily):
             if kept is not None:
                 position = position.index_select(1, kept.to(position.device))
             bias = bias + (position if queries is None else position[:, :, queries])
-        if q.shape[2] == 1:
-            return self._one_query(q[:, :, 0], x, key, value, bias, dk)
-        k = key(x).reshape(b, n, h, dk).transpose(1, 2)
-        v = value(x).reshape(b, n, h, dk).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) + bias  # (B, H, Nq, N)
-        return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+        return q, bias
+
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        arch = self._arch_of_block(block)
+        b, n, _ = x.shape
+        if isinstance(_get(block, arch.attention), NoHeads):
+            return x.new_zeros(b, 0, n, n)
+        q, bias = self._queries(block, x, context, None)  # (B, H, N, d_k)
+        k = _get(block, arch.key)(x).reshape(b, n, *q.shape[1::2]).transpose(1, 2)
+        return (q @ k.transpose(-2, -1) + bias).softmax(-1)  # (B, H, N, N)
+
+    def real_tokens(self, context: Context) -> torch.Tensor | None:
+        return context.mask
 
     @staticmethod
     def _one_query(
