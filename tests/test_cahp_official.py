@@ -562,3 +562,26 @@ def test_official_result_is_reproducible_and_self_consistent():
     small = make_tiny_vit(depth=2)  # 8 heads: too few for t-SNE at perplexity 10
     with pytest.raises(InputError, match="accuracy-knee"):
         cahp_select(small, x, y)
+
+
+@pytest.mark.parametrize("kind", ["mpnet", "distilbert", "openclip"])
+def test_official_on_other_families(kind):
+    if kind == "openclip":
+        from tests.conftest import clip_images, make_tiny_zero_shot
+
+        model, x, y = make_tiny_zero_shot(), clip_images(20, seed=2), torch.arange(20) % 5
+    else:
+        _, _, x, y, _ = text_problem(n=40, tokens=12, seed=1)
+        model = make_tiny_text(kind, depth=3, num_heads=4)
+    result = cahp_select(model, x, y)
+    kept = sorted(map(tuple, result.keep.nonzero().tolist()))
+    assert kept == sorted(result.representatives + result.added)
+    assert {layer for layer, _ in kept} == {0, 1, 2} and len(result.heads) == 12
+    if kind != "openclip":  # padding columns no sample uses change nothing
+        ids, mask = x[:, 0], x[:, 1]
+        pad = torch.ones(len(x), 6, dtype=torch.long)
+        padded = cahp_select(
+            model, pack(torch.cat([ids, pad], 1), torch.cat([mask, 0 * pad], 1)), y
+        )
+        assert torch.equal(padded.keep, result.keep)
+        np.testing.assert_allclose(padded.profiles, result.profiles, rtol=1e-5, atol=1e-7)
