@@ -32,7 +32,7 @@ def test_vit_weights_are_timms_unfused_softmax(tiny_vit, images):
     assert real is None and len(weights) == len(own) == len(tiny_vit.blocks)
     for ours, timms in zip(weights, own, strict=True):
         assert ours.shape == timms.shape  # (B, H, N, N)
-        torch.testing.assert_close(ours, timms, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ours, timms, rtol=0, atol=0)  # the same operations
 
 
 @pytest.mark.parametrize("kind", TEXT_KINDS)
@@ -47,9 +47,8 @@ def test_text_weights_are_hugging_faces_eager_attentions_on_the_real_tokens(kind
     for ours, hf_weights in zip(weights, theirs, strict=True):
         for b in range(len(ids)):
             n = int(mask[b].sum())
-            torch.testing.assert_close(
-                ours[b, :, :n, :n], hf_weights[b, :, :n, :n], rtol=0, atol=1e-6
-            )
+            # the same order of operations as its eager attention: the same numbers
+            torch.testing.assert_close(ours[b, :, :n, :n], hf_weights[b, :, :n, :n], rtol=0, atol=0)
             assert float(ours[b, :, :n, n:].sum()) == 0.0  # padding keys get weight 0
     # Padding never changes a sample's weights: sample 1 alone, without its padding.
     n = int(mask[1].sum())
@@ -129,3 +128,32 @@ def test_scale_heads_is_a_differentiable_head_mask(family):
     with pytest.raises(ValueError, match="head scales must be a float tensor of shape"):
         with scale_heads(model, keep):
             pass
+
+
+@pytest.mark.parametrize("family", ["vit", "text", "openclip"])
+def test_explicit_attention_is_scoped(family):
+    if family == "vit":
+        model, x = make_tiny_vit(), torch.randn(4, 1, 16, 16)
+        state = lambda: [b.attn.fused_attn for b in model.blocks]  # noqa: E731
+    elif family == "text":
+        hf = make_tiny_text("bert")
+        hf.set_attn_implementation("sdpa")
+        model, x = TextClassifier(hf), pack(*text_batch())
+        state = lambda: hf.config._attn_implementation  # noqa: E731
+    else:
+        model, x = make_tiny_zero_shot(), clip_images(4)
+        state = lambda: None  # noqa: E731
+    before = state()
+    seam = family_of(model)
+    with torch.no_grad():
+        plain = model(x)
+        with seam.explicit_attention(model):
+            inside = model(x)
+            if family == "vit":
+                assert not any(state())
+            elif family == "text":
+                assert state() == "eager"
+        with pytest.raises(RuntimeError), seam.explicit_attention(model):
+            raise RuntimeError("the body fails")
+    assert state() == before
+    torch.testing.assert_close(inside, plain, rtol=0, atol=1e-5)

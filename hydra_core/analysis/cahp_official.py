@@ -54,7 +54,7 @@ from torch import nn
 
 from hydra_core.analysis.representations import model_device
 from hydra_core.errors import InputError
-from hydra_core.models.adapter import attention_weights, head_layout, scale_heads
+from hydra_core.models.adapter import attention_weights, family_of, head_layout, scale_heads
 from hydra_core.types import Head, Progress
 
 #: their defaults: pool size (``--pool_size``), t-SNE perplexity, polynomial degree
@@ -150,7 +150,8 @@ def attention_statistics(
     progress: Progress | None = None,
 ) -> ClassStatistics:
     """Step 1 over ``x`` (model inputs, in order) and labels ``y``: the heads are every layer's,
-    in order, as many as the layer has."""
+    in order, as many as the layer has. The model runs its explicit attention (Hugging Face's
+    "eager", as their loader sets it; timm's unfused one), whose weights the maps are."""
     labels = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
     classes = np.unique(labels)
     heads = head_layout(model).total_heads
@@ -160,7 +161,7 @@ def attention_statistics(
     counts = np.zeros(len(classes), dtype=np.int64)
     device = model_device(model)
     batches = range(0, len(x), loader_batch_size)
-    with torch.no_grad():
+    with torch.no_grad(), family_of(model).explicit_attention(model):
         for done, start in enumerate(batches, start=1):
             weights, real = attention_weights(
                 model, x[start : start + loader_batch_size].to(device)
@@ -329,8 +330,9 @@ def head_mask_importance(
     """Step 6: (heads,) float32 in [0, 1], every layer's heads in order.
 
     The batches are ``x`` cut in chunks of ``loader_batch_size``; the first
-    max(1, int(share x their number)) are read. The model's parameters get no gradient (their
-    ``requires_grad`` flags are restored) and the model is used in the mode it is in.
+    max(1, int(share x their number)) are read, with the model's explicit attention. The
+    model's parameters get no gradient (their ``requires_grad`` flags are restored) and the model
+    is used in the mode it is in.
     """
     layout = head_layout(model)
     device = model_device(model)
@@ -342,7 +344,11 @@ def head_mask_importance(
     try:
         for p, _ in flags:
             p.requires_grad_(False)
-        with scale_heads(model, scales), torch.enable_grad():
+        with (
+            family_of(model).explicit_attention(model),
+            scale_heads(model, scales),
+            torch.enable_grad(),
+        ):
             for done in range(1, target + 1):
                 chunk = slice((done - 1) * loader_batch_size, done * loader_batch_size)
                 loss = F.cross_entropy(model(x[chunk].to(device)), y[chunk].to(device))

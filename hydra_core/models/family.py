@@ -281,8 +281,16 @@ class ModelFamily:
 
     def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
         """Each head's attention weights (B, H, N, N), queries x keys, for the stream ``x``
-        entering the block: the softmax the block computes (padding keys get weight 0)."""
+        entering the block: the softmax the block computes (padding keys get weight 0), in the
+        order of operations of the library's explicit attention (see ``explicit_attention``)."""
         raise NotImplementedError
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """Inside, ``model`` computes its attention as an explicit softmax, the path libraries
+        return attention weights from (Hugging Face's "eager" implementation, timm's unfused
+        attention), not a fused kernel; on exit it is as it was. Nothing to do by default."""
+        yield
 
     def real_tokens(self, context: Context) -> torch.Tensor | None:
         """(B, N) bool, True where a batch's token is a real one (text: not padding), for the

@@ -21,8 +21,10 @@ layer keeps its heads' rows of that bias.
 from __future__ import annotations
 
 import functools
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -578,13 +580,35 @@ class TextFamily(ModelFamily):
         return q, bias
 
     def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        """In Hugging Face's order: (q k^T) * d_k^-0.5 (MPNet: / sqrt(d_k), then + its position
+        bias), + the padding bias, softmax; so the numbers equal its eager attention's."""
         arch = self._arch_of_block(block)
         b, n, _ = x.shape
         if isinstance(_get(block, arch.attention), NoHeads):
             return x.new_zeros(b, 0, n, n)
-        q, bias = self._queries(block, x, context, None)  # (B, H, N, d_k)
-        k = _get(block, arch.key)(x).reshape(b, n, *q.shape[1::2]).transpose(1, 2)
-        return (q @ k.transpose(-2, -1) + bias).softmax(-1)  # (B, H, N, N)
+        dk = self.layout_head_dim(block)
+        q, k = (_get(block, path)(x).reshape(b, n, -1, dk) for path in (arch.query, arch.key))
+        scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1)  # (B, H, N, N)
+        if context.position_bias is None:
+            scores = scores * dk**-0.5
+        else:  # MPNet
+            position = context.position_bias
+            kept = self._kept_heads(block)
+            if kept is not None:
+                position = position.index_select(1, kept.to(position.device))
+            scores = scores / math.sqrt(dk) + position
+        return (scores + context.scores_bias(x.dtype)).softmax(-1)
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """Hugging Face's "eager" attention implementation."""
+        hf = hf_model(model)
+        previous = hf.config._attn_implementation
+        try:
+            hf.set_attn_implementation("eager")
+            yield
+        finally:
+            hf.set_attn_implementation(previous)
 
     def real_tokens(self, context: Context) -> torch.Tensor | None:
         return context.mask

@@ -11,7 +11,8 @@ ablating the wrong thing. For Hydra fusion, :func:`fusion_parts` maps a model on
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +83,9 @@ def _check_block(index: int, block: nn.Module) -> None:
             "timm's Block "
             "(x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))))"
         )
+
+
+_MISSING = object()
 
 
 def _timm_block_forward():
@@ -475,6 +479,21 @@ class VitFamily(ModelFamily):
 
     def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
         return block_attention(block, x)
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """timm's unfused attention (``fused_attn = False`` on every block's attention)."""
+        saved = [(b.attn, b.attn.__dict__.get("fused_attn", _MISSING)) for b in _blocks(model)]
+        try:
+            for attn, _ in saved:
+                attn.fused_attn = False
+            yield
+        finally:
+            for attn, previous in saved:
+                if previous is _MISSING:
+                    del attn.fused_attn
+                else:
+                    attn.fused_attn = previous
 
     def attention_projection(self, block: nn.Module, z: torch.Tensor) -> torch.Tensor:
         return attention_projection(block, z)
