@@ -6,7 +6,8 @@ maps it keeps the same heads; ``tests/test_cahp_official.py`` checks that agains
 transcription of their code.
 
 1. **Signatures** (``head_utils.collect_head_signatures``): each head's softmax attention map of
-   a sample, over its real tokens (queries x keys; padding dropped), resized bilinearly to
+   a sample, over its real tokens (queries x keys; padding dropped), as the model's explicit
+   attention computes it (their ``load_model`` sets Hugging Face's "eager"), resized bilinearly to
    ``pool_size`` x ``pool_size`` (32: ``--pool_size``) and flattened to D = 1,024 values; per
    class, a running mean and variance per value (``RunningStats``: Welford's merge, batch by
    batch of their data loader's 32 samples, float32; variance M2 / (n - 1), 1e-6 below two
@@ -36,8 +37,11 @@ on any family of the seam (their code runs Hugging Face BERT models only: ``mode
 hard-coded for the importance); the real tokens are the ones the attention mask marks (they cut
 each map to its first ``sum(mask)`` tokens: the same for right-padded text); the classes are
 those present in the labels, sorted (theirs assume labels 0 .. C - 1); the importance is
-computed over the heads a model has (theirs refuse layers with different head counts); and
-nothing global is seeded (their ``force_set_seed``): t-SNE and FasterPAM get the seed directly.
+computed over the heads a model has (theirs refuse layers with different head counts);
+nothing global is seeded (their ``force_set_seed``): t-SNE and FasterPAM get the seed directly;
+too few heads for t-SNE, an MSS curve without a knee and a flat one raise an InputError (theirs
+crash, or take kneed's knee of rounding noise); and the pruned model is not fine-tuned here
+(theirs trains it 3 epochs after the selection).
 """
 
 from __future__ import annotations
