@@ -6,7 +6,13 @@ import json
 import streamlit as st
 import torch
 
-from hydra_core.analysis.cahp import cahp_k_grid
+from hydra_core.analysis.cahp import (
+    CAHP_VARIANTS,
+    REPRESENTATIVES,
+    VARIANT_DEFAULTS,
+    cahp_k_grid,
+    cahp_seeds,
+)
 from hydra_core.analysis.taylor import taylor_global_ranking
 from hydra_core.errors import InputError
 from hydra_core.hydra.members import (
@@ -74,9 +80,20 @@ def set_manual(keep: torch.Tensor) -> None:
         ]
 
 
-def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, replace: bool) -> None:
+#: what each CAHP variant is, in a line
+CAHP_VARIANT_HELP = {
+    "official": "The authors' code, step by step: each head's attention maps (32x32) give "
+    "per-value Jeffries-Matusita profiles of the class pairs; t-SNE to 2-D; FasterPAM for every "
+    "number of clusters; the knee (degree-6 fit) of the mean simplified silhouette curve; in each "
+    "cluster the head with the largest head-mask gradient; one head per layer at least.",
+    "accuracy-knee": "Our reading of the abstract from before the code was public: CLS-output "
+    "profiles, k-medoids, one head per cluster (medoid or most important), one per layer at "
+    "least; the number of clusters from the knee of a polynomial fit to accuracy.",
+}
+
+
+def start_cahp(context, inputs, seeds: list[int], options: dict, replace: bool) -> None:
     model = copy.deepcopy(context.loaded.model)  # heads other pages ablate must not reach it
-    grid = cahp_k_grid(head_layout(model).total_heads, k_step)
     searched = search_provenance(context.benchmark, inputs)
 
     def work(job):
@@ -85,16 +102,11 @@ def start_cahp(context, inputs, seeds: list[int], degree: int, k_step: int, repl
             job.report(done=done, total=all_)
 
         return cahp_members(
-            model,
-            inputs,
-            seeds=seeds,
-            degree=degree,
-            k_grid=grid,
-            progress=progress,
-            search=searched,
+            model, inputs, seeds=seeds, **options, progress=progress, search=searched
         )
 
-    results()["jobs"]["cahp"] = start_job("cahp", work, {"seeds": seeds, "replace": replace})
+    info = {"seeds": seeds, "replace": replace, "variant": options["variant"]}
+    results()["jobs"]["cahp"] = start_job("cahp", work, info)
 
 
 with show_error("Could not build the masks"):
@@ -222,23 +234,30 @@ with show_error("Could not build the masks"):
             )
 
     with tabs[1], show_error("CAHP failed"):
-        st.caption(
-            "Complementary heads (our reading of CAHP's abstract): heads described by how they "
-            "separate the classes, clustered (k-medoids), one representative per cluster; the "
-            "number of heads from the knee of a polynomial fit to accuracy vs heads. One member "
-            "per clustering seed."
-        )
+        variant = st.radio("CAHP variant", CAHP_VARIANTS, horizontal=True, key="cahp-variant")
+        st.caption(CAHP_VARIANT_HELP[variant] + " One member per seed.")
+        defaults = VARIANT_DEFAULTS[variant]
         job = results()["jobs"].get("cahp")
         c1, c2, c3 = st.columns(3)
-        degree = int(c1.number_input("Polynomial degree", 1, 6, 3))
-        k_step = int(
-            c2.number_input(
-                "Evaluate every k-th head count", 1, max(1, total // 2), max(1, total // 24)
-            )
+        degree = int(
+            c1.number_input("Polynomial degree", 1, 8, defaults.degree, key=f"cahp-deg-{variant}")
         )
-        count = int(c3.number_input("Members (seeds 0..M-1)", 1, 8, 3, key="cahp-members"))
+        options = {"variant": variant, "degree": degree}
+        count = int(c3.number_input("Members (M)", 1, 8, 3, key="cahp-members"))
+        seeds = cahp_seeds(count, variant)
+        if variant == "accuracy-knee":
+            k_step = int(
+                c2.number_input(
+                    "Evaluate every k-th head count", 1, max(1, total // 2), max(1, total // 24)
+                )
+            )
+            options["k_grid"] = cahp_k_grid(total, k_step)
+            options["representative"] = st.radio(
+                "Head kept per cluster", REPRESENTATIVES[::-1], horizontal=True
+            )
+        c3.caption(f"seeds {seeds[0]}..{seeds[-1]}")
         if job is not None and job.running:
-            watch_job(job, lambda j: f"CAHP for {len(j.info['seeds'])} seed(s)")
+            watch_job(job, lambda j: f"CAHP {j.info['variant']} for {len(j.info['seeds'])} seed(s)")
         else:
             job_outcome(job, "CAHP")
             if job is not None and job.result and not job.info.get("used"):
@@ -249,7 +268,7 @@ with show_error("Could not build the masks"):
                 "Replace the current members", value=True, key="replace-cahp"
             )
             if st.button("Run CAHP", icon=":material/hub:"):
-                start_cahp(context, inputs, list(range(count)), degree, k_step, replace_cahp)
+                start_cahp(context, inputs, seeds, options, replace_cahp)
                 st.rerun()
 
     with tabs[2], show_error("Could not add this member"):

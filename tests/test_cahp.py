@@ -1,4 +1,5 @@
-"""CAHP parts against closed forms and obvious cases; the whole selection is reproducible."""
+"""The accuracy-knee CAHP variant: its parts against closed forms and obvious cases; the whole
+selection is reproducible. (The official variant: ``test_cahp_official.py``.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from hydra_core.analysis.cahp import (
     _bhattacharyya,
     cahp_k_grid,
+    cahp_seeds,
     cahp_select,
     jeffries_matusita,
     jeffries_matusita_profiles,
@@ -18,6 +20,7 @@ from hydra_core.analysis.cahp import (
     knee_from_polyfit,
     pairwise_distances,
 )
+from hydra_core.errors import InputError
 from hydra_core.models.adapter import ablate
 from tests.conftest import make_tiny_vit
 
@@ -129,26 +132,88 @@ def test_cahp_select_is_reproducible_and_consistent(search_data):
     model, x, y = search_data
     calls = []
     first = cahp_select(
-        model, x, y, seed=0, batch_size=32, progress=lambda done, total: calls.append((done, total))
+        model,
+        x,
+        y,
+        variant="accuracy-knee",
+        batch_size=32,
+        progress=lambda done, total: calls.append((done, total)),
     )
-    again = cahp_select(model, x, y, seed=0, batch_size=32)
+    again = cahp_select(model, x, y, variant="accuracy-knee", seed=0, batch_size=32)
+    assert (first.seed, first.degree, first.representative) == (0, 3, "medoid")
     assert calls == [(k, 8) for k in range(1, 9)]
-    assert first.curve["k"].tolist() == list(range(1, 9))
+    assert first.curve["k"].tolist() == list(range(1, 9)) and first.score_name == "accuracy"
     assert first.medoids == again.medoids and first.knee_k == again.knee_k
     assert torch.equal(first.keep, again.keep)
     np.testing.assert_array_equal(first.curve.to_numpy(), again.curve.to_numpy())
     assert first.profiles.shape == (8, 10)  # 8 heads, 5 * 4 / 2 class pairs
     assert first.heads == [(layer, head) for layer in range(2) for head in range(4)]
-    # The kept heads are the knee's medoids, and a curve point is the accuracy of that mask.
-    assert sorted(map(tuple, first.keep.nonzero().tolist())) == sorted(first.medoids[first.knee_k])
+    # The kept heads are the knee's medoids and, for a layer none of them is in, its most
+    # important head; a curve point is the accuracy of that mask.
+    kept = sorted(map(tuple, first.keep.nonzero().tolist()))
+    assert first.representatives == first.medoids[first.knee_k]
+    assert kept == sorted(first.representatives + first.added)
+    assert {layer for layer, _ in kept} == {0, 1}
     with torch.no_grad(), ablate(model, first.keep):
         accuracy = (model(x).argmax(-1) == y).float().mean().item()
     assert first.curve.set_index("k").loc[first.knee_k, "accuracy"] == pytest.approx(accuracy)
     fitted = np.polyval(first.coefficients, first.curve["k"])
     np.testing.assert_allclose(fitted, first.curve["fitted"], atol=1e-9)
+    assert first.describe().startswith("CAHP accuracy-knee: knee of the accuracy curve")
 
 
-def test_cahp_rejects_a_bad_grid(search_data):
+def test_no_layer_loses_every_head(search_data):
+    model, x, y = search_data
+    result = cahp_select(model, x, y, variant="accuracy-knee", k_grid=[1, 2, 3, 4, 5, 8])
+    # k = 1: one medoid, in one layer; the other layer keeps its most important head, so the
+    # curve's first point is the accuracy with two heads
+    (medoid,) = result.medoids[1]
+    other = 1 - medoid[0]
+    best = max(range(4), key=lambda h: result.importance[other * 4 + h])
+    keep = torch.zeros(2, 4, dtype=torch.bool)
+    keep[medoid] = keep[other, best] = True
+    with torch.no_grad(), ablate(model, keep):
+        accuracy = (model(x).argmax(-1) == y).float().mean().item()
+    assert result.curve.loc[0, "accuracy"] == pytest.approx(accuracy)
+
+
+def test_the_most_important_head_of_each_cluster(search_data):
+    model, x, y = search_data
+    by_medoid = cahp_select(model, x, y, variant="accuracy-knee", k_grid=[1, 3, 5, 8], degree=2)
+    by_weight = cahp_select(
+        model,
+        x,
+        y,
+        variant="accuracy-knee",
+        k_grid=[1, 3, 5, 8],
+        degree=2,
+        representative="importance",
+    )
+    assert by_weight.representative == "importance"
+    np.testing.assert_array_equal(by_weight.importance, by_medoid.importance)
+    np.testing.assert_array_equal(by_weight.distances, by_medoid.distances)  # same clusters
+    from hydra_core.analysis.cahp import k_medoids
+
+    medoids, labels = k_medoids(by_weight.distances, by_weight.knee_k, 0)
+    expected = [
+        by_weight.heads[max(np.flatnonzero(labels == c), key=lambda i: by_weight.importance[i])]
+        for c in range(len(medoids))
+    ]
+    assert by_weight.representatives == expected
+
+
+def test_cahp_rejects_a_bad_grid_and_bad_options(search_data):
     model, x, y = search_data
     with pytest.raises(ValueError, match="between 1 and 8"):
-        cahp_select(model, x, y, k_grid=[0, 3])
+        cahp_select(model, x, y, variant="accuracy-knee", k_grid=[0, 3])
+    with pytest.raises(InputError, match="not a cluster representative"):
+        cahp_select(model, x, y, variant="accuracy-knee", representative="centroid")
+    with pytest.raises(InputError, match="degree must be at least 1"):
+        cahp_select(model, x, y, variant="accuracy-knee", degree=0)
+
+
+def test_member_seeds_by_variant():
+    assert cahp_seeds(3) == [42, 43, 44]
+    assert cahp_seeds(2, "accuracy-knee") == [0, 1]
+    with pytest.raises(InputError, match="not a CAHP variant"):
+        cahp_seeds(2, "paper")

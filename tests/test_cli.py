@@ -127,12 +127,77 @@ def test_search_importance_represent(checkpoint, tmp_path, capsys):
     assert len(pd.read_csv(rep / "pca_layer1.csv")) == 60 + 2 * 60  # the report parts, whole
 
 
-def test_cahp(checkpoint, tmp_path):
+def test_cahp_accuracy_knee(checkpoint, tmp_path):
     out = tmp_path / "cahp"
-    assert main(["cahp", "--model", checkpoint, *DATA, "--k-step", "2", "--out", str(out)]) == 0
+    argv = ["cahp", "--model", checkpoint, *DATA, "--variant", "accuracy-knee", "--k-step", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
     summary = json.loads((out / "cahp.json").read_text())
     members = load_masks(out / "cahp_masks.json", HeadLayout((4, 4), 6, 24))
-    assert members[0].kept == summary["knee_k"] == len(summary["kept"])
+    assert (summary["variant"], summary["curve"], summary["seed"]) == (
+        "accuracy-knee",
+        "accuracy",
+        0,
+    )
+    assert members[0].kept == len(summary["kept"]) >= summary["knee_k"]
+    assert members[0].source.startswith("CAHP accuracy-knee")
+    assert list(pd.read_csv(out / "cahp_curve.csv").columns) == ["k", "accuracy", "fitted"]
+
+
+def test_cahp_official(tmp_path, capsys):
+    """The default variant, on a tiny checkpoint with enough heads for t-SNE (3 x 6 = 18)."""
+    from hydra_core.zoo.default import VitConfig
+    from tests.conftest import write_tiny_checkpoint
+
+    config = VitConfig(embed_dim=24, depth=3, num_heads=6, mlp_ratio=2.0)
+    model = write_tiny_checkpoint(tmp_path / "18heads.safetensors", config)
+    out = tmp_path / "cahp"
+    assert main(["cahp", "--model", model, *DATA, "--out", str(out)]) == 0
+    summary = json.loads((out / "cahp.json").read_text())
+    assert (summary["variant"], summary["curve"], summary["seed"], summary["degree"]) == (
+        "official",
+        "mss",
+        42,
+        6,
+    )
+    members = load_masks(out / "cahp_masks.json", HeadLayout((6, 6, 6), 4, 24))
+    assert (
+        members[0].kept
+        == len(summary["kept"])
+        == summary["knee_k"] + len(summary["added_for_empty_layers"])
+    )
+    assert "CAHP official" in capsys.readouterr().out
+    curve = pd.read_csv(out / "cahp_curve.csv")
+    assert list(curve.columns) == ["k", "mss", "fitted"] and curve["k"].tolist() == list(
+        range(2, 18)
+    )
+    # the official variant has no k grid; the tiny 8-head model is too small for it
+    assert main(["cahp", "--model", model, *DATA, "--k-step", "2", "--out", str(out)]) == 2
+    assert "k-step is an option of the accuracy-knee variant" in capsys.readouterr().err
+
+
+def test_masks_by_cahp_name_their_variant(checkpoint, tmp_path):
+    from hydra_core.zoo.default import VitConfig
+    from tests.conftest import write_tiny_checkpoint
+
+    out = tmp_path / "members.json"
+    argv = ["masks", "--strategy", "cahp", "--m", "2", "--allow-identical", *DATA]
+    knee = ["--cahp-variant", "accuracy-knee", "--cahp-k-step", "2"]
+    assert main([*argv, "--model", checkpoint, *knee, "--out", str(out)]) == 0
+    members = load_masks(out, HeadLayout((4, 4), 6, 24))
+    assert [m.name for m in members] == ["CAHP accuracy-knee seed 0", "CAHP accuracy-knee seed 1"]
+    config = VitConfig(embed_dim=24, depth=3, num_heads=6, mlp_ratio=2.0)
+    model = write_tiny_checkpoint(tmp_path / "18heads.safetensors", config)
+    assert main([*argv, "--model", model, "--out", str(out)]) == 0
+    members = load_masks(out, HeadLayout((6, 6, 6), 4, 24))
+    assert [m.name for m in members] == ["CAHP official seed 42", "CAHP official seed 43"]
+    assert all(m.source.startswith("CAHP official: knee of the mean simplified") for m in members)
+
+
+def test_cahp_refuses_a_model_too_small_for_t_sne(checkpoint, tmp_path, capsys):
+    assert main(["cahp", "--model", checkpoint, *DATA, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "perplexity 10" in err and "--cahp-variant accuracy-knee" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

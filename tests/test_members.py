@@ -126,15 +126,28 @@ def test_cahp_members_use_one_seed_each(model, inputs):
         model,
         inputs,
         seeds=(0, 1),
+        variant="accuracy-knee",
         k_grid=grid,
         allow_identical=True,
         progress=lambda done, total: calls.append((done, total)),
     )
     for member, seed in zip(members, (0, 1), strict=True):
-        expected = cahp_select(model, inputs.id_x, inputs.id_y, k_grid=grid, seed=seed)
+        expected = cahp_select(
+            model, inputs.id_x, inputs.id_y, variant="accuracy-knee", k_grid=grid, seed=seed
+        )
         assert torch.equal(member.keep, expected.keep)
-        assert member.name == f"CAHP seed {seed}"
+        assert member.name == f"CAHP accuracy-knee seed {seed}"
+        assert member.source == expected.describe()
     assert calls == [(done, 12) for done in range(1, 13)]  # both seeds' curves, 6 points each
+
+
+def test_official_cahp_members(model, inputs):
+    members = cahp_members(model, inputs, seeds=(42, 43), allow_identical=True)
+    for member, seed in zip(members, (42, 43), strict=True):
+        expected = cahp_select(model, inputs.id_x, inputs.id_y, seed=seed)
+        assert torch.equal(member.keep, expected.keep)
+        assert member.name == f"CAHP official seed {seed}"
+        assert member.source.startswith("CAHP official: knee of the mean simplified silhouette")
 
 
 def test_manual_members(model):

@@ -16,6 +16,7 @@ from torch import nn
 import hydra_core as hc
 from hydra_core.analysis import _suffix
 from hydra_core.analysis.cahp import cahp_select
+from hydra_core.analysis.cahp_official import keep_one_per_layer
 from hydra_core.analysis.greedy import greedy_circuit, single_head_importance
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
@@ -404,11 +405,16 @@ def test_head_features_centroids_and_cahp():
     ood = head_cls_features(model, 2 * clip_images(9, seed=9), batch_size=4)
     table = centroid_distances(features, ood)
     assert len(table) == LAYERS * HEADS and (table["euclidean"] > 0).all()
-    result = cahp_select(model, x, y, k_grid=[1, 4, 8, 12], degree=2, batch_size=7)
-    assert int(result.keep.sum()) == result.knee_k
+    result = cahp_select(
+        model, x, y, variant="accuracy-knee", k_grid=[1, 4, 8, 12], degree=2, batch_size=7
+    )
     for k, accuracy in zip(result.curve["k"], result.curve["accuracy"], strict=True):
+        medoids = result.medoids[k]
+        guard = keep_one_per_layer(
+            [result.heads.index(h) for h in medoids], result.heads, result.importance
+        )
         keep = torch.zeros(LAYERS, HEADS, dtype=torch.bool)
-        for layer, head in result.medoids[k]:
+        for layer, head in medoids + [result.heads[i] for i in guard]:
             keep[layer, head] = True
         with torch.no_grad():
             expected = (zeroed_wo(model, keep)(x).argmax(-1) == y).float().mean().item()
@@ -430,9 +436,15 @@ def test_member_strategies():
     assert len(greedy_ranking(model, inputs, objective="avg", budget=3)) == LAYERS * HEADS
     assert taylor_member(model, inputs, per_layer=1, samples=None).keep.sum(1).tolist() == [3] * 3
     cahp = cahp_members(
-        model, inputs, seeds=[0, 1], k_grid=[1, 4, 8, 12], degree=2, allow_identical=True
+        model,
+        inputs,
+        seeds=[0, 1],
+        variant="accuracy-knee",
+        k_grid=[1, 4, 8, 12],
+        degree=2,
+        allow_identical=True,
     )
-    assert [m.name for m in cahp] == ["CAHP seed 0", "CAHP seed 1"]
+    assert [m.name for m in cahp] == ["CAHP accuracy-knee seed 0", "CAHP accuracy-knee seed 1"]
 
 
 @pytest.mark.parametrize("wrapped", [False, True])

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hydra_core.analysis.cahp import cahp_select
+from hydra_core.analysis.cahp_official import keep_one_per_layer
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.analysis.representations import (
     centroid_distances,
@@ -197,12 +198,19 @@ def test_centroid_distances_and_dense_vs_circuit_on_text():
 def test_cahp_on_a_raw_hf_model():
     model = make_tiny_text("bert")
     x, y = padded(6, 18, 10), torch.arange(18) % CLASSES
-    result = cahp_select(model, x, y, k_grid=[1, 3, 5, 8], degree=2, batch_size=7)
+    result = cahp_select(
+        model, x, y, variant="accuracy-knee", k_grid=[1, 3, 5, 8], degree=2, batch_size=7
+    )
     assert result.curve["k"].tolist() == [1, 3, 5, 8]
-    assert int(result.keep.sum()) == result.knee_k
+    kept = sorted(map(tuple, result.keep.nonzero().tolist()))
+    assert kept == sorted(result.representatives + result.added)
     for k, accuracy in zip(result.curve["k"], result.curve["accuracy"], strict=True):
+        medoids = result.medoids[k]
+        guard = keep_one_per_layer(
+            [result.heads.index(h) for h in medoids], result.heads, result.importance
+        )
         keep = torch.zeros(LAYERS, HEADS, dtype=torch.bool)
-        for layer, head in result.medoids[k]:
+        for layer, head in medoids + [result.heads[i] for i in guard]:
             keep[layer, head] = True
         with ablate(model, keep), torch.no_grad():
             expected = (hf_logits(model, x).argmax(-1) == y).float().mean().item()
@@ -231,10 +239,16 @@ def test_member_strategies_on_text(search_inputs):
     taylor = taylor_member(model, search_inputs, per_layer=1, samples=None)
     assert taylor.keep.sum(1).tolist() == [3, 3, 3]
     cahp = cahp_members(
-        model, search_inputs, seeds=[0, 1], k_grid=[1, 4, 8, 12], degree=2, allow_identical=True
+        model,
+        search_inputs,
+        seeds=[0, 1],
+        variant="accuracy-knee",
+        k_grid=[1, 4, 8, 12],
+        degree=2,
+        allow_identical=True,
     )
-    assert [m.name for m in cahp] == ["CAHP seed 0", "CAHP seed 1"]
-    assert all(f"knee at {int(m.keep.sum())} heads" in m.source for m in cahp)
+    assert [m.name for m in cahp] == ["CAHP accuracy-knee seed 0", "CAHP accuracy-knee seed 1"]
+    assert all(f"{int(m.keep.sum())} heads kept" in m.source for m in cahp)
     by_hand = manual_members([members[0].keep, taylor.keep], layout)
     assert member_overlap(by_hand)["jaccard"].shape == (2, 2)
 

@@ -1,13 +1,20 @@
-"""Complementary head selection, after CAHP ("Complementary Attention Head Pruning for Efficient
-Transformers"; seed ``cahp-complementary-head-pruning.txt``).
+"""Complementary head selection, CAHP ("Complementary Attention Head Pruning for Efficient
+Transformers"; seed ``cahp-complementary-head-pruning.txt``), in two variants.
 
-Only the paper's abstract is public, so this module is our reading of it. From the abstract:
-heads are described with an information-theoretic measure of how they separate the classes, head
-selection is a global graph problem (distances between heads, clustering, one representative per
-cluster), and the number of heads is read off the accuracy-vs-heads curve at the point of
-diminishing returns, found with a polynomial fit of a chosen degree.
+- ``official`` (the default): the authors' algorithm as their public code runs it
+  (repository yanivlivert/cahp), step by step: attention-map signatures, per-dimension
+  Jeffries-Matusita profiles, t-SNE, FasterPAM, the knee of the mean simplified silhouette
+  curve, the most important head per cluster, one head per layer at least; seed 42.
+  :mod:`hydra_core.analysis.cahp_official` has its steps and where it departs from their code.
+- ``accuracy-knee``: Hydra Lab's reading of the abstract, from before the code was public,
+  described below; it now also keeps one head per layer at least and may take the most
+  important head of a cluster instead of its medoid.
 
-Our own choices, none of them taken from the paper:
+The accuracy-knee reading. From the abstract: heads are described with an information-theoretic
+measure of how they separate the classes, head selection is a global graph problem (distances
+between heads, clustering, one representative per cluster), and the number of heads is read off
+the accuracy-vs-heads curve at the point of diminishing returns, found with a polynomial fit of a
+chosen degree. Our own choices, none of them taken from the paper or the authors' code:
 
 - **Profile.** Each head's CLS output (d_k values, before W_O) is modelled per class as a
   Gaussian (class mean, Ledoit-Wolf covariance with a tiny floor, so it never fails); the head's
@@ -15,11 +22,14 @@ Our own choices, none of them taken from the paper:
   the Bhattacharyya distance: C (C - 1) / 2 values in [0, 2].
 - **Graph.** A complete graph of heads weighted by the Euclidean distance between profiles.
 - **Clustering.** k-medoids: k-means++-style seeding, then alternating assignment and medoid update
-  (Voronoi iteration) until nothing changes, best of a few restarts, all from one seed.
-- **Global selection.** All heads of all layers are clustered together; the kept heads are the k
-  medoids, wherever they are.
-- **Curve.** For every k of the grid, ID accuracy of the model with every head but the k medoids
-  ablated (zeroed at the input of W_O), measured on the same search tensors that gave the profiles.
+  (Voronoi iteration) until nothing changes, best of a few restarts, all from one seed (0).
+- **Global selection.** All heads of all layers are clustered together; each cluster keeps its
+  medoid (``representative="medoid"``, the default) or its most important head by the official
+  variant's head-mask gradient (``"importance"``); a layer left without a head keeps its most
+  important one.
+- **Curve.** For every k of the grid, ID accuracy of the model with every head but the ones kept
+  for k clusters ablated (zeroed at the input of W_O), measured on the same search tensors that
+  gave the profiles.
 - **Knee.** A polynomial of the chosen degree (default 3) is fitted to accuracy against k; the knee
   is the integer k, between the smallest and the largest k of the grid, where the fitted curve lies
   farthest above the chord joining its two ends (Kneedle's rule, Satopaa et al., 2011, on the fitted
@@ -29,7 +39,7 @@ Our own choices, none of them taken from the paper:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,14 +47,23 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.analysis.cahp_official import (
+    DEGREE,
+    SEED,
+    head_mask_importance,
+    keep_one_per_layer,
+    most_important_per_cluster,
+    official_steps,
+)
 from hydra_core.analysis.representations import (
     head_cls_features,
     model_device,
     regularised_covariance,
 )
+from hydra_core.errors import InputError
 from hydra_core.evaluate import masked, predict
-from hydra_core.models.adapter import head_layout, model_and_inputs
-from hydra_core.types import Head
+from hydra_core.models.adapter import HeadLayout, head_layout, model_and_inputs
+from hydra_core.types import Head, Progress
 
 
 def _bhattacharyya(mean: np.ndarray, cov: np.ndarray) -> np.ndarray:
@@ -236,21 +255,67 @@ def cahp_k_grid(total_heads: int, step: int = 1) -> list[int]:
     return grid
 
 
+@dataclass(frozen=True)
+class VariantDefaults:
+    """A variant's defaults: the clustering (and t-SNE) seed, the knee's polynomial degree, and
+    which head of a cluster is kept."""
+
+    seed: int
+    degree: int
+    representative: str
+
+
+#: the CAHP variants, the default first
+CAHP_VARIANTS = ("official", "accuracy-knee")
+#: which head of a cluster is kept: the most important one, or the medoid
+REPRESENTATIVES = ("importance", "medoid")
+VARIANT_DEFAULTS = {
+    "official": VariantDefaults(seed=SEED, degree=DEGREE, representative="importance"),
+    "accuracy-knee": VariantDefaults(seed=0, degree=3, representative="medoid"),
+}
+
+
+def check_variant(variant: str) -> str:
+    """``variant`` if it is one of :data:`CAHP_VARIANTS`; an InputError naming them otherwise."""
+    if variant not in CAHP_VARIANTS:
+        raise InputError(
+            f"{variant!r} is not a CAHP variant; choose one of {', '.join(CAHP_VARIANTS)}"
+        )
+    return variant
+
+
+def cahp_seeds(m: int, variant: str = CAHP_VARIANTS[0]) -> list[int]:
+    """The seeds of M CAHP members by default: the variant's seed, then the next M - 1."""
+    start = VARIANT_DEFAULTS[check_variant(variant)].seed
+    return list(range(start, start + m))
+
+
 @dataclass
 class CAHPResult:
     """The outcome of :func:`cahp_select`.
 
     Args:
-        keep: the selected head mask (L, H), True = kept: the medoids at ``knee_k``.
-        knee_k: the chosen number of heads.
-        curve: columns k, accuracy (measured with only the k medoids kept), fitted (the polynomial).
-        coefficients: the fitted polynomial in ``numpy.polyval`` order (highest power first, in k).
+        variant: which CAHP ran (:data:`CAHP_VARIANTS`); seed, degree, representative: its
+            settings.
+        keep: the selected head mask (L, H), True = kept: ``representatives`` and ``added``.
+        knee_k: the number of clusters at the knee.
+        curve: columns k, the score whose knee is taken (``mss`` for official, ``accuracy`` for
+            accuracy-knee) and fitted (the polynomial the knee is read off).
+        coefficients: that polynomial in ``numpy.polyval`` order (highest power first, in k).
         heads: (layer, head) of each row of ``profiles`` and each index of ``distances``.
-        profiles: (number of heads, class pairs) Jeffries-Matusita profiles.
-        distances: (number of heads,) * 2 Euclidean distances between profiles.
-        medoids: k -> the kept heads, for every k of the grid and for ``knee_k``.
+        profiles: the heads' Jeffries-Matusita profiles (official: D values per class pair;
+            accuracy-knee: one per class pair).
+        distances: (heads, heads) Euclidean distances the clustering ran on (official: between
+            the t-SNE coordinates; accuracy-knee: between profiles).
+        medoids: k -> the clusters' medoids (accuracy-knee: every k of the grid; official: the
+            knee's).
+        representatives: the head kept for each cluster at the knee.
+        added: heads kept only so that no layer loses every head.
+        importance: (heads,) head-mask-gradient importance, min-max normalised.
+        embedding: (heads, 2) t-SNE coordinates (official); None for accuracy-knee.
     """
 
+    variant: str
     keep: torch.Tensor
     knee_k: int
     curve: pd.DataFrame
@@ -259,6 +324,28 @@ class CAHPResult:
     profiles: np.ndarray
     distances: np.ndarray
     medoids: dict[int, list[Head]]
+    representatives: list[Head]
+    added: list[Head]
+    importance: np.ndarray
+    seed: int
+    degree: int
+    representative: str
+    embedding: np.ndarray | None = None
+
+    @property
+    def score_name(self) -> str:
+        """The curve's score column: ``mss`` or ``accuracy``."""
+        return str(self.curve.columns[1])
+
+    def describe(self) -> str:
+        """One line naming the variant and what it chose, for member sources and reports."""
+        curve = "mean simplified silhouette" if self.variant == "official" else "accuracy"
+        added = f" (+{len(self.added)} for empty layers)" if self.added else ""
+        return (
+            f"CAHP {self.variant}: knee of the {curve} curve at {self.knee_k} clusters (degree "
+            f"{self.degree}), {int(self.keep.sum())} heads kept{added}, {self.representative} "
+            f"per cluster, seed {self.seed}"
+        )
 
 
 def cahp_select(
@@ -266,27 +353,111 @@ def cahp_select(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    degree: int = 3,
+    variant: str = CAHP_VARIANTS[0],
+    seed: int | None = None,
+    degree: int | None = None,
+    representative: str | None = None,
     k_grid: Sequence[int] | None = None,
-    seed: int = 0,
     batch_size: int = 256,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> CAHPResult:
-    """Choose complementary heads and how many to keep (see the module docstring for the method).
+    """Choose complementary heads and how many to keep, by the CAHP ``variant``.
 
     Args:
         x, y: ID search inputs (images, or token ids in any form
             :func:`~hydra_core.models.adapter.model_and_inputs` takes) and labels: they give
-            both the profiles and the accuracy curve.
-        degree: degree of the polynomial fitted to the accuracy-vs-heads curve.
-        k_grid: the numbers of heads to evaluate (default: every k from 1 to the number of heads;
-            :func:`cahp_k_grid` makes coarser ones).
-        seed: seed of the k-medoids clustering.
-        progress: called as ``progress(done, total)`` after each k is evaluated.
+            the signatures, the importance and (accuracy-knee) the accuracy curve.
+        variant: ``official`` (the authors' code) or ``accuracy-knee`` (our earlier reading).
+        seed: the clustering (and t-SNE) seed; default the variant's (42, 0).
+        degree: degree of the knee's polynomial fit; default the variant's (6, 3).
+        representative: accuracy-knee only: ``medoid`` (default) or ``importance``.
+        k_grid: accuracy-knee only: the numbers of clusters to evaluate (default every k from 1
+            to the number of heads; :func:`cahp_k_grid` makes coarser ones).
+        batch_size: accuracy-knee's batches (the official variant reads its data in chunks of
+            its authors' loader batch size, 32).
+        progress: called as ``progress(done, total)`` as the selection advances.
     """
+    defaults = VARIANT_DEFAULTS[check_variant(variant)]
+    seed = defaults.seed if seed is None else int(seed)
+    degree = defaults.degree if degree is None else int(degree)
+    representative = defaults.representative if representative is None else representative
+    if representative not in REPRESENTATIVES:
+        raise InputError(
+            f"{representative!r} is not a cluster representative; choose one of "
+            f"{', '.join(REPRESENTATIVES)}"
+        )
+    if degree < 1:
+        raise InputError(f"the polynomial degree must be at least 1, got {degree}")
     model, x = model_and_inputs(model, x, names=("x",))  # a text model: one that takes packed ids
+    if variant == "official":
+        if k_grid is not None or representative != "importance":
+            raise InputError(
+                "the official CAHP variant clusters for every k = 2 .. heads - 1 and keeps each "
+                "cluster's most important head; a k grid and the medoid as representative are "
+                "options of the accuracy-knee variant"
+            )
+        return _official(model, x, y, seed=seed, degree=degree, progress=progress)
+    return _accuracy_knee(
+        model,
+        x,
+        y,
+        seed=seed,
+        degree=degree,
+        representative=representative,
+        k_grid=k_grid,
+        batch_size=batch_size,
+        progress=progress,
+    )
+
+
+def _official(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    seed: int,
+    degree: int,
+    progress: Progress | None,
+) -> CAHPResult:
     layout = head_layout(model)
-    heads = [tuple(h) for h in layout.all_kept().nonzero().tolist()]
+    heads = _heads(layout)
+    steps = official_steps(model, x, y, heads, seed=seed, degree=degree, progress=progress)
+    representatives = [heads[i] for i in steps.representatives]
+    added = [heads[i] for i in steps.added]
+    return CAHPResult(
+        variant="official",
+        keep=_mask(layout.shape, representatives + added),
+        knee_k=steps.knee,
+        curve=pd.DataFrame({"k": steps.ks, "mss": steps.mss, "fitted": steps.fitted}),
+        coefficients=np.polyfit(steps.ks, steps.mss, degree),
+        heads=heads,
+        profiles=steps.profiles,
+        distances=pairwise_distances(steps.embedding.astype(np.float64)),
+        medoids={steps.knee: [heads[i] for i in steps.medoids]},
+        representatives=representatives,
+        added=added,
+        importance=steps.importance,
+        seed=seed,
+        degree=degree,
+        representative="importance",
+        embedding=steps.embedding,
+    )
+
+
+def _accuracy_knee(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    seed: int,
+    degree: int,
+    representative: str,
+    k_grid: Sequence[int] | None,
+    batch_size: int,
+    progress: Progress | None,
+) -> CAHPResult:
+    layout = head_layout(model)
+    heads = _heads(layout)
     grid = cahp_k_grid(len(heads)) if k_grid is None else sorted({int(k) for k in k_grid})
     if not grid or grid[0] < 1 or grid[-1] > len(heads):
         raise ValueError(
@@ -298,32 +469,53 @@ def cahp_select(
     rows = [layer * layout.max_heads + head for layer, head in heads]
     profiles = profiles[rows]  # only heads that exist (a pruned model's padding is left out)
     distances = pairwise_distances(profiles)
+    importance = head_mask_importance(model, x, y)
 
-    def medoid_heads(k: int) -> list[Head]:
-        medoids, _ = k_medoids(distances, k, seed)
-        return [heads[i] for i in medoids]
+    def selection(k: int) -> tuple[list[int], list[int], list[int]]:
+        """(medoids, representatives, added for empty layers), as indices into ``heads``."""
+        medoids, labels = k_medoids(distances, k, seed)
+        chosen = (
+            [int(i) for i in medoids]
+            if representative == "medoid"
+            else most_important_per_cluster(importance, labels, medoids)
+        )
+        return [int(i) for i in medoids], chosen, keep_one_per_layer(chosen, heads, importance)
 
-    medoids, accuracy = {}, []
+    selections, accuracy = {}, []
     for done, k in enumerate(grid, start=1):
-        medoids[k] = medoid_heads(k)
-        accuracy.append(_accuracy(model, x, y, _mask(layout.shape, medoids[k]), batch_size))
+        selections[k] = selection(k)
+        kept = [heads[i] for i in selections[k][1] + selections[k][2]]
+        accuracy.append(_accuracy(model, x, y, _mask(layout.shape, kept), batch_size))
         if progress is not None:
             progress(done, len(grid))
     knee, poly = knee_from_polyfit(grid, accuracy, degree)
-    if knee not in medoids:
-        medoids[knee] = medoid_heads(knee)
+    if knee not in selections:
+        selections[knee] = selection(knee)
+    _, chosen, added = selections[knee]
+    representatives, added = [heads[i] for i in chosen], [heads[i] for i in added]
     fitted = poly(np.asarray(grid, dtype=np.float64))
-    curve = pd.DataFrame({"k": grid, "accuracy": accuracy, "fitted": fitted})
     return CAHPResult(
-        keep=_mask(layout.shape, medoids[knee]),
+        variant="accuracy-knee",
+        keep=_mask(layout.shape, representatives + added),
         knee_k=knee,
-        curve=curve,
+        curve=pd.DataFrame({"k": grid, "accuracy": accuracy, "fitted": fitted}),
         coefficients=poly.convert().coef[::-1],
         heads=heads,
         profiles=profiles,
         distances=distances,
-        medoids=medoids,
+        medoids={k: [heads[i] for i in chosen[0]] for k, chosen in selections.items()},
+        representatives=representatives,
+        added=added,
+        importance=importance,
+        seed=seed,
+        degree=degree,
+        representative=representative,
     )
+
+
+def _heads(layout: HeadLayout) -> list[Head]:
+    """Every head the model has, layer by layer."""
+    return [tuple(h) for h in layout.all_kept().nonzero().tolist()]
 
 
 def _mask(shape: tuple[int, int], heads: Sequence[Head]) -> torch.Tensor:

@@ -92,18 +92,7 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--taylor-samples", type=options.positive_int, default=512, help="default: %(default)s"
     )
-    p.add_argument(
-        "--cahp-degree",
-        type=options.positive_int,
-        default=3,
-        help="CAHP: degree of the accuracy-vs-heads fit (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cahp-k-step",
-        type=options.positive_int,
-        default=1,
-        help="CAHP: evaluate every k-th number of heads (default: %(default)s)",
-    )
+    _add_cahp_options(p, prefix="cahp-")
     p.add_argument(
         "--allow-identical",
         action="store_true",
@@ -157,7 +146,7 @@ def _build_members(
     ``--objective`` or, with ``--ranking-source taylor``, from the Taylor one. Arguments are checked
     before any search runs.
     """
-    from hydra_core.analysis.cahp import cahp_k_grid
+    from hydra_core.analysis.cahp import cahp_seeds
     from hydra_core.cache import DiskCache
     from hydra_core.hydra.members import (
         CIRCUIT_NAMES,
@@ -241,19 +230,18 @@ def _build_members(
             greedy(), layout, budget=args.budget, ranking_name=name, ranking_info=greedy_info
         )
         return [circuit] if args.m == 1 else identical_members(circuit, args.m)
-    seeds = member_seeds(args.m, args.seeds)
     if args.strategy == "cahp":
         return cahp_members(
             model,
             inputs,
-            seeds=seeds,
-            degree=args.cahp_degree,
-            k_grid=cahp_k_grid(layout.total_heads, args.cahp_k_step),
+            seeds=member_seeds(args.m, args.seeds or cahp_seeds(args.m, args.cahp_variant)),
+            **_cahp_options(args, layout.total_heads, prefix="cahp_"),
             batch_size=args.batch_size,
-            progress=progress_bar(f"{args.strategy} ranking"),
+            progress=progress_bar(f"{args.strategy} ({args.cahp_variant})"),
             allow_identical=args.allow_identical,
             search=search,
         )
+    seeds = member_seeds(args.m, args.seeds)
     if args.strategy == "taylor" or args.ranking_source == "taylor":
         name = TAYLOR_NAME
         ranking = taylor_ranking(
@@ -275,29 +263,75 @@ def _build_members(
     )
 
 
-def _cahp_arguments(p: argparse.ArgumentParser) -> None:
-    add_analysis_arguments(p)
+def _add_cahp_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """CAHP's options; ``prefix`` ("cahp-") where they sit beside other strategies' options."""
+    from hydra_core.analysis.cahp import CAHP_VARIANTS, REPRESENTATIVES
+
+    names = [f"--{prefix}variant"] if prefix else ["--variant", "--cahp-variant"]
     p.add_argument(
-        "--degree",
-        type=options.positive_int,
-        default=3,
-        help="degree of the polynomial fit (default: %(default)s)",
+        *names,
+        dest=f"{prefix.replace('-', '_')}variant",
+        default=CAHP_VARIANTS[0],
+        choices=CAHP_VARIANTS,
+        help="CAHP: official (the authors' code: attention maps, t-SNE, FasterPAM, knee of the "
+        "silhouette curve) or accuracy-knee (our earlier reading: CLS-output profiles, knee "
+        "of the accuracy curve) (default: %(default)s)",
     )
     p.add_argument(
-        "--k-step",
+        f"--{prefix}degree",
+        type=options.positive_int,
+        default=None,
+        help="CAHP: degree of the knee's polynomial fit (default: 6 official, 3 accuracy-knee)",
+    )
+    p.add_argument(
+        f"--{prefix}representative",
+        default=None,
+        choices=REPRESENTATIVES,
+        help="CAHP accuracy-knee: the head kept per cluster (default: medoid; official: always "
+        "the most important)",
+    )
+    p.add_argument(
+        f"--{prefix}k-step",
         type=options.positive_int,
         default=1,
-        help="evaluate every k-th number of heads (default: %(default)s)",
+        help="CAHP accuracy-knee: evaluate every k-th number of clusters (default: %(default)s)",
     )
+
+
+def _cahp_options(args: argparse.Namespace, total_heads: int, prefix: str = "") -> dict:
+    """The keyword arguments of ``cahp_select`` / ``cahp_members`` that CAHP's options give."""
+    from hydra_core.analysis.cahp import cahp_k_grid
+
+    variant = getattr(args, f"{prefix}variant")
+    k_step = getattr(args, f"{prefix}k_step")
+    if variant == "official" and k_step != 1:
+        raise ValueError(
+            f"--{prefix.replace('_', '-')}k-step is an option of the accuracy-knee variant; the "
+            "official one clusters for every k"
+        )
+    return {
+        "variant": variant,
+        "degree": getattr(args, f"{prefix}degree"),
+        "representative": getattr(args, f"{prefix}representative"),
+        "k_grid": None if variant == "official" else cahp_k_grid(total_heads, k_step),
+    }
+
+
+def _cahp_arguments(p: argparse.ArgumentParser) -> None:
+    add_analysis_arguments(p)
+    _add_cahp_options(p)
     p.add_argument(
-        "--seed", type=options.seed, default=0, help="k-medoids seed (default: %(default)s)"
+        "--seed",
+        type=options.seed,
+        default=None,
+        help="clustering (and t-SNE) seed (default: 42 official, 0 accuracy-knee)",
     )
 
 
 @command("cahp", _cahp_arguments)
 def _cahp(args: argparse.Namespace) -> int:
-    """CAHP complementary head selection (our reading of the public abstract); writes the mask."""
-    from hydra_core.analysis.cahp import cahp_k_grid, cahp_select
+    """CAHP complementary head selection (official, or accuracy-knee); writes curve and mask."""
+    from hydra_core.analysis.cahp import cahp_select
     from hydra_core.hydra.members import refuse_towers_for_cahp
     from hydra_core.masks import MemberMask, save_masks
 
@@ -308,30 +342,31 @@ def _cahp(args: argparse.Namespace) -> int:
         loaded.model,
         inputs.id_x,
         inputs.id_y,
-        degree=args.degree,
-        k_grid=cahp_k_grid(layout.total_heads, args.k_step),
+        **_cahp_options(args, layout.total_heads),
         seed=args.seed,
         batch_size=args.batch_size,
-        progress=progress_bar("CAHP curve"),
+        progress=progress_bar(f"CAHP {args.variant}"),
     )
     result.curve.to_csv(out / "cahp_curve.csv", index=False)
     write_json(
         out / "cahp.json",
         {
+            "variant": result.variant,
             "knee_k": result.knee_k,
-            "degree": args.degree,
-            "seed": args.seed,
+            "curve": result.score_name,
+            "degree": result.degree,
+            "seed": result.seed,
+            "representative": result.representative,
             "coefficients": result.coefficients.tolist(),
-            "kept": [head_label(*h) for h in result.medoids[result.knee_k]],
+            "kept": [head_label(*h) for h in sorted(result.representatives + result.added)],
+            "representatives": [head_label(*h) for h in result.representatives],
+            "added_for_empty_layers": [head_label(*h) for h in result.added],
         },
     )
-    member = MemberMask(
-        f"CAHP-{result.knee_k}", f"CAHP degree {args.degree} seed {args.seed}", result.keep
-    )
+    member = MemberMask(f"CAHP-{int(result.keep.sum())}", result.describe(), result.keep)
     save_masks(out / "cahp_masks.json", [member], loaded.identity())
     print(
-        f"knee at {result.knee_k} heads (of {layout.total_heads}); "
-        "wrote cahp_curve.csv, cahp.json, "
+        f"{result.describe()} (of {layout.total_heads} heads); wrote cahp_curve.csv, cahp.json, "
         f"cahp_masks.json to {out}"
     )
     return 0

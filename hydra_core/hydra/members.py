@@ -20,8 +20,9 @@ report:
 - :func:`taylor_member`: layer-wise Taylor pruning
   (:func:`~hydra_core.analysis.taylor.taylor_prune`, ``per_layer`` heads removed in each layer,
   gradients recomputed after each layer).
-- :func:`cahp_members`: complementary heads (:func:`~hydra_core.analysis.cahp.cahp_select`), one
-  k-medoids seed per member; CAHP chooses how many heads each member keeps.
+- :func:`cahp_members`: complementary heads (:func:`~hydra_core.analysis.cahp.cahp_select`, the
+  official variant or accuracy-knee), one clustering seed per member; CAHP chooses how many heads
+  each member keeps.
 - :func:`manual_members`: masks drawn by hand, as (L, H) bool tensors or :class:`MemberMask`
   objects. The members of a mask file (README, Mask files) come from
   :func:`~hydra_core.masks.load_masks`.
@@ -338,24 +339,26 @@ def cahp_members(
     inputs: SearchInputs,
     *,
     seeds: Sequence[int],
-    degree: int = 3,
+    variant: str = "official",
+    degree: int | None = None,
+    representative: str | None = None,
     k_grid: Sequence[int] | None = None,
     batch_size: int = 256,
     progress: Progress | None = None,
     allow_identical: bool = False,
     search: dict | None = None,
 ) -> list[MemberMask]:
-    """One CAHP selection per k-medoids seed, named ``CAHP seed <seed>``; CAHP chooses how many
-    heads each member keeps (the clustering and so the accuracy curve depend on the seed).
+    """One CAHP selection per seed, named ``CAHP <variant> seed <seed>``; CAHP chooses how many
+    heads each member keeps (the clustering, and with it the knee, depends on the seed).
 
     Args:
         model: the source model; never modified.
-        inputs: search-split tensors: the ID inputs give both the head profiles and the curve.
-        seeds: one k-medoids seed per member, all different.
-        degree: degree of the polynomial fitted to the accuracy-vs-heads curve.
-        k_grid: the head counts to evaluate (:func:`~hydra_core.analysis.cahp.cahp_k_grid`;
-            default: every count).
-        progress: ``progress(done, total)`` over the curves of every seed.
+        inputs: search-split tensors: the ID inputs and labels give everything CAHP reads.
+        seeds: one clustering (and t-SNE) seed per member, all different
+            (:func:`~hydra_core.analysis.cahp.cahp_seeds` gives the variant's defaults).
+        variant, degree, representative, k_grid: as :func:`~hydra_core.analysis.cahp.cahp_select`
+            takes them (None: the variant's default).
+        progress: ``progress(done, total)`` over the selections of every seed.
         allow_identical: accept seeds that select the same heads, for ablations only.
         search: the search data (:func:`search_provenance`), for the members' provenance.
     """
@@ -374,22 +377,26 @@ def cahp_members(
             model,
             inputs.id_x,
             inputs.id_y,
-            degree=degree,
-            k_grid=k_grid,
+            variant=variant,
             seed=seed,
+            degree=degree,
+            representative=representative,
+            k_grid=k_grid,
             batch_size=batch_size,
             progress=report,
         )
         members.append(
             MemberMask(
-                f"CAHP seed {seed}",
-                f"CAHP, knee at {result.knee_k} heads, degree {degree}, k-medoids seed {seed}",
+                f"CAHP {variant} seed {seed}",
+                result.describe(),
                 result.keep,
                 provenance(
                     "cahp",
                     {
-                        "degree": degree,
+                        "variant": result.variant,
+                        "degree": result.degree,
                         "seed": seed,
+                        "representative": result.representative,
                         "k_grid": None if k_grid is None else [int(k) for k in k_grid],
                         "knee_k": int(result.knee_k),
                     },

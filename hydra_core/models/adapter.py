@@ -56,6 +56,7 @@ __all__ = [
     "ablate",
     "as_keep_mask",
     "attention",
+    "attention_weights",
     "attention_projection",
     "block_heads",
     "block_rest",
@@ -70,6 +71,7 @@ __all__ = [
     "prune_attention",
     "prune_heads",
     "record_head_outputs",
+    "scale_heads",
 ]
 
 #: every family Hydra Lab knows, tried in this order
@@ -196,6 +198,48 @@ class _ZeroChannels:
 
 
 @contextmanager
+def scale_heads(model: nn.Module, scales: torch.Tensor) -> Iterator[nn.Module]:
+    """Multiply each head's output by ``scales[layer, head]`` at the input of W_O, for the
+    duration of the ``with`` block: a differentiable head mask (Michel et al., 2019). With
+    ``scales`` all ones and requiring grad, a loss computed inside is the model's own and its
+    gradient with respect to ``scales`` is the gradient with respect to the head mask.
+
+    Args:
+        scales: (layers, max heads) float, on the model's device; entries past a layer's last
+            head are not read.
+    """
+    family = family_of(model)
+    layout = family.layout(model)
+    if tuple(scales.shape) != layout.shape or not scales.is_floating_point():
+        raise ValueError(
+            f"head scales must be a float tensor of shape {layout.shape}, got "
+            f"{scales.dtype} {tuple(scales.shape)}"
+        )
+    projections = _projections(model)
+    layers = [layer for layer, n in enumerate(layout.num_heads) if n > 0]
+
+    def scaler(layer: int):
+        n = layout.num_heads[layer]
+
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]):
+            channels = scales[layer, :n].repeat_interleave(layout.head_dim)  # (H * d_k,)
+            return (args[0] * channels.to(args[0].dtype),) + tuple(args[1:])
+
+        return hook
+
+    handles = []
+    try:
+        with family.projection_called(model, layers):
+            for layer in layers:
+                hook = scaler(layer)
+                handles.append(projections[layer].register_forward_pre_hook(hook, prepend=True))
+            yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
 def record_head_outputs(
     model: nn.Module, layers: Sequence[int], *, token: int | None = 0
 ) -> Iterator[dict[int, list[torch.Tensor]]]:
@@ -288,3 +332,22 @@ def run_blocks(
     for block in blocks[: len(blocks) if last_layer is None else last_layer + 1]:
         x = family.block_forward(block, x, context)
     return x
+
+
+def attention_weights(
+    model: nn.Module, inputs: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Every head's attention weights for a batch of model inputs, as the model computes them.
+
+    Returns:
+        (weights, real): per layer, the softmax weights (B, H_l, N, N), queries x keys (a
+        padding key gets weight 0); and which of the N tokens are real, (B, N) bool, or None
+        when every token is (images). Text inputs are cut to the positions some sample uses.
+    """
+    family = family_of(model)
+    x, context = family.trim(*family.embed(model, inputs))
+    weights = []
+    for block in family.blocks(model):
+        weights.append(family.block_attention(block, x, context))
+        x = family.block_forward(block, x, context)
+    return weights, family.real_tokens(context)

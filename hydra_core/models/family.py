@@ -15,8 +15,9 @@ and a *context* (what every block needs besides the stream: for text, which toke
 None for images); ``block_heads`` gives a block's per-head outputs Z before W_O;
 ``attention_projection`` applies W_O; ``block_rest`` finishes the block from its attention output
 (residual, norms, MLP: pre-LN for ViTs, post-LN for BERT); ``classify`` reads the logits off the
-last stream. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``block_rest``) per block
--> ``classify`` equals the model's own forward, tested per family.
+last stream; ``block_attention`` gives the heads' attention weights, ``real_tokens`` which tokens
+are not padding. ``embed`` -> (``block_heads`` -> ``attention_projection`` -> ``block_rest``) per
+block -> ``classify`` equals the model's own forward, tested per family.
 
 Fusion: ``fusion_parts`` reads a model into the one canonical layout of
 :mod:`hydra_core.models.parts` (per-head Q/K/V and W_O, norms, MLP, stem, classifier) that Hydra
@@ -389,6 +390,24 @@ class ModelFamily:
         """Per-head outputs Z (B, Nq, H, d_k) of a block for the stream ``x`` entering it, before
         W_O; ``queries`` limits the query positions (``slice(0, 1)``: the class token only)."""
         raise NotImplementedError
+
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        """Each head's attention weights (B, H, N, N), queries x keys, for the stream ``x``
+        entering the block: the softmax the block computes (padding keys get weight 0), in the
+        order of operations of the library's explicit attention (see ``explicit_attention``)."""
+        raise NotImplementedError
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """Inside, ``model`` computes its attention as an explicit softmax, the path libraries
+        return attention weights from (Hugging Face's "eager" implementation, timm's unfused
+        attention), not a fused kernel; on exit it is as it was. Nothing to do by default."""
+        yield
+
+    def real_tokens(self, context: Context) -> torch.Tensor | None:
+        """(B, N) bool, True where a batch's token is a real one (text: not padding), for the
+        context ``embed`` (then ``trim``) gave; None when every token is real (the default)."""
+        return None
 
     def attention_projection(self, block: nn.Module, z: torch.Tensor) -> torch.Tensor:
         """(B, N, H, d_k) head outputs -> the attention output (B, N, d) through W_O."""

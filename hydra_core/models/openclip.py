@@ -51,6 +51,7 @@ from hydra_core.models.openclip_blocks import (
     block_kind,
     check_block,
     explicit_attention,
+    project,
     prune_attention,
 )
 from hydra_core.models.openclip_text import OPENCLIP_TEXT, class_embeddings_from_prompts
@@ -418,6 +419,14 @@ class OpenClipFamily(ResidualBlocksFamily):
         self, block: nn.Module, x: torch.Tensor, context: Context, queries: slice | None = None
     ) -> torch.Tensor:
         return block_head_outputs(block, x, queries)
+
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        b, n, _ = x.shape
+        if int(block.attn.num_heads) == 0:
+            return x.new_zeros(b, 0, n, n)
+        normed = block.ln_1(x)  # (B, N, d)
+        q, k = project(block.attn, normed, 0), project(block.attn, normed, 1)  # (B, H, N, d_k)
+        return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(-1)  # (B, H, N, N)
 
     def classify(self, model: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
         visual = visual_of(model)

@@ -21,8 +21,10 @@ layer keeps its heads' rows of that bias.
 from __future__ import annotations
 
 import functools
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -548,11 +550,29 @@ class TextFamily(ModelFamily):
         if isinstance(_get(block, arch.attention), NoHeads):
             nq = n if queries is None else len(range(n)[queries])
             return x.new_zeros(b, nq, 0, dk)
+        q, bias = self._queries(block, x, context, queries)
+        key, value = _get(block, arch.key), _get(block, arch.value)
+        if q.shape[2] == 1:
+            return self._one_query(q[:, :, 0], x, key, value, bias, dk)
+        h = q.shape[1]
+        k = key(x).reshape(b, n, h, dk).transpose(1, 2)
+        v = value(x).reshape(b, n, h, dk).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) + bias  # (B, H, Nq, N)
+        return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+
+    def _queries(
+        self, block: nn.Module, x: torch.Tensor, context: Context, queries: slice | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scaled queries (B, H, Nq, d_k) of a block with heads, and what its attention adds
+        to the scores: the padding bias (B, 1, 1, N), plus MPNet's position bias of the block's
+        heads (then (B, H, Nq, N))."""
+        arch = self._arch_of_block(block)
+        b = x.shape[0]
+        dk = self.layout_head_dim(block)
         query = _get(block, arch.query)
         h = query.out_features // dk
         xq = x if queries is None else x[:, queries]
         q = query(xq).reshape(b, -1, h, dk).transpose(1, 2) * dk**-0.5  # (B, H, Nq, d_k)
-        key, value = _get(block, arch.key), _get(block, arch.value)
         bias = context.scores_bias(x.dtype)  # (B, 1, 1, N)
         if context.position_bias is not None:
             position = context.position_bias
@@ -560,12 +580,41 @@ class TextFamily(ModelFamily):
             if kept is not None:
                 position = position.index_select(1, kept.to(position.device))
             bias = bias + (position if queries is None else position[:, :, queries])
-        if q.shape[2] == 1:
-            return self._one_query(q[:, :, 0], x, key, value, bias, dk)
-        k = key(x).reshape(b, n, h, dk).transpose(1, 2)
-        v = value(x).reshape(b, n, h, dk).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) + bias  # (B, H, Nq, N)
-        return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, Nq, H, d_k)
+        return q, bias
+
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        """In Hugging Face's order: (q k^T) * d_k^-0.5 (MPNet: / sqrt(d_k), then + its position
+        bias), + the padding bias, softmax; so the numbers equal its eager attention's."""
+        arch = self._arch_of_block(block)
+        b, n, _ = x.shape
+        if isinstance(_get(block, arch.attention), NoHeads):
+            return x.new_zeros(b, 0, n, n)
+        dk = self.layout_head_dim(block)
+        q, k = (_get(block, path)(x).reshape(b, n, -1, dk) for path in (arch.query, arch.key))
+        scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1)  # (B, H, N, N)
+        if context.position_bias is None:
+            scores = scores * dk**-0.5
+        else:  # MPNet
+            position = context.position_bias
+            kept = self._kept_heads(block)
+            if kept is not None:
+                position = position.index_select(1, kept.to(position.device))
+            scores = scores / math.sqrt(dk) + position
+        return (scores + context.scores_bias(x.dtype)).softmax(-1)
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """Hugging Face's "eager" attention implementation."""
+        hf = hf_model(model)
+        previous = hf.config._attn_implementation
+        try:
+            hf.set_attn_implementation("eager")
+            yield
+        finally:
+            hf.set_attn_implementation(previous)
+
+    def real_tokens(self, context: Context) -> torch.Tensor | None:
+        return context.mask
 
     @staticmethod
     def _one_query(

@@ -11,7 +11,8 @@ ablating the wrong thing. For Hydra fusion, :func:`fusion_parts` maps a model on
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +83,9 @@ def _check_block(index: int, block: nn.Module) -> None:
             "timm's Block "
             "(x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))))"
         )
+
+
+_MISSING = object()
 
 
 def _timm_block_forward():
@@ -220,15 +224,34 @@ def block_heads(block: nn.Module, x: torch.Tensor, queries: slice | None = None)
         return x.new_zeros(b, nq, 0, dk)
     if queries == slice(0, 1):
         return _class_token_heads(block, x)
-    qkv = (
-        attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)
-    )  # (3, B, H, N, d_k)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = _qkv(block, x)
     if queries is not None:
         q = q[:, :, queries]  # (B, H, Nq, d_k)
     z = attention(q, k, v)  # (B, H, Nq, d_k)
     return z.transpose(1, 2)  # (B, Nq, H, d_k)
+
+
+def _qkv(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every head's queries, keys and values (B, H, N, d_k) for the stream ``x`` (B, N, d)."""
+    attn = block.attn
+    b, n, _ = x.shape
+    h, dk = int(attn.num_heads), int(attn.head_dim)
+    qkv = (
+        attn.qkv(block.norm1(x)).reshape(b, n, 3, h, dk).permute(2, 0, 3, 1, 4)
+    )  # (3, B, H, N, d_k)
+    q, k, v = qkv.unbind(0)
+    return attn.q_norm(q), attn.k_norm(k), v
+
+
+def block_attention(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Each head's attention weights softmax(q k^T / sqrt(d_k)) for the stream ``x`` (B, N, d)
+    entering the block, (B, H, N, N) (queries x keys), as timm's unfused attention computes them."""
+    attn = block.attn
+    b, n, _ = x.shape
+    if int(attn.num_heads) == 0:
+        return x.new_zeros(b, 0, n, n)
+    q, k, _ = _qkv(block, x)
+    return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(-1)  # (B, H, N, N)
 
 
 def _class_token_heads(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -453,6 +476,24 @@ class VitFamily(ModelFamily):
         self, block: nn.Module, x: torch.Tensor, context: Context, queries: slice | None = None
     ) -> torch.Tensor:
         return block_heads(block, x, queries)
+
+    def block_attention(self, block: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
+        return block_attention(block, x)
+
+    @contextmanager
+    def explicit_attention(self, model: nn.Module) -> Iterator[None]:
+        """timm's unfused attention (``fused_attn = False`` on every block's attention)."""
+        saved = [(b.attn, b.attn.__dict__.get("fused_attn", _MISSING)) for b in _blocks(model)]
+        try:
+            for attn, _ in saved:
+                attn.fused_attn = False
+            yield
+        finally:
+            for attn, previous in saved:
+                if previous is _MISSING:
+                    del attn.fused_attn
+                else:
+                    attn.fused_attn = previous
 
     def attention_projection(self, block: nn.Module, z: torch.Tensor) -> torch.Tensor:
         return attention_projection(block, z)
