@@ -89,12 +89,17 @@ def clip_setup(root) -> SetupConfig:
     )
 
 
-#: each family's setup, and its model's layers (every tiny model has 4 heads per layer)
-SETUPS = {"image": (image_setup, 2), "text": (text_setup, 2), "clip": (clip_setup, 3)}
+#: each family's setup, and its model's heads per layer (the tiny OpenCLIP model: 3 image-tower
+#: layers of 4 heads and 1 text-tower layer of 2, both towers pruned by default)
+SETUPS = {
+    "image": (image_setup, (4, 4)),
+    "text": (text_setup, (4, 4)),
+    "clip": (clip_setup, (4, 4, 4, 2)),
+}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def family(request, tmp_path_factory) -> tuple[SetupConfig, int]:
+def family(request, tmp_path_factory) -> tuple[SetupConfig, tuple[int, ...]]:
     make, layers = SETUPS[request.param]
     return make(tmp_path_factory.mktemp(request.param)), layers
 
@@ -107,12 +112,13 @@ def setup(family) -> SetupConfig:
 @pytest.fixture
 def app(family, tmp_path, monkeypatch) -> AppTest:
     """The app on the family's setup, with two members: "a" drops L0H0, "b" heads 2-3 of L1."""
-    setup, layers = family
+    setup, heads = family
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
     disk_cache.clear()
     at = AppTest.from_file("../app.py", default_timeout=180)
     at.session_state[CONFIG_KEY] = setup
-    first, second = torch.ones(layers, 4, dtype=torch.bool), torch.ones(layers, 4, dtype=torch.bool)
+    every = torch.tensor([[h < n for h in range(max(heads))] for n in heads])  # (L, H_max)
+    first, second = every.clone(), every.clone()
     first[0, 0], second[1, 2:] = False, False
     members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
     at.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}

@@ -187,6 +187,7 @@ def test_masks_by_cahp_name_their_variant(checkpoint, tmp_path):
     assert [m.name for m in members] == ["CAHP accuracy-knee seed 0", "CAHP accuracy-knee seed 1"]
     config = VitConfig(embed_dim=24, depth=3, num_heads=6, mlp_ratio=2.0)
     model = write_tiny_checkpoint(tmp_path / "18heads.safetensors", config)
+    out = tmp_path / "members-18.json"  # another model: another file (the first is not replaced)
     assert main([*argv, "--model", model, "--out", str(out)]) == 0
     members = load_masks(out, HeadLayout((6, 6, 6), 4, 24))
     assert [m.name for m in members] == ["CAHP official seed 42", "CAHP official seed 43"]
