@@ -17,6 +17,7 @@ chooses the image tower alone and searches again (``e2e-artifacts/clip-*.png``).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -227,12 +228,22 @@ def type_into(driver, label: str, text: str) -> None:
     field.send_keys(text, Keys.ENTER)
 
 
+#: what shows once the mouse is on a point: Plotly's hover label, Vega-Lite's tooltip picture
+PLOTLY_HOVER = "//*[contains(@class, 'hoverlayer')]//*[contains(@class, 'hovertext')]"
+VEGA_PICTURE = "//*[@id='vg-tooltip-element']//img"
+
+
 def screenshot(
-    driver, name: str, height: int = 1400, start: str | None = None, hover: str | None = None
+    driver,
+    name: str,
+    height: int = 1400,
+    start: str | None = None,
+    hover: str | None = None,
+    shown: str = PLOTLY_HOVER,
 ) -> Path:
     """A screenshot of the page from the top, or from the element ``start`` (an XPath), with the
     window made taller so that more of the page shows; with the mouse on the element ``hover``
-    (an XPath), and its hover label shown, when given."""
+    (an XPath), and what hovering shows (``shown``, an XPath) on screen, when given."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
@@ -250,7 +261,7 @@ def screenshot(
     if hover is not None:
         time.sleep(0.5)  # the scroll settles before the mouse moves
         ActionChains(driver).move_to_element(driver.find_element(By.XPATH, hover)).perform()
-        wait_for(driver, "//*[contains(@class, 'hoverlayer')]//*[contains(@class, 'hovertext')]")
+        wait_for(driver, shown)
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))
     driver.set_window_size(*WINDOW)
@@ -285,6 +296,29 @@ def head_importance(driver, shot: str) -> None:
     screenshot(driver, shot, 1200)
 
 
+def pick_a_head(driver) -> str:
+    """Click a cell of the first head map on the page (its invisible picker point) and return
+    the head the page says was picked."""
+    import re
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    # the picker's points are transparent: present, never "visible" to Selenium
+    point = (
+        "((//*[@data-testid='stPlotlyChart'])[1]//*[contains(@class, 'scatterlayer')]"
+        "//*[local-name()='path'][contains(@class, 'point')])[8]"
+    )
+    wait_for(driver, "(//*[@data-testid='stPlotlyChart'])[1]//*[contains(@class, 'heatmaplayer')]")
+    element = driver.find_element(By.XPATH, point)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+    time.sleep(0.5)
+    ActionChains(driver).move_to_element(driver.find_element(By.XPATH, point)).click().perform()
+    caption = wait_for(driver, "//*[contains(., 'picked: ')][@data-testid='stCaptionContainer']")
+    wait_idle(driver)
+    return re.search(r"picked: (L\d+H\d+)", caption.text).group(1)
+
+
 def build_masks(driver, shot: str | None = None) -> None:
     """Masks: the default three members."""
     open_page(driver, "Masks")
@@ -296,18 +330,47 @@ def build_masks(driver, shot: str | None = None) -> None:
         screenshot(driver, shot, 1900)
 
 
+#: the stages the Hydra page's progress names (pages/6_hydra.py, stage_label)
+HYDRA_STAGES = ("Evaluation", "Fine-tuning", "Cost", "Latency", "Intervals")
+
+
 def assemble_hydra(
-    driver, calls: int, shot: str, *, ready: str, timeout: float = PAGE_TIMEOUT, **framing
-) -> None:
-    """Hydra: assemble and evaluate, until the section ``ready`` shows; then a screenshot."""
+    driver, calls: int | None, shot: str, *, ready: str, timeout: float = PAGE_TIMEOUT, **framing
+) -> tuple[float, list[str]]:
+    """Hydra: assemble and evaluate (``calls`` timed calls per system; None: the page's default),
+    until the section ``ready`` shows; then a screenshot. Returns the seconds from the click to
+    the results, and the progress labels seen on the way (read every half second)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
     open_page(driver, "Hydra")
-    type_into(driver, "Timed calls per system", str(calls))
-    wait_idle(driver)
+    if calls is not None:
+        type_into(driver, "Timed calls per system", str(calls))
+        wait_idle(driver)
     click(driver, button("Assemble and evaluate"))
-    wait_for(driver, f"//h3[contains(., '{ready}')]", timeout)
+    start, labels = time.monotonic(), []
+    while not driver.find_elements(By.XPATH, f"//h3[contains(., '{ready}')]"):
+        for bar in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']"):
+            try:
+                text = bar.text.strip()
+            except StaleElementReferenceException:
+                continue  # redrawn by the fragment in between
+            if text and (not labels or labels[-1] != text):
+                labels.append(text)
+        assert time.monotonic() - start < timeout, f"no {ready} after {timeout} s: {labels[-3:]}"
+        time.sleep(0.5)
+    seconds = time.monotonic() - start
     wait_idle(driver)
     no_errors(driver)
     screenshot(driver, shot, **framing)
+    # every label the bar showed names its stage (no "Hydra (fused): noise · 0 s left" while the
+    # latency is measured), with the time left and the time so far
+    stages = [label.split()[0].rstrip(":") for label in labels]  # "Evaluation of single: ..."
+    assert stages and stages[0] == "Evaluation", labels[:3]
+    unnamed = [label for label in labels if label.split()[0].rstrip(":") not in HYDRA_STAGES]
+    assert not unnamed, unnamed
+    assert all(" left in this stage · " in label and "s so far" in label for label in labels)
+    return seconds, list(dict.fromkeys(stages))
 
 
 # --- the walk ------------------------------------------------------------------------------------
@@ -315,6 +378,8 @@ def assemble_hydra(
 
 def test_setup_search_masks_hydra(server, browser, tmp_path):
     url, _ = server
+    from selenium.webdriver.common.by import By
+
     from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
     driver = browser
@@ -322,14 +387,14 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
     if not DEFAULT_CHECKPOINT.is_file():
         click(driver, "//label[.//p[normalize-space()='Checkpoint file']]")
+        wait_idle(driver)  # the source's own fields appear
         type_into(
-            driver,
-            "timm name or checkpoint path (for those two sources)",
-            tiny_checkpoint(tmp_path),
+            driver, "Checkpoint file (.safetensors, .pt, .pth, .bin)", tiny_checkpoint(tmp_path)
         )
     type_into(driver, "Search images per set (head selection)", str(N_SEARCH))
     type_into(driver, "Report images per set (0 = all)", str(N_REPORT))
     click(driver, button("Apply"))
+    wait_for(driver, "//*[@data-testid='stAlertContentSuccess'][contains(., 'Setup applied')]")
     wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
     wait_idle(driver)
     no_errors(driver)
@@ -337,15 +402,29 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
 
     headmap_search(driver, "headmap")
     head_importance(driver, "importance")
+    picked = pick_a_head(driver)  # a click on the importance maps
 
     open_page(driver, "Representations")
-    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'scatterlayer')]")
+    # one head, the one picked; every point of an image model shows its image on hover
+    point = (  # a data point (its aria label names its coordinates), not a legend symbol
+        "(//*[@data-testid='stVegaLiteChart'][1]//*[local-name()='path']"
+        "[contains(@aria-label, 'PCA 1:')])[150]"
+    )
+    wait_for(driver, point)
     wait_idle(driver)
     no_errors(driver)
-    screenshot(driver, "representations", 1100)
+    title = f"//*[@data-testid='stVegaLiteChart']//*[local-name()='text'][.='PCA of {picked}']"
+    wait_for(driver, title)
+    layers = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Heads shown']]"
+    screenshot(driver, "representations", 1250, start=layers, hover=point, shown=VEGA_PICTURE)
+    picture = driver.find_element(By.XPATH, VEGA_PICTURE).get_attribute("src")
+    assert picture.startswith("data:image/png;base64,")
 
     build_masks(driver, "masks")
-    assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
+    seconds, stages = assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
+    timing = {"seconds": round(seconds, 1), "stages_shown": stages, "load": os.getloadavg()}
+    (ARTIFACTS / "hydra-timing.json").write_text(json.dumps(timing))
+    print(f"Hydra page: {seconds:.1f} s from the click to the results; stages shown: {stages}")
     # the baselines beside Hydra: the default ViT was trained without dropout, so MC Dropout is
     # the post-hoc variant, and says so
     for system in ("Temperature Scaling", "MC Dropout (p=0.1, post hoc)"):
@@ -389,8 +468,8 @@ def test_text_setup_search_representations_hydra(server, browser):
     wait_for(driver, point)
     wait_idle(driver)
     no_errors(driver)
-    layers = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Layers']]"
-    screenshot(driver, "text-representations", 1250, start=layers, hover=point)
+    shown = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Heads shown']]"
+    screenshot(driver, "text-representations", 1250, start=shown, hover=point)
 
     build_masks(driver, "text-masks")
     # 6 systems on 6 x 64 sentences, then their latency: a few minutes on 2 cores; the table of
