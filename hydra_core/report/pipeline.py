@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +100,7 @@ class Pruning:
     taylor_rank: list[tuple[int, int]]
     circavg: MemberMask
     members: dict[str, list[MemberMask]]
+    circuits: dict[str, GreedyResult] = field(default_factory=dict)  # by objective, when searched
 
 
 class Pipeline:
@@ -266,6 +267,40 @@ class Pipeline:
                 rankings, layout, budget=budgets.budget, allow_identical=True
             )
         return Pruning(taylor, taylor_rank, circavg, members)
+
+    def circuits_and_members(
+        self,
+        budgets: Budgets,
+        seeds: Sequence[int],
+        *,
+        taylor_samples: int | None,
+        batch_size: int,
+        search_batch_size: int | None = None,
+        inputs: SearchInputs | None = None,
+        repeat: str = "",
+    ) -> Pruning:
+        """The three greedy searches (CircAvg, CircAcc, CircOOD: :meth:`search`, in batches of
+        ``search_batch_size``, default the search's own), then :meth:`prune` with them: every
+        report's members, Hydra (Circ) as the paper's method among them; the searches are the
+        result's ``circuits``."""
+        circuits = {
+            o: self.search(
+                o, budgets.budget, batch_size=search_batch_size, inputs=inputs, repeat=repeat
+            )
+            for o in ("avg", "acc", "ood")
+        }
+        pruning = self.prune(
+            circuits["avg"],
+            budgets,
+            seeds,
+            taylor_samples=taylor_samples,
+            batch_size=batch_size,
+            inputs=inputs,
+            repeat=repeat,
+            circuits=circuits,
+        )
+        pruning.circuits = circuits
+        return pruning
 
     def save_members(self, masks: Sequence[MemberMask]) -> None:
         """``members.json``: the masks of the run, with the model's identity."""

@@ -170,19 +170,14 @@ def run_report(
     budgets = Budgets.of(layout, config)
     seeds = list(config.seeds)
 
-    circuits = {
-        objective: run.search(objective, budgets.budget, batch_size=config.batch_size)
-        for objective in ("avg", "acc", "ood")
-    }
-    pruning = run.prune(
-        circuits["avg"],
+    pruning = run.circuits_and_members(
         budgets,
         seeds,
         taylor_samples=config.taylor_samples,
         batch_size=config.batch_size,
-        circuits=circuits,
+        search_batch_size=config.batch_size,
     )
-    taylor, members = pruning.taylor, pruning.members
+    circuits, taylor, members = pruning.circuits, pruning.taylor, pruning.members
 
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
@@ -391,21 +386,15 @@ def _repeats(
     for r in range(1, config.repeats):
         sub = search_repeat(benchmark, id_pool, pools, config.n_search, r)
         inputs = search_inputs(loaded.preprocess, sub).to(device)
-        again = f", repeat {r}"
-        circuits = {
-            o: run.search(o, budgets.budget, batch_size=b, inputs=inputs, repeat=again)
-            for o in ("avg", "acc", "ood")
-        }
         seeds = [r * m + i for i in range(m)]
-        pruning = run.prune(
-            circuits["avg"],
+        pruning = run.circuits_and_members(
             budgets,
             seeds,
             taylor_samples=n,
             batch_size=b,
+            search_batch_size=b,
             inputs=inputs,
-            repeat=again,
-            circuits=circuits,
+            repeat=f", repeat {r}",
         )
         members, taylor = pruning.members, pruning.taylor
         repeat = [

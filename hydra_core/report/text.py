@@ -332,17 +332,15 @@ def _repeat(
     tag = f", repeat {r}" if r else ""
     m = len(config.seeds)
     seeds = [r * m + s for s in config.seeds] if r else list(config.seeds)
-    search = dict(inputs=inputs, repeat=tag)
-    circuits = {o: run.search(o, budgets.budget, **search) for o in ("avg", "acc", "ood")}
-    pruning = run.prune(
-        circuits["avg"],
+    pruning = run.circuits_and_members(
         budgets,
         seeds,
         taylor_samples=config.taylor_samples,
         batch_size=config.batch_size,
-        circuits=circuits,
-        **search,
+        inputs=inputs,
+        repeat=tag,
     )
+    circuits = pruning.circuits
     taylor, circavg, members = pruning.taylor, pruning.circavg, pruning.members
     if not r:
         run.save_members([taylor, circavg, *(mm for label in HYDRAS for mm in members[label])])

@@ -148,19 +148,14 @@ def run_zero_shot_report(
     seeds = list(config.seeds)
 
     # Hydra (Circ) as the paper's method: one circuit per criterion (CircAcc, CircOOD, CircAvg)
-    circuits = {
-        o: run.search(o, budgets.budget, batch_size=config.batch_size)
-        for o in ("avg", "acc", "ood")
-    }
-    circuit = circuits["avg"]
-    pruning = run.prune(
-        circuit,
+    pruning = run.circuits_and_members(
         budgets,
         seeds,
         taylor_samples=config.taylor_samples,
         batch_size=config.batch_size,
-        circuits=circuits,
+        search_batch_size=config.batch_size,
     )
+    circuits = pruning.circuits
     taylor, circavg, members = pruning.taylor, pruning.circavg, pruning.members
     run.save_members([taylor, circavg, *members[HYDRA_TAYLOR], *members[HYDRA_CIRC]])
 
