@@ -43,6 +43,7 @@ import torch
 from hydra_core.errors import InputError
 from hydra_core.files import atomic_write
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
+from hydra_core.outputs import describe_towers
 from hydra_core.types import Head
 
 FORMAT = "hydra-masks"
@@ -147,13 +148,6 @@ def model_identity(name: str, layout: HeadLayout, fingerprint: str) -> dict:
     if layout.towers:
         identity["towers"] = dict(layout.towers)
     return identity
-
-
-def describe_towers(towers: dict | None) -> str:
-    """``image 12 + text 12 layers`` for a mask file's or a layout's towers."""
-    if not towers:
-        return "one transformer"
-    return " + ".join(f"{name} {count}" for name, count in towers.items()) + " layers"
 
 
 def _check_towers(model: dict, layout: HeadLayout) -> None:

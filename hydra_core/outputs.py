@@ -30,12 +30,19 @@ def same_model(a: dict | None, b: dict | None) -> bool:
     return bool(a) and bool(b) and all(a.get(k) == b.get(k) for k in keys)
 
 
+def describe_towers(towers: dict | None) -> str:
+    """``image 12 + text 12 layers`` for a mask file's or a layout's towers."""
+    if not towers:
+        return "one transformer"
+    return " + ".join(f"{name} {count}" for name, count in towers.items()) + " layers"
+
+
 def describe_model(identity: dict) -> str:
     """``'fmnist-vit-default' (6 x 12 heads, weights 1a2b3c...)``; a model of several towers
     says which (``image 12 + text 12 layers``)."""
     towers = identity.get("towers")
     layers = (
-        " + ".join(f"{name} {count}" for name, count in towers.items()) + " layers"
+        describe_towers(towers)
         if towers
         else f"{identity.get('layers')} x {identity.get('heads')} heads"
     )

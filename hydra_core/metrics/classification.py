@@ -101,12 +101,11 @@ def _checked_log_p(log_p_true: Any, n: int) -> np.ndarray | None:
     if log_p_true is None:
         return None
     out = np.asarray(log_p_true, dtype=np.float64)
-    out = np.minimum(out, 0.0) if out.shape == (n,) and not (out > 1e-9).any() else out
     if out.shape != (n,) or np.isnan(out).any() or (out > 1e-9).any():
         raise ValueError(
             f"log_p_true must be {n} log-probabilities (<= 0, no NaN), got shape {out.shape}"
         )
-    return out
+    return np.minimum(out, 0.0)  # rounding can leave log(mean) a hair above 0
 
 
 def _accuracy(p: np.ndarray, y: np.ndarray) -> float:
