@@ -44,7 +44,8 @@ screenshots: setup
 	HYDRA_E2E_N_SEARCH=256 HYDRA_E2E_N_REPORT=1000 HYDRA_E2E_BUDGET=24 HYDRA_E2E_PAGE_TIMEOUT=900 \
 		$(BIN)/python -m pytest -q -m e2e tests/e2e
 	cp e2e-artifacts/setup.png e2e-artifacts/headmap.png e2e-artifacts/importance.png \
-		e2e-artifacts/representations.png e2e-artifacts/masks.png e2e-artifacts/hydra.png docs/screenshots/
+		e2e-artifacts/representations.png e2e-artifacts/masks.png e2e-artifacts/hydra.png \
+		e2e-artifacts/hydra-figures.png docs/screenshots/
 	cp e2e-artifacts/text-*.png e2e-artifacts/clip-*.png docs/screenshots/
 
 lint: setup

@@ -606,9 +606,10 @@ def roc_curves(
         )
     fig.update_layout(
         title=title,
-        height=440,
+        height=520,
         xaxis_title="false positive rate (ID flagged OOD)",
         yaxis_title="true positive rate (OOD caught)",
+        legend={"orientation": "h", "y": -0.2},  # under the plot: a narrow column keeps its width
         margin=dict(l=50, r=20, t=60, b=40),
     )
     return fig

@@ -414,7 +414,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             st.subheader("Difference to the single model")
             differences = report.differences("single", list(DIFFERENCES))
             shown = format_intervals(differences, signed=True).rename(columns=DIFFERENCES)
-            table_with_download(shown, "hydra_differences_to_single.csv")
+            table_with_download(shown, "hydra_differences_to_single.csv", pinned=("system",))
             st.caption(
                 f"System minus single model on the same {context.noun}; ± is half the width of "
                 "the paired 95% bootstrap interval (both systems resampled alike). **(n.s.)**: not "
@@ -485,7 +485,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     x=axis,
                     y="all_auroc",
                     x_title=COST_AXES[axis],
-                    y_title="OOD AUROC (mean over OOD sets; bars: 95% interval)",
+                    y_title="OOD AUROC (mean over sets, 95% bars)",
                 ),
                 f"hydra_cost_vs_auroc_{axis}",
             )

@@ -293,7 +293,7 @@ def head_importance(driver, shot: str) -> None:
     wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(@class, 'heatmaplayer')]")
     wait_idle(driver)
     no_errors(driver)
-    screenshot(driver, shot, 1200)
+    screenshot(driver, shot, 1500)
 
 
 def pick_a_head(driver) -> str:
@@ -422,6 +422,8 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
 
     build_masks(driver, "masks")
     seconds, stages = assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
+    plots = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Systems in the plots']]"
+    screenshot(driver, "hydra-figures", 1700, start=plots)  # reliability, ROC, cost
     timing = {"seconds": round(seconds, 1), "stages_shown": stages, "load": os.getloadavg()}
     (ARTIFACTS / "hydra-timing.json").write_text(json.dumps(timing))
     print(f"Hydra page: {seconds:.1f} s from the click to the results; stages shown: {stages}")
@@ -498,6 +500,7 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     driver.get(url)
     wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
     click(driver, "//label[.//p[normalize-space()='OpenCLIP (zero-shot)']]")
+    wait_idle(driver)  # the source's own fields replace the others
     folder = save_tiny_clip(tmp_path / "tiny-clip")
     type_into(
         driver,
