@@ -436,3 +436,47 @@ def test_masks_circuits_strategy_is_one_circuit_per_criterion(app, reference):
     for member, objective in zip(members, ("acc", "ood", "avg"), strict=True):
         expected = circuit_member(found[objective].ranking(), layout, budget=6, ranking_name="x")
         assert torch.equal(member.keep, expected.keep)
+
+
+def test_hydra_page_numbers_equal_the_command_lines(app, setup, checkpoint, tmp_path, monkeypatch):
+    """The Hydra page at its defaults (temperature scaling, post-hoc MC Dropout with 5 passes)
+    and `hydra` with the same members, sizes and baselines, each from its own empty cache: every
+    system, every metric and every interval bound the same number."""
+    from hydra_core.cli import main
+    from hydra_core.masks import save_masks
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    first, second = keep.clone(), keep.clone()
+    first[0, 0], second[1, 2] = False, False
+    members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
+    app.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
+    open_page(app, "pages/6_hydra.py")
+    button(app, "Assemble and evaluate").click()
+    app.run()
+    finish_job(app, "hydra")
+    page = app.session_state["results"]["hydra"][0].summary().set_index("system")
+
+    masks, out = tmp_path / "members.json", tmp_path / "cli"
+    save_masks(masks, members, load_model(checkpoint).identity())
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cli-cache"))  # predicted again
+    argv = ["hydra", "--model", checkpoint, "--masks", str(masks), "--label", "Hydra"]
+    argv += ["--n-search", str(N_SEARCH), "--n-report", str(N_REPORT), "--ood", *OOD]
+    argv += ["--device", "cpu", "--baselines", "temperature", "mc-dropout"]
+    argv += ["--mc-passes", "5", "--mc-dropout-rate", "0.1", "--no-latency", "--out", str(out)]
+    assert main(argv) == 0
+    cli = json.loads((out / "systems.json").read_text())["summary"]
+    assert [row["system"] for row in cli] == list(page.index)
+    compared = 0
+    for row in cli:
+        for metric, value in row.items():
+            if not isinstance(value, dict):  # the numbers with an interval: every metric
+                continue
+            ours = page.loc[row["system"]]
+            for got, want in zip(
+                (ours[metric], ours[f"{metric}_lo"], ours[f"{metric}_hi"]),
+                (value["value"], *value["ci95"]),
+                strict=True,
+            ):
+                assert (np.isnan(got) and want is None) or got == want, (row["system"], metric)
+                compared += 1
+    assert compared > 7 * 20
