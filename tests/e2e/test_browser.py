@@ -5,7 +5,9 @@ of every page in ``e2e-artifacts/`` (git-ignored; look at them).
 Run with ``make test-e2e`` (``pytest -m e2e tests/e2e``). Uses the embedded default model when its
 checkpoint is present, else a tiny checkpoint written here, entered through Setup's "Checkpoint
 file" source; small search/report sizes, a greedy budget of 2 and few timed calls keep the run
-to a few minutes.
+to a few minutes. On the way, a missing ID folder and then a missing OOD folder typed on Setup
+are each refused on Apply in one line with no traceback (``e2e-artifacts/setup-bad-folder.png``),
+and the later pages run on the setup applied before.
 
 A second walk does the same on the offline text default, MiniLM sentiment with the default text
 sets (``pytest -m e2e tests/e2e -k text``), with the sentence under the mouse in the
@@ -270,6 +272,55 @@ def screenshot(
 
 # --- the pages' steps, shared by the walks ------------------------------------------------------
 
+ID_FOLDER = "In-distribution set: an image folder of your own (empty = Fashion-MNIST)"
+OOD_FOLDERS = "Extra OOD folders, one per line (optional)"
+
+
+def refused_on_apply(driver, message: str) -> None:
+    """Apply, then: one error line holding ``message``, no traceback ("Details") behind it, and
+    the model card of the setup in use still shown."""
+    from selenium.webdriver.common.by import By
+
+    click(driver, button("Apply"))
+    error = "//*[@data-testid='stAlertContentError']"
+    wait_for(driver, f"{error}[contains(., '{message}')]")
+    wait_idle(driver)
+    errors = [e.text for e in driver.find_elements(By.XPATH, error)]
+    assert len(errors) == 1 and "\n" not in errors[0].strip(), errors
+    assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
+    details = "//*[@data-testid='stExpander'][contains(., 'Details')]"
+    assert not driver.find_elements(By.XPATH, details)
+    wait_for(driver, "//*[@data-testid='stMetricLabel'][contains(., 'ID accuracy')]")
+
+
+def clear_field(driver, xpath: str) -> None:
+    """Empty a text field (without Enter, which would submit the setup form)."""
+    from selenium.webdriver.common.keys import Keys
+
+    field = wait_for(driver, xpath)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.DELETE)
+
+
+def bad_folders_refused(driver, nowhere: Path) -> None:
+    """Setup, with a setup applied: a missing ID folder, then a missing OOD folder, is refused on
+    Apply in one line with no traceback; Apply with the fields emptied again keeps the setup in
+    use, unchanged (the walk's later pages then work on it)."""
+    id_field = f"//input[@aria-label='{ID_FOLDER}']"
+    ood_field = f"//textarea[@aria-label='{OOD_FOLDERS}']"
+    type_into(driver, ID_FOLDER, str(nowhere))
+    refused_on_apply(driver, f"the ID folder {nowhere} does not exist")
+    screenshot(driver, "setup-bad-folder", 1100, start=button("Apply"))  # the error, the card
+    clear_field(driver, id_field)
+    click(driver, ood_field)
+    wait_for(driver, ood_field).send_keys(f"near: {nowhere}")
+    refused_on_apply(driver, f"the OOD folder {nowhere} does not exist")
+    clear_field(driver, ood_field)
+    click(driver, button("Apply"))
+    wait_for(driver, "//*[@data-testid='stAlertContentSuccess'][contains(., 'Nothing changed')]")
+    wait_idle(driver)
+    no_errors(driver)
+
 
 def headmap_search(driver, shot: str | None = None) -> None:
     """Headmap search: a budget-BUDGET search until its saved table shows (and, with ``shot``,
@@ -399,6 +450,7 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     wait_idle(driver)
     no_errors(driver)
     screenshot(driver, "setup", 1100, start="//h3[contains(., 'Model card')]")
+    bad_folders_refused(driver, tmp_path / "nowhere")  # the pages below run on the setup above
 
     headmap_search(driver, "headmap")
     head_importance(driver, "importance")
