@@ -5,6 +5,7 @@ in one process, each from a cold prediction cache.
     python bench/hydra_page.py --n-search 512 --n-report 2000   # Setup's default sizes
     python bench/hydra_page.py --gc                # ... and the page as it ran before the fix
     python bench/hydra_page.py --rounds 3          # page, CLI (, page --gc), three times over
+    python bench/hydra_page.py --stages            # where the time goes: each stage timed
     python bench/hydra_page.py --json
 
 Members: seed sampling (M = 3, budget 4, pool 48, seeds 0-2) from a fixed seeded ranking of the
@@ -195,6 +196,58 @@ def cli_run(args, members, root: Path, repeats: int, *, thread: bool) -> dict:
     }
 
 
+def stage_run(args, members, root: Path, repeats: int) -> dict:
+    """Where the time goes: ``evaluate_systems`` with the page's systems and settings (Single,
+    the Hydra members, unfused and fused, temperature scaling, post-hoc MC Dropout with 5
+    passes; latency after one warm-up round), in a worker thread as the page runs it, each stage
+    timed from its progress callback (a stage's seconds run from the end of the stage before, so
+    work done before a stage's first report, the fusion or the temperature fit, counts in it)."""
+    from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
+    from hydra_core.cache import DiskCache
+    from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+
+    root.mkdir(parents=True, exist_ok=True)
+    loaded = load_model("default")
+    benchmark = default_benchmark(n_search=args.n_search, n_report=args.n_report)
+    systems = hydra_systems(members, label="Hydra")
+    systems += [TemperatureBaseline(), MCDropoutBaseline(passes=5, rate=0.1)]
+    ended: dict[str, float] = {}  # stage -> when its latest report came
+
+    def progress(stage: str, done: int, total: int) -> None:
+        kind = stage.split(":")[0].split(" ")[0]  # "evaluation: single", "latency (fp32)"
+        ended[stage if kind == "evaluation" else kind] = time.perf_counter()
+
+    load = loadavg()
+    start, cpu = time.perf_counter(), time.process_time()
+    work = lambda: evaluate_systems(
+        loaded,
+        benchmark,
+        systems,
+        device="cpu",
+        cache=DiskCache(root / "stages-cache"),
+        progress=progress,
+        latency_repeats=repeats,
+        latency_warmup=1,
+    )
+    worker = threading.Thread(target=work, name="bench-stages")
+    worker.start()
+    worker.join()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    stages, before = {}, start
+    for stage, at in ended.items():  # in the order the stages ran
+        stages[stage], before = round(at - before, 1), at
+    return {
+        "path": "evaluate_systems, stage by stage",
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "stage_seconds": stages,
+        "timed_calls": repeats,
+        "load_before": load,
+        "load_after": loadavg(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-search", type=int, default=64)
@@ -206,6 +259,11 @@ def main() -> None:
     parser.add_argument(
         "--main-thread", action="store_true", help="also run the CLI in this process's main thread"
     )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="time each stage of the page's evaluation instead (no page or CLI run)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.chdir(REPO)  # the app reads .streamlit/config.toml and its pages from here
@@ -215,6 +273,9 @@ def main() -> None:
         root = Path(folder)
         for round_ in range(args.rounds):
             folder = root / f"{round_}"
+            if args.stages:  # the page's default of 5 timed calls
+                rows.append({**stage_run(args, members, folder, 5), "round": round_ + 1})
+                continue
             runs = [page_run(args, members, folder, collect=False)]
             calls = runs[0]["timed_calls"]
             runs.append(cli_run(args, members, folder / "thread", calls, thread=True))
@@ -241,9 +302,10 @@ def main() -> None:
     )
     for row in rows:
         stages = ", ".join(f"{k} {v} s" for k, v in row["stage_seconds"].items())
+        ratio = f"x{row['ratio_to_cli']:.2f} of the CLI" if "ratio_to_cli" in row else ""
         print(
             f"{row['round']}  {row['path']:<40} {row['seconds']:7.1f} s "
-            f"(CPU {row['cpu_seconds']:.0f} s)  x{row['ratio_to_cli']:.2f} of the CLI  "
+            f"(CPU {row['cpu_seconds']:.0f} s)  {ratio}  "
             f"(load {row['load_before']:.1f} -> {row['load_after']:.1f}; {stages})"
         )
         if row.get("stages_shown"):
