@@ -215,7 +215,7 @@ def stage_run(args, members, root: Path, repeats: int) -> dict:
     ended: dict[str, float] = {}  # stage -> when its latest report came
 
     def progress(stage: str, done: int, total: int) -> None:
-        kind = stage.split(":")[0].split(" ")[0]  # "evaluation: single", "latency (fp32)"
+        kind = stage.split(":")[0]  # "evaluation: <system>" per system; "latency", "intervals"
         ended[stage if kind == "evaluation" else kind] = time.perf_counter()
 
     load = loadavg()
