@@ -6,14 +6,16 @@ in one process, each from a cold prediction cache.
     python bench/hydra_page.py --gc                # ... and the page as it ran before the fix
     python bench/hydra_page.py --rounds 3          # page, CLI (, page --gc), three times over
     python bench/hydra_page.py --stages            # where the time goes: each stage timed
+    python bench/hydra_page.py --mc-dropout        # with post-hoc MC Dropout ticked as well
     python bench/hydra_page.py --json
 
 Members: seed sampling (M = 3, budget 4, pool 48, seeds 0-2) from a fixed seeded ranking of the
 default model's 72 heads; the cost of evaluating them does not depend on which heads they drop.
 
 - **page**: the app's Hydra page driven with Streamlit's AppTest (pages/6_hydra.py with the
-  members in the session, every control at its default: temperature scaling and post-hoc MC
-  Dropout (5 passes) ticked, 5 timed calls per system after one warm-up round), from the click
+  members in the session, every control at its default: temperature scaling ticked; post-hoc MC
+  Dropout (5 passes) is opt-in for a model trained without dropout and ticked only with
+  ``--mc-dropout``; 5 timed calls per system after one warm-up round), from the click
   on "Assemble and evaluate"
   until the page shows the results. While the job runs the page is rerun once a second, as its
   progress fragment's timer does in the browser; the stage labels it shows are recorded.
@@ -100,6 +102,9 @@ def page_run(args, members, root: Path, *, collect: bool) -> dict:
     at.run()
     at.switch_page("pages/6_hydra.py")
     at.run()
+    if args.mc_dropout:
+        next(c for c in at.checkbox if c.label == "MC Dropout").check()
+        at.run()
     repeats = next(n for n in at.number_input if n.label == "Timed calls per system").value
     button = next(b for b in at.button if b.label == "Assemble and evaluate")
     load = loadavg()
@@ -161,9 +166,7 @@ def cli_run(args, members, root: Path, repeats: int, *, thread: bool) -> dict:
         "cpu",
         "--baselines",
         "temperature",
-        "mc-dropout",
-        "--mc-dropout-rate",
-        "0.1",
+        *(["mc-dropout", "--mc-dropout-rate", "0.1"] if args.mc_dropout else []),
         "--latency-repeats",
         str(repeats),
         "--latency-warmup",
@@ -198,9 +201,9 @@ def cli_run(args, members, root: Path, repeats: int, *, thread: bool) -> dict:
 
 def stage_run(args, members, root: Path, repeats: int) -> dict:
     """Where the time goes: ``evaluate_systems`` with the page's systems and settings (Single,
-    the Hydra members, unfused and fused, temperature scaling, post-hoc MC Dropout with 5
-    passes; latency after one warm-up round), in a worker thread as the page runs it, each stage
-    timed from its progress callback (a stage's seconds run from the end of the stage before, so
+    the Hydra members, unfused and fused, temperature scaling, and with ``--mc-dropout`` post-hoc
+    MC Dropout with 5 passes; latency after one warm-up round), in a worker thread as the page
+    runs it, each stage timed from its progress callback (a stage's seconds run from the end of the stage before, so
     work done before a stage's first report, the fusion or the temperature fit, counts in it)."""
     from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
     from hydra_core.cache import DiskCache
@@ -211,7 +214,9 @@ def stage_run(args, members, root: Path, repeats: int) -> dict:
     loaded = load_model("default")
     benchmark = default_benchmark(n_search=args.n_search, n_report=args.n_report)
     systems = hydra_systems(members, label="Hydra")
-    systems += [TemperatureBaseline(), MCDropoutBaseline(passes=5, rate=0.1)]
+    systems += [TemperatureBaseline()]
+    if args.mc_dropout:
+        systems.append(MCDropoutBaseline(passes=5, rate=0.1))
     ended: dict[str, float] = {}  # stage -> when its latest report came
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -264,6 +269,11 @@ def main() -> None:
         action="store_true",
         help="time each stage of the page's evaluation instead (no page or CLI run)",
     )
+    parser.add_argument(
+        "--mc-dropout",
+        action="store_true",
+        help="tick post-hoc MC Dropout (5 passes, p = 0.1) on the page and pass it to the CLI",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.chdir(REPO)  # the app reads .streamlit/config.toml and its pages from here
@@ -289,6 +299,7 @@ def main() -> None:
             rows += runs
     result = {
         "sizes": {"n_search": args.n_search, "n_report": args.n_report},
+        "mc_dropout": args.mc_dropout,
         "members": [m.name for m in members],
         "torch_threads": torch.get_num_threads(),
         "runs": rows,

@@ -313,14 +313,18 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     app.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
     open_page(app, "pages/6_hydra.py")
     app.number_input[0].set_value(3)  # timed calls per system: enough for a test
+    mc = next(c for c in app.checkbox if c.label == "MC Dropout")
+    assert not mc.value  # the checkpoint was trained without dropout: post hoc, opt-in
+    mc.check()
+    app.run()
     button(app, "Assemble and evaluate").click()
     app.run()
     finish_job(app, "hydra")
     assert not app.error, [e.value for e in app.error]
     summary = app.dataframe[0].value.set_index("system")
     hydra = ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)", "Hydra (fused)"]
-    # the baselines, ticked by default: the checkpoint has dropout modules at p = 0, so MC
-    # Dropout is the post-hoc variant, named so
+    # temperature scaling by default, MC Dropout ticked: the checkpoint has dropout modules at
+    # p = 0, so MC Dropout is the post-hoc variant, named so
     systems = [*hydra, "Temperature Scaling", "MC Dropout (p=0.1, post hoc)"]
     assert list(summary.index) == systems
     assert list(summary["heads"]) == ["8", "7", "7", "7x2", "7x2", "8", "8"]
@@ -385,6 +389,8 @@ def test_hydra_page_compares_baselines_on_the_default_model(tmp_path, monkeypatc
     }
     open_page(app, "pages/6_hydra.py")
     app.number_input[0].set_value(3)
+    next(c for c in app.checkbox if c.label == "MC Dropout").check()
+    app.run()
     button(app, "Assemble and evaluate").click()
     app.run()
     finish_job(app, "hydra")
@@ -439,7 +445,7 @@ def test_masks_circuits_strategy_is_one_circuit_per_criterion(app, reference):
 
 
 def test_hydra_page_numbers_equal_the_command_lines(app, setup, checkpoint, tmp_path, monkeypatch):
-    """The Hydra page at its defaults (temperature scaling, post-hoc MC Dropout with 5 passes)
+    """The Hydra page (temperature scaling, post-hoc MC Dropout ticked with its default 5 passes)
     and `hydra` with the same members, sizes and baselines, each from its own empty cache: every
     system, every metric and every interval bound the same number."""
     from hydra_core.cli import main
@@ -451,6 +457,8 @@ def test_hydra_page_numbers_equal_the_command_lines(app, setup, checkpoint, tmp_
     members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
     app.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
     open_page(app, "pages/6_hydra.py")
+    next(c for c in app.checkbox if c.label == "MC Dropout").check()
+    app.run()
     button(app, "Assemble and evaluate").click()
     app.run()
     finish_job(app, "hydra")
