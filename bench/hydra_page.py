@@ -203,8 +203,9 @@ def stage_run(args, members, root: Path, repeats: int) -> dict:
     """Where the time goes: ``evaluate_systems`` with the page's systems and settings (Single,
     the Hydra members, unfused and fused, temperature scaling, and with ``--mc-dropout`` post-hoc
     MC Dropout with 5 passes; latency after one warm-up round), in a worker thread as the page
-    runs it, each stage timed from its progress callback (a stage's seconds run from the end of the stage before, so
-    work done before a stage's first report, the fusion or the temperature fit, counts in it)."""
+    runs it, each stage timed from its progress callback (a stage's seconds run from the end of
+    the stage before, so work done before a stage's first report, the fusion or the temperature
+    fit, counts in it)."""
     from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
     from hydra_core.cache import DiskCache
     from hydra_core.data.benchmark import default_benchmark
