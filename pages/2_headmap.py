@@ -13,6 +13,7 @@ from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
+from hydra_ui.stability import stability_view
 from hydra_ui.widgets import (
     figure_with_download,
     head_map_with_download,
@@ -285,3 +286,5 @@ with show_error("Could not run the head search"):
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
             transfer_view(context, runs)
+
+    stability_view(context, inputs, objective, budget)
