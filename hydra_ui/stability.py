@@ -21,6 +21,7 @@ import streamlit as st
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
 from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
+from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import disk_cache, results
 from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, head_heatmap
@@ -349,3 +350,41 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
         figure_with_download(jaccard_figure(found), "stability_agreement")
     st.markdown("**Stable heads**: kept by this search and by most resamples, or removed by both")
     table_with_download(stable_table(found, search), "stable_heads.csv", float_format="{:.2f}")
+
+
+# --- for the Masks page --------------------------------------------------------------------------
+
+
+def stable_ranking() -> tuple[str, list, dict, int] | None:
+    """The ranking of this setup's last finished stability run, for building members from the
+    stable heads: (name, every head most often removed first, provenance, steps), or None."""
+    job = results()["jobs"].get(JOB)
+    run = None if job is None or job.running else job.result
+    if run is None:
+        return None
+    found = run.stability
+    name = f"{CIRCUIT_NAMES[found.objective]}-stable"
+    info = ranking_provenance(
+        "stability",
+        objective=found.objective,
+        budget=found.budget,
+        steps=found.steps,
+        resamples=found.resamples,
+    )
+    info["holdout"] = run.fraction  # the share of the search split it did not search on
+    return name, found.ranking(run.search.ranking()), info, found.steps
+
+
+def reach_note(steps: int, budget: int, pool: int | None, what: str) -> str | None:
+    """A warning when the members' budget B or pool K reaches past the ``steps`` a search made:
+    beyond them a greedy ranking orders heads by one step's single-ablation scores, and a
+    stability ranking by frequencies of 0."""
+    reach = max(budget, pool or 0)
+    if reach <= steps:
+        return None
+    asked = f"B = {budget}" + (f" and K = {pool}" if pool else "")
+    return (
+        f"{asked} reach past the {steps} removals the {what} made: the heads beyond them are "
+        "not ordered by the search's removals. Run it to a budget of at least "
+        f"{reach} on the Headmap page, or lower B{' and K' if pool else ''}."
+    )

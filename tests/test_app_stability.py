@@ -100,3 +100,46 @@ def test_figures_from_results():
 
     fig = held_out_figure(Curve())
     assert [t.name for t in fig.data] == ["held out, 95% interval", "search part", "held out"]
+
+
+def _run_stability(at, budget: int, resamples: int) -> None:
+    open_page(at, "pages/2_headmap.py")
+    at.number_input[0].set_value(budget)
+    at.run()
+    next(n for n in at.number_input if n.label == "Resamples (B)").set_value(resamples)
+    at.run()
+    button(at, "Run stability").click()
+    at.run()
+    finish_job(at, "stability")
+
+
+def test_masks_from_stable_heads_and_the_reach_warning(app):  # noqa: F811
+    _run_stability(app, budget=2, resamples=3)
+    run = app.session_state["results"]["jobs"]["stability"].result
+    app.switch_page("pages/5_masks.py")
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    ranking = next(s for s in app.selectbox if s.label == "Ranking (least useful first)")
+    assert "stable heads (3 resamples, greedy avg)" in ranking.options
+    ranking.set_value("CircAvg-stable")
+    app.run()
+    # the defaults (B = 8 // 3 = 2, K = 5) reach past the 2 removals the run made
+    warning = next(w.value for w in app.warning if "reach past" in w.value)
+    assert "K = 5" in warning and "2 removals the stability run made" in warning
+    next(n for n in app.number_input if n.label.startswith("K:")).set_value(2)
+    app.run()
+    assert not any("reach past" in w.value for w in app.warning)
+    next(n for n in app.number_input if n.label.startswith("M:")).set_value(2)
+    app.run()
+    next(r for r in app.radio if r.label == "Strategy").set_value("circuit")
+    app.run()
+    button(app, "Build").click()
+    app.run()
+    members = app.session_state["results"]["members"]
+    assert len(members) == 1
+    expected = run.stability.ranking(run.search.ranking())[:2]
+    removed = (~members[0].keep).nonzero().tolist()
+    assert sorted(map(tuple, removed)) == sorted(expected)
+    ranking_info = members[0].provenance["ranking"]
+    assert ranking_info["method"] == "stability" and ranking_info["resamples"] == 3
+    assert ranking_info["holdout"] == 0.25

@@ -212,6 +212,16 @@ class StabilityResult:
         )
         return removed, kept
 
+    def ranking(self, tiebreak: Sequence[Head] = ()) -> list[Head]:
+        """Every head, most often removed first (least useful by the resamples' account), for
+        building members from the stable heads; equal frequencies follow ``tiebreak`` (e.g. the
+        search's own :meth:`~hydra_core.analysis.greedy.GreedyResult.ranking`), then (layer,
+        head)."""
+        freq = self.frequency()
+        position = {h: i for i, h in enumerate(tiebreak)}
+        heads = [(layer, h) for layer, c in enumerate(self.num_heads) for h in range(c)]
+        return sorted(heads, key=lambda h: (-float(freq[h]), position.get(h, len(position)), h))
+
     def prefix(self, n: int) -> StabilityResult:
         """The first ``n`` steps of every resample, as a run with budget ``n``."""
         n = self._steps(n)
