@@ -98,6 +98,9 @@ class ReportConfig:
         distance_samples: images per set for the centroid distances (Table 5).
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: images per timed forward and timed calls per system.
+        stability_resamples: bootstrap resamples of the search data per circuit for its
+            stability (0: none); held_out: unused search-role images per set scored after every
+            step (:mod:`hydra_core.report.stability`).
     """
 
     model: str = "default"
