@@ -295,11 +295,11 @@ def stability_view(context, inputs, objective: str, budget: int) -> None:
     )
     seed = int(c3.number_input("Seed", 0, 10_000, 0, disabled=running))
     n = min(len(inputs.id_x), len(inputs.ood_x))
-    if n * (1 - fraction) < FEW_SAMPLES:
+    if n >= FEW_SAMPLES > n * (1 - fraction):  # fewer, the page says so above
         st.warning(
-            f"The search chooses heads on about {int(n * (1 - fraction))} samples per side "
-            f"(fewer than {FEW_SAMPLES}): its gains may not transfer to other samples. More "
-            "search samples on the Setup page make every answer here firmer."
+            f"The search part holds about {int(n * (1 - fraction))} samples per side (fewer "
+            f"than {FEW_SAMPLES}): its gains may not transfer to other samples; a smaller "
+            "held-out share or more search samples (Setup) make the answer firmer."
         )
     if st.button("Run stability", icon=":material/stacks:", disabled=running):
         start_stability(context, inputs, objective, budget, resamples, float(fraction), seed)

@@ -29,6 +29,7 @@ def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F8
     resamples.set_value(3)
     app.run()
     assert any("fewer than 300" in w.value for w in app.warning)  # 40 search images per side
+    assert sum("fewer than 300" in w.value for w in app.warning) == 1  # said once
     button(app, "Run stability").click()
     app.run()
     finish_job(app, "stability")
