@@ -84,3 +84,76 @@ def test_holdout_needs_two_of_every_class(checkpoint, tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "--holdout needs at least 2" in err and "Traceback" not in err
+
+
+def test_masks_from_a_stability_file(checkpoint, tmp_path, capsys):
+    from hydra_core.masks import load_masks
+    from hydra_core.models.adapter import HeadLayout
+
+    out = tmp_path / "s"
+    args = ["search", "--model", checkpoint, *DATA, "--budget", "4", "--stability", "3"]
+    assert main([*args, "--out", str(out)]) == 0
+    capsys.readouterr()
+    stability = out / "stability_avg.json"
+    found = StabilityResult.from_dict(json.loads(stability.read_text()))
+    ranking_file = json.loads(stability.read_text())["search_ranking"]
+    masks = tmp_path / "m.json"
+    common = ["masks", "--model", checkpoint, *DATA, "--ranking-source", "stability"]
+    assert (
+        main(
+            [
+                *common,
+                "--stability",
+                str(stability),
+                "--strategy",
+                "circuit",
+                "--m",
+                "1",
+                "--budget",
+                "3",
+                "--out",
+                str(masks),
+            ]
+        )
+        == 0
+    )
+    (member,) = load_masks(masks, HeadLayout((4, 4), 6, 24))
+    removed = sorted(map(tuple, (~member.keep).nonzero().tolist()))
+    expected = found.ranking([tuple(h) for h in ranking_file])[:3]
+    assert removed == sorted(expected)
+    assert member.provenance["ranking"]["method"] == "stability"
+    capsys.readouterr()
+    # a budget and pool past the 4 removals the resamples made: one line, exit 2
+    assert (
+        main(
+            [
+                *common,
+                "--stability",
+                str(stability),
+                "--budget",
+                "3",
+                "--out",
+                str(tmp_path / "n.json"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "reach past the 4 removals" in err and len(err.strip().splitlines()) == 1
+    assert main([*common, "--budget", "2", "--out", str(tmp_path / "o.json")]) == 2
+    assert "needs --stability FILE" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                *common,
+                "--stability",
+                str(tmp_path / "nope.json"),
+                "--budget",
+                "2",
+                "--out",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 2
+    )
+    assert "does not exist" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from hydra_core import distributed
 from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
 from hydra_core.cli.common import shows_progress, warn, write_json
-from hydra_core.models.adapter import head_label
+from hydra_core.models.adapter import head_label, head_layout
 
 
 def add_stability_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,7 +155,10 @@ def run_stability(args, model, data: SearchData, result, cache, out: Path, ident
     if not distributed.is_main():
         return found
     stem = args.objective
-    write_json(out / f"stability_{stem}.json", {**found.to_dict(), **identity})
+    ranking = [[layer, head] for layer, head in result.ranking()]  # ties of the frequencies
+    write_json(
+        out / f"stability_{stem}.json", {**found.to_dict(), "search_ranking": ranking, **identity}
+    )
     heads_frame(found, result).to_csv(out / f"stability_{stem}_heads.csv", index=False)
     removed = result.order[: args.budget]
     freq = found.frequency()
@@ -220,3 +223,38 @@ def json_summary(curve: HeldOutCurve | None, found: StabilityResult | None, resu
 
 def log_stream(args) -> object:
     return sys.stderr if args.json else sys.stdout
+
+
+def read_stability(path: str, loaded, option: str = "--stability") -> tuple[StabilityResult, list]:
+    """A stability result (``search --stability`` wrote it) of the loaded model, and the ranking
+    of its search (for ties); another model's file is refused, an unreadable one named."""
+    import json
+
+    from hydra_core.errors import InputError
+    from hydra_core.outputs import check_made_for
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(
+            f"{option} {path} does not exist; give the stability_<objective>.json that "
+            "search --stability wrote"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{option} {path} is not a stability result ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{option} {path} is not a stability result (a JSON object)")
+    if note := check_made_for(data.get("model"), loaded.identity(), f"{option} {path}"):
+        warn(note)
+    try:
+        found = StabilityResult.from_dict(data)
+    except ValueError as exc:
+        raise InputError(f"{option} {path}: {exc}") from None
+    layout = head_layout(loaded.model)
+    if found.num_heads != layout.num_heads:
+        raise InputError(
+            f"{option} {path} is for heads per layer {list(found.num_heads)}, the model has "
+            f"{list(layout.num_heads)}: give a stability result of this model"
+        )
+    ranking = [(int(la), int(h)) for la, h in data.get("search_ranking", [])]
+    return found, ranking
