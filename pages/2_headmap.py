@@ -7,12 +7,14 @@ import streamlit as st
 
 from hydra_core.analysis.greedy import OBJECTIVES as SEARCH_ORDER
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
+from hydra_core.analysis.holdout import FEW_SAMPLES
 from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
+from hydra_ui.stability import stability_view
 from hydra_ui.widgets import (
     figure_with_download,
     head_map_with_download,
@@ -190,6 +192,12 @@ with show_error("Could not run the head search"):
     )
     if leak:
         st.warning(leak)
+    if min(len(inputs.id_x), len(inputs.ood_x)) < FEW_SAMPLES:
+        st.warning(
+            f"The search chooses heads on {len(inputs.id_x)} ID and {len(inputs.ood_x)} OOD "
+            f"samples (fewer than {FEW_SAMPLES} per side): its gains may not transfer to other "
+            "samples. Check them with Stability below, or use more search samples (Setup)."
+        )
     c1, c2, c3 = st.columns([2, 1, 1])
     objective = c1.radio(
         "Objective", list(OBJECTIVES), format_func=OBJECTIVES.get, horizontal=True, disabled=running
@@ -285,3 +293,5 @@ with show_error("Could not run the head search"):
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
             transfer_view(context, runs)
+
+    stability_view(context, inputs, objective, budget)

@@ -42,6 +42,7 @@ from hydra_ui.context import get_context, results
 from hydra_ui.figures import matrix_heatmap, member_masks_figure
 from hydra_ui.jobs import start_job
 from hydra_ui.portable import mask_downloads
+from hydra_ui.stability import reach_note, stable_ranking
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -125,13 +126,18 @@ with show_error("Could not build the masks"):
         strategy = c1.radio("Strategy", list(STRATEGIES), format_func=STRATEGIES.get)
         greedy = {CIRCUIT_NAMES[o]: run for o, run in stored.items()}  # ranking name -> search
         labels = {CIRCUIT_NAMES[o]: f"greedy {o}" for o in stored} | {TAYLOR_NAME: "Taylor"}
+        stable = stable_ranking()  # the Headmap page's last stability run, if any
+        if stable is not None:
+            labels[stable[0]] = f"stable heads ({stable[2]['resamples']} resamples, greedy "
+            labels[stable[0]] += f"{stable[2]['objective']})"
         ranking_name = c2.selectbox(
             "Ranking (least useful first)",
             list(labels),
             format_func=labels.get,
             disabled=strategy in ("taylor", "circuits"),
-            help="Greedy rankings come from saved searches (Headmap search); Taylor "
-            f"scores the heads on the ID search {context.noun}",
+            help="Greedy rankings come from saved searches (Headmap search); stable heads from "
+            "the Headmap page's last Stability run (most often removed by its resamples first); "
+            f"Taylor scores the heads on the ID search {context.noun}",
         )
         c1, c2, c3, c4 = st.columns(4)
         if strategy == "taylor":
@@ -160,6 +166,16 @@ with show_error("Could not build the masks"):
             )
             count = int(c3.number_input("M: members", 2, 16, 3))
             first_seed = int(c4.number_input("First seed", 0, 10_000, 0))
+        if strategy in ("circuit", "seed-sampling") and ranking_name != TAYLOR_NAME:
+            made = stable[3] if stable and ranking_name == stable[0] else greedy[ranking_name].steps
+            what = "stability run" if stable and ranking_name == stable[0] else "search"
+            note = reach_note(made, budget, pool if strategy == "seed-sampling" else None, what)
+            if note:
+                st.warning(note)
+        elif strategy == "circuits" and stored:
+            made = min(run.steps for run in stored.values())
+            if note := reach_note(made, budget, None, "shortest of the searches"):
+                st.warning(note)
         replace = st.checkbox("Replace the current members", value=True, key="replace-ranking")
         if st.button("Build", type="primary", icon=":material/build:"):
             searched = search_provenance(context.benchmark, inputs)  # recorded in the members
@@ -194,6 +210,8 @@ with show_error("Could not build the masks"):
                     scores = taylor(context.config.key, len(inputs.id_x), context, inputs)
                     ranking = taylor_global_ranking(torch.from_numpy(scores))
                     info = ranking_provenance("taylor", samples=len(inputs.id_x), search=searched)
+                elif stable is not None and ranking_name == stable[0]:
+                    ranking, info = stable[1], {**stable[2], "search": searched}
                 else:
                     run = greedy[ranking_name]
                     ranking = run.ranking()

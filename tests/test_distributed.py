@@ -124,6 +124,15 @@ def stop_after(steps: int, *, mid_step: bool = False):
     return (lambda step: seen.append(step.step)), should_stop
 
 
+def stability():
+    """Four resamples of a budget-5 search: each group's step shared between the processes."""
+    from hydra_core.analysis.stability import greedy_stability
+
+    return greedy_stability(
+        make_tiny_vit(**TINY_CONFIGS["token-bias"]), *make_data(), budget=5, resamples=4, seed=1
+    )
+
+
 def resumed_search(cache: DiskCache, steps: int, *, mid_step: bool = False, stops: bool = True):
     config, objective = RESUMED
     progress, should_stop = stop_after(steps, mid_step=mid_step)
@@ -159,6 +168,7 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
             resumed_search(cache, 1, stops=rank == 1).steps,
             resumed_search(cache, 1, mid_step=True, stops=rank == 1).steps,
         ]
+        results["stability"] = stability()
         results["importance"] = single_head_importance(
             make_tiny_vit(**TINY_CONFIGS["token-bias"]), *make_data(), cache=DiskCache(folder)
         )
@@ -222,6 +232,15 @@ def test_a_stop_on_one_process_stops_all_and_resumes_with_any_number(job):
     uninterrupted = greedy_circuit(model, *data, objective=objective, budget=BUDGET)
     assert_identical(finished, uninterrupted)
     assert_identical(load_greedy(model, *data, objective, cache), uninterrupted)
+
+
+def test_distributed_stability_is_the_single_process_one(job):
+    ranks, _ = job
+    alone = stability()
+    for found in ranks:
+        assert found["stability"].orders == alone.orders
+        assert found["stability"].scores == alone.scores  # bit for bit
+        assert found["stability"].group_steps == alone.group_steps
 
 
 # --- importance, evaluation, Deep Ensembles -----------------------------------------------------

@@ -17,6 +17,7 @@ SECTIONS = [
     "## Table 4",
     "## Table 5",
     "## Table 6",
+    "## Stability of the circuits",
     "## Tables 1-2",
     "## Table 9",
     "## Table 11",
@@ -40,6 +41,7 @@ CSVS = [
     "transfer",
     "differences_to_single",
     "differences_over_repeats",
+    "stability",
 ]
 
 
@@ -98,6 +100,50 @@ def test_every_section_and_file(report_dir):
     accuracy = data["table1_systems"][0]["accuracy"]  # every reported metric with its interval
     assert set(accuracy) == {"value", "ci95"}
     assert accuracy["ci95"][0] <= accuracy["value"] <= accuracy["ci95"][1]
+
+
+def test_stability_of_the_circuits(report_dir):
+    """Each circuit's stability and held-out curve equal the library's on the same data, and the
+    held-out items are search-role items the search never used."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.holdout import held_out_curve
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.analysis.stability import greedy_stability
+    from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.data.provenance import item_keys
+    from hydra_core.report.stability import _unused, held_out_sample
+    from hydra_core.zoo.registry import load_model
+
+    table = pd.read_csv(report_dir / "stability.csv").set_index("circuit")
+    assert list(table.index) == ["CircAvg", "CircAcc", "CircOOD"]
+    assert "## Stability of the circuits" in (report_dir / "report.md").read_text()
+    loaded = load_model(str(report_dir.parent / "tiny.safetensors"))  # the fixture's checkpoint
+    sizes = dict(n_report=200, ood=["mnist", "noise"])
+    used, full = default_benchmark(n_search=64, **sizes), default_benchmark(n_search=None, **sizes)
+    pairs = [(full.id_search, used.id_search), *zip(full.ood_search, used.ood_search, strict=True)]
+    for whole, part in pairs:
+        rest = _unused(whole, part, 64)
+        assert len(rest) == 64 and not item_keys(rest.inputs) & item_keys(part.inputs)
+    inputs = search_inputs(loaded.preprocess, used)
+    sample = held_out_sample(loaded.preprocess, full, used, inputs, 64)
+    data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
+    for objective, name in [("avg", "CircAvg"), ("ood", "CircOOD")]:
+        row = table.loc[name]
+        circuit = greedy_circuit(*data, objective=objective, budget=int(row["budget"]))
+        found = greedy_stability(
+            *data,
+            objective=objective,
+            budget=circuit.steps,
+            resamples=2,
+            ood_strata=inputs.ood_strata(),
+        )
+        assert row["jaccard"] == pytest.approx(found.jaccard())
+        curve = held_out_curve(loaded.model, circuit, *sample[:3], ood_strata=sample[3])
+        assert row["held_out_at_budget"] == pytest.approx(curve.held_out[circuit.steps])
+        assert row["held_out_dense"] == pytest.approx(curve.held_out[0])
+        assert row["held_out_peak"] == curve.peak
+        assert bool(row["beyond_peak"]) == (circuit.steps > curve.peak)
+        assert row["held_out_at_budget_lo"] <= row["held_out_at_budget"]
 
 
 def test_key_numbers(report_dir):

@@ -37,6 +37,15 @@ import torch
 from torch import nn
 
 from hydra_core import distributed
+from hydra_core.analysis._maps import (
+    Scorer,
+    best_head,
+    candidate_maps,
+    objective_of,
+)
+from hydra_core.analysis._maps import (
+    batched_auroc as batched_auroc,  # re-exported: the search's AUROC
+)
 from hydra_core.analysis._shares import Unit
 from hydra_core.analysis._suffix import Stopped
 from hydra_core.analysis._towers import fast_evaluator
@@ -58,73 +67,6 @@ METHODS = ("fast", "plain")
 #: Cache kinds (folders of the :class:`DiskCache`).
 GREEDY_CACHE_KIND = "greedy"
 IMPORTANCE_CACHE_KIND = "head-importance"
-
-
-# --- scores --------------------------------------------------------------------------------------
-
-
-def batched_auroc(id_scores: torch.Tensor, ood_scores: torch.Tensor) -> torch.Tensor:
-    """AUROC with OOD as the positive class and higher score = more in-distribution, per row.
-
-    Args:
-        id_scores: (..., n_id) scores of the ID samples (e.g. MSP).
-        ood_scores: (..., n_ood) scores of the OOD samples; leading dimensions as ``id_scores``.
-
-    Returns:
-        (...,) float64: P(ood < id) + 0.5 P(ood == id) over all ID/OOD pairs, the same number as
-        ``sklearn.metrics.roc_auc_score(is_ood, -score)``. Counted exactly in integers, so equal
-        orderings give bit-identical values.
-    """
-    if id_scores.shape[:-1] != ood_scores.shape[:-1]:
-        raise ValueError(
-            f"id_scores {tuple(id_scores.shape)} and ood_scores {tuple(ood_scores.shape)} "
-            "differ in their leading (batch) dimensions"
-        )
-    n_id, n_ood = id_scores.shape[-1], ood_scores.shape[-1]
-    if n_id == 0 or n_ood == 0:
-        raise ValueError(f"AUROC needs ID and OOD scores, got {n_id} ID and {n_ood} OOD")
-    if torch.isnan(id_scores).any() or torch.isnan(ood_scores).any():
-        raise ValueError("AUROC scores contain NaN")
-    id_scores, ood_scores = id_scores.double(), ood_scores.double()
-    ood_sorted = ood_scores.sort(dim=-1).values.contiguous()
-    queries = id_scores.contiguous()
-    below = torch.searchsorted(ood_sorted, queries, right=False)  # OOD scores < each ID score
-    at_or_below = torch.searchsorted(ood_sorted, queries, right=True)  # OOD scores <= it
-    return (below + at_or_below).sum(dim=-1).double() / (2 * n_id * n_ood)
-
-
-class _Scorer:
-    """Logits of candidates -> their (accuracy, AUROC) in float64."""
-
-    def __init__(self, labels: torch.Tensor, n_id: int) -> None:
-        self.labels = labels.cpu().long()  # (n_id,)
-        self.n_id = n_id
-        self.top_label = int(labels.max())
-
-    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(C, S, K) logits, ID samples first -> (accuracy (C,), auroc (C,)), float64 on the CPU."""
-        logits = logits.cpu().double()  # on the CPU: not every accelerator has float64
-        if torch.isnan(logits).any():
-            raise FloatingPointError(
-                "the model produced NaN logits; the head search cannot rank heads"
-            )
-        num_classes = logits.shape[-1]
-        if self.top_label >= num_classes:
-            raise ValueError(
-                f"id_y holds class {self.top_label} but the model has {num_classes} classes"
-            )
-        correct = (logits[:, : self.n_id].argmax(-1) == self.labels).sum(-1)  # (C,)
-        msp = logits.softmax(-1).amax(-1)  # (C, S)
-        auroc = batched_auroc(msp[:, : self.n_id], msp[:, self.n_id :])
-        return correct.double() / self.n_id, auroc
-
-
-def _objective(objective: str, accuracy: torch.Tensor, auroc: torch.Tensor) -> torch.Tensor:
-    if objective == "acc":
-        return accuracy
-    if objective == "ood":
-        return auroc
-    return (accuracy + auroc) / 2
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -377,66 +319,9 @@ def _fast_evaluator(model: nn.Module, inputs: torch.Tensor, batch_size: int):
     )
 
 
-def _candidate_maps(
-    evaluator, scorer: _Scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accuracy, auroc), each (L, H) float64 with NaN where a head is not a candidate."""
-    if distributed.active():
-        return _shared_candidate_maps(evaluator, scorer, shape, should_stop)
-    accuracy = torch.full(shape, math.nan, dtype=torch.float64)
-    auroc = torch.full(shape, math.nan, dtype=torch.float64)
-    for heads, logits in evaluator.candidate_logits(should_stop):
-        acc, roc = scorer(logits)
-        for i, (layer, head) in enumerate(heads):
-            accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
-    return accuracy, auroc
-
-
-def _shared_candidate_maps(
-    evaluator, scorer: _Scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_candidate_maps` in a distributed job: this process scores its share of the units,
-    and the maps are summed over processes. Each candidate is scored by exactly one process (the
-    others add 0), so every process ends with the same maps, bit for bit. A stop asked for on any
-    process during the step (:class:`Stopped`) stops it on every process, at the sum."""
-    units = evaluator.units()
-    mine = distributed.split([unit.cost for unit in units])[distributed.rank()]
-    heads = {head for i in mine for head in units[i].heads}
-    maps = torch.zeros(2, *shape, dtype=torch.float64)  # accuracy, auroc
-    stopped = False
-    try:
-        for candidates, logits in evaluator.candidate_logits(should_stop, heads):
-            acc, roc = scorer(logits)
-            for i, (layer, head) in enumerate(candidates):
-                maps[0, layer, head], maps[1, layer, head] = acc[i], roc[i]
-    except Stopped:
-        stopped = True
-    flag = torch.tensor([float(stopped)], dtype=torch.float64)
-    total = distributed.sum_over_processes(torch.cat([maps.flatten(), flag]))
-    if total[-1] > 0:
-        raise Stopped
-    maps = total[:-1].reshape(maps.shape)
-    is_candidate = torch.zeros(shape, dtype=torch.bool)
-    for unit in units:
-        for layer, head in unit.heads:
-            is_candidate[layer, head] = True
-    maps[:, ~is_candidate] = math.nan
-    return maps[0], maps[1]
-
-
 def _stop_asked(should_stop: Callable[[], bool] | None) -> bool:
     """``should_stop()``, agreed on by every process of a distributed job (any one suffices)."""
     return distributed.any_process(should_stop is not None and should_stop())
-
-
-def _best(scores: torch.Tensor) -> Head:
-    """The candidate with the highest score; ties go to the lowest (layer, head)."""
-    best, best_score = None, -math.inf
-    for layer, head in (~torch.isnan(scores)).nonzero().tolist():  # lexicographic order
-        value = float(scores[layer, head])
-        if best is None or value > best_score:
-            best, best_score = (layer, head), value
-    return best
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -671,7 +556,7 @@ def _search(
     device, dtype = _device_and_dtype(model)
     inputs = torch.cat([id_x, ood_x])
     inputs = inputs.to(device, dtype if inputs.is_floating_point() else None)
-    scorer = _Scorer(id_y, len(id_x))
+    scorer = Scorer(id_y, len(id_x))
     evaluator = _evaluator(method, model, inputs, layout, batch_size)
     if stored is None:
         accuracy, auroc = scorer(evaluator.logits[None])
@@ -685,7 +570,7 @@ def _search(
             auroc=[],
             base_accuracy=base_acc,
             base_auroc=base_roc,
-            base_score=float(_objective(objective, accuracy, auroc)[0]),
+            base_score=float(objective_of(objective, accuracy, auroc)[0]),
             candidate_scores=[],
             complete=False,
             seconds=time.perf_counter() - start,
@@ -703,17 +588,17 @@ def _search(
             break
         step_start = time.perf_counter()
         try:
-            acc_map, roc_map = _candidate_maps(evaluator, scorer, layout.shape, should_stop)
+            acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, should_stop)
         except Stopped:
             break
-        candidates = _objective(objective, acc_map, roc_map)
-        layer, head = _best(candidates)
+        candidates = objective_of(objective, acc_map, roc_map)
+        layer, head = best_head(candidates)
         accuracy, auroc = scorer(evaluator.remove(layer, head)[None])
         seconds = time.perf_counter() - step_start
         with torch.inference_mode(False):  # results stay ordinary tensors outside this call
             candidates = candidates.clone()
         result.order.append((layer, head))
-        result.scores.append(float(_objective(objective, accuracy, auroc)[0]))
+        result.scores.append(float(objective_of(objective, accuracy, auroc)[0]))
         result.accuracy.append(float(accuracy[0]))
         result.auroc.append(float(auroc[0]))
         result.candidate_scores.append(candidates)
@@ -782,10 +667,10 @@ def single_head_importance(
         device, dtype = _device_and_dtype(model)
         inputs = torch.cat([id_x, ood_x])
         inputs = inputs.to(device, dtype if inputs.is_floating_point() else None)
-        scorer = _Scorer(id_y, len(id_x))
+        scorer = Scorer(id_y, len(id_x))
         evaluator = _fast_evaluator(model, inputs, batch_size)
         base_acc, base_roc = (float(v[0]) for v in scorer(evaluator.logits[None]))
-        acc_map, roc_map = _candidate_maps(evaluator, scorer, layout.shape, None)
+        acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, None)
     with torch.inference_mode(False):
         acc_map, roc_map = acc_map.clone(), roc_map.clone()
     result = {

@@ -28,6 +28,8 @@ class SearchInputs:
     id_y: torch.Tensor  # (N_id,) int64
     ood_x: torch.Tensor  # (N_ood, C, H, W) model input, the OOD search sets pooled and balanced
     ood_per_set: dict[str, torch.Tensor]  # each search-role OOD set, preprocessed
+    #: the OOD search set each row of ``ood_x`` comes from (None: one set, or unknown)
+    ood_sets: tuple[str, ...] | None = None
 
     def to(self, device: torch.device | str) -> SearchInputs:
         return SearchInputs(
@@ -35,7 +37,13 @@ class SearchInputs:
             self.id_y.to(device),
             self.ood_x.to(device),
             {k: v.to(device) for k, v in self.ood_per_set.items()},
+            self.ood_sets,
         )
+
+    def ood_strata(self) -> tuple[str, ...]:
+        """The OOD set of each row of ``ood_x`` (all ``"ood"`` when unknown): resamples draw each
+        OOD set within itself."""
+        return self.ood_sets if self.ood_sets is not None else ("ood",) * len(self.ood_x)
 
     def describe(self) -> str:
         sets = ", ".join(self.ood_per_set)
@@ -60,6 +68,7 @@ def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None)
         id_y=benchmark.id_search.labels,
         ood_x=preprocess(benchmark.pooled_ood_search(n_ood).inputs),
         ood_per_set={s.name: preprocess(s.inputs) for s in benchmark.ood_search},
+        ood_sets=benchmark.pooled_ood_search_sets(n_ood),
     )
 
 

@@ -30,6 +30,15 @@ from hydra_core.cli.common import (
     warn_near_chance,
     write_json,
 )
+from hydra_core.cli.stability import (
+    add_stability_arguments,
+    json_summary,
+    log_stream,
+    run_stability,
+    search_data,
+    warn_few_samples,
+    write_holdout,
+)
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
 from hydra_core.outputs import data_identity
@@ -65,8 +74,9 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help="print one JSON object (objective, budget, order, scores, search_ood, n_id, n_ood, "
-        "seconds) on stdout; everything else goes to stderr",
+        "seconds, and holdout/stability when asked for) on stdout; everything else goes to stderr",
     )
+    add_stability_arguments(p)
 
 
 @command("search", _search_arguments)
@@ -89,7 +99,10 @@ def _search(args: argparse.Namespace) -> int:
             )
 
     loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
-    data = (loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
+    searched = search_data(args, inputs)
+    data = (loaded.model, searched.id_x, searched.id_y, searched.ood_x)
+    if distributed.is_main():
+        warn_few_samples(searched)
     saved = None
     if distributed.is_main():  # the note on a saved search is rank 0's to print
         saved = load_greedy(*data, args.objective, cache, args.method)
@@ -125,11 +138,21 @@ def _search(args: argparse.Namespace) -> int:
         progress=progress,
     )
     bar.close()
+    identity = {"model": loaded.identity(), "data": data_identity(benchmark, "search")}
+    if args.holdout is not None:  # the search chose on the rest of the search split
+        identity["holdout"] = {"fraction": args.holdout, "seed": args.seed}
+    found = None
+    if args.stability:  # every process shares the resampled steps
+        found = run_stability(
+            args, loaded.model, searched, result, cache, out, identity, log_stream(args)
+        )
     if not distributed.is_main():
         return 0
     warn_near_chance(args, loaded, result.base_accuracy)  # on the search split, as eval's
+    curve = None
+    if searched.held_out is not None:
+        curve = write_holdout(loaded.model, result, searched, out, log_stream(args))
     stem = f"greedy_{args.objective}"
-    identity = {"model": loaded.identity(), "data": data_identity(benchmark, "search")}
     write_json(out / f"{stem}.json", {**result.to_dict(), **identity})
     steps = pd.DataFrame(
         {
@@ -176,9 +199,10 @@ def _search(args: argparse.Namespace) -> int:
             "order": result.labels(),
             "scores": result.scores,
             "search_ood": benchmark.search_names(),
-            "n_id": len(inputs.id_x),
-            "n_ood": len(inputs.ood_x),
+            "n_id": len(searched.id_x),
+            "n_ood": len(searched.ood_x),
             "seconds": result.seconds,  # compute of the search itself, not start-up or loading
+            **json_summary(curve, found, result),
         }
         print(json.dumps(found, indent=2))
     return 0

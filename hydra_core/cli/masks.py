@@ -20,8 +20,6 @@ from hydra_core.cli.common import (
 from hydra_core.models.adapter import head_label, head_layout
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from hydra_core.analysis.inputs import SearchInputs
     from hydra_core.masks import MemberMask
     from hydra_core.types import Head
@@ -79,8 +77,16 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranking-source",
         default="greedy",
-        choices=("greedy", "taylor"),
-        help="seed sampling's ranking (default: %(default)s)",
+        choices=("greedy", "taylor", "stability"),
+        help="seed sampling's or a circuit's ranking (default: %(default)s; 'stability': the "
+        "heads most often removed by the resamples of --stability FILE first)",
+    )
+    p.add_argument(
+        "--stability",
+        default=None,
+        metavar="FILE",
+        help="with --ranking-source stability: the stability_<objective>.json that "
+        "search --stability wrote",
     )
     p.add_argument(
         "--per-layer",
@@ -120,7 +126,7 @@ def _masks(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    members = _build_members(args, loaded.model, inputs, search_provenance(benchmark, inputs))
+    members = _build_members(args, loaded, inputs, search_provenance(benchmark, inputs))
     save_masks(out, members, loaded.identity())
     overlap = member_overlap(members)
     print("kept heads per layer:")
@@ -136,8 +142,46 @@ def _masks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
+    """(name, ranking, provenance) of ``--ranking-source stability``; None otherwise. Checks the
+    file and that B and K stay within the removals its resamples made."""
+    from hydra_core.cli.stability import read_stability
+    from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
+
+    if args.ranking_source != "stability":
+        if args.stability:
+            raise ValueError("--stability is read with --ranking-source stability")
+        return None
+    if not args.stability:
+        raise ValueError("--ranking-source stability needs --stability FILE (search --stability)")
+    if args.strategy not in ("seed-sampling", "circuit"):
+        raise ValueError(
+            f"--ranking-source stability is for seed-sampling and circuit, not {args.strategy}"
+        )
+    found, tiebreak = read_stability(args.stability, loaded)
+    pool = args.pool or 2 * args.budget
+    reach = args.budget if args.strategy == "circuit" else max(args.budget, pool)
+    if reach > found.steps:
+        asked = f"--budget {args.budget}" + (
+            f" and a pool of {pool}" if args.strategy != "circuit" else ""
+        )
+        raise ValueError(
+            f"{asked} reach past the {found.steps} removals the resamples of {args.stability} "
+            f"made; run search --stability with --budget {reach}, or ask for fewer"
+        )
+    info = ranking_provenance(
+        "stability",
+        objective=found.objective,
+        budget=found.budget,
+        steps=found.steps,
+        resamples=found.resamples,
+        search=search,
+    )
+    return f"{CIRCUIT_NAMES[found.objective]}-stable", found.ranking(tiebreak), info
+
+
 def _build_members(
-    args: argparse.Namespace, model: nn.Module, inputs: SearchInputs, search: dict
+    args: argparse.Namespace, loaded, inputs: SearchInputs, search: dict
 ) -> list[MemberMask]:
     """The members ``--strategy`` asks for, each strategy calling its own function of members.py.
 
@@ -164,7 +208,9 @@ def _build_members(
         taylor_ranking,
     )
 
+    model = loaded.model
     layout = head_layout(model)
+    stable = _stable_ranking(args, loaded, search)  # refused before any search
     if args.m < 1:
         raise ValueError(f"--m must be a positive number of members, got {args.m}")
     per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
@@ -218,6 +264,24 @@ def _build_members(
     greedy_info = ranking_provenance(
         "greedy", objective=args.objective, budget=args.budget, steps=args.budget, search=search
     )
+    if args.ranking_source == "stability":
+        name, ranking, info = stable
+        if args.strategy == "circuit":
+            return [
+                circuit_member(
+                    ranking, layout, budget=args.budget, ranking_name=name, ranking_info=info
+                )
+            ]
+        return seed_sampled_members(
+            ranking,
+            layout,
+            budget=args.budget,
+            seeds=member_seeds(args.m, args.seeds),
+            ranking_name=name,
+            pool=args.pool,
+            allow_identical=args.allow_identical,
+            ranking_info=info,
+        )
     if args.strategy in ("circuit", "identical-circuit"):
         if args.strategy == "circuit" and args.m != 1:
             raise ValueError(

@@ -166,17 +166,8 @@ class Benchmark:
         is shuffled by a fixed permutation. ``n=None`` takes as many from every set as the smallest
         search part holds. Its group is the sets' common group, ``"far"`` when they are mixed.
         """
-        k, smallest = len(self.ood_search), min(len(s) for s in self.ood_search)
-        n = k * smallest if n is None else n
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive number of items (or None), got {n!r}")
-        shares = [n // k + (i < n % k) for i in range(k)]
-        for part, share in zip(self.ood_search, shares, strict=True):
-            if share > len(part):
-                raise ValueError(
-                    f"a balanced pool of {n} {kind_of(part)} needs {share} from {part.name!r}, "
-                    f"whose search part has {len(part)}; ask for at most {k * smallest}"
-                )
+        shares = self._pool_shares(n)
+        n = sum(shares)
         parts = [
             take(part, share, purpose="pooled")
             for part, share in zip(self.ood_search, shares, strict=True)
@@ -192,6 +183,32 @@ class Benchmark:
             source="pooled",
         )
         return pooled.subset(order)
+
+    def _pool_shares(self, n: int | None) -> list[int]:
+        """How many items each OOD search set gives to a balanced pool of ``n`` (see
+        :meth:`pooled_ood_search`); refused in one line when a set is too small."""
+        k, smallest = len(self.ood_search), min(len(s) for s in self.ood_search)
+        n = k * smallest if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive number of items (or None), got {n!r}")
+        shares = [n // k + (i < n % k) for i in range(k)]
+        for part, share in zip(self.ood_search, shares, strict=True):
+            if share > len(part):
+                raise ValueError(
+                    f"a balanced pool of {n} {kind_of(part)} needs {share} from {part.name!r}, "
+                    f"whose search part has {len(part)}; ask for at most {k * smallest}"
+                )
+        return shares
+
+    def pooled_ood_search_sets(self, n: int | None = None) -> tuple[str, ...]:
+        """The OOD search set each item of :meth:`pooled_ood_search` (same ``n``) comes from, in
+        the pool's order: the strata for resampling each set within itself."""
+        shares = self._pool_shares(n)
+        names = [
+            s.name for s, share in zip(self.ood_search, shares, strict=True) for _ in range(share)
+        ]
+        order = stable_permutation(sum(shares), "ood_search", *self.search_names())
+        return tuple(names[i] for i in order.tolist())
 
     def describe(self):
         """One row per set (ID, then the report sets, then the search sets): name, group, role,

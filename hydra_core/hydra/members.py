@@ -472,17 +472,20 @@ def ranking_provenance(
     budget: int | None = None,
     steps: int | None = None,
     samples: int | None = None,
+    resamples: int | None = None,
     search: dict | None = None,
 ) -> dict:
-    """How a ranking was made: ``method`` ("greedy", "taylor", "cahp"), a greedy search's
-    objective, budget and the steps it made, the ID samples of a gradient or clustering method,
-    and the search data (:func:`search_provenance`); what is not given is left out."""
+    """How a ranking was made: ``method`` ("greedy", "taylor", "cahp", "stability"), a greedy
+    search's objective, budget and the steps it made, the ID samples of a gradient or clustering
+    method, the bootstrap resamples of a stability ranking, and the search data
+    (:func:`search_provenance`); what is not given is left out."""
     found = {
         "method": method,
         "objective": objective,
         "budget": budget,
         "steps": steps,
         "samples": samples,
+        "resamples": resamples,
         "search": search,
     }
     return {k: v for k, v in found.items() if v is not None}

@@ -302,6 +302,37 @@ class Pipeline:
         pruning.circuits = circuits
         return pruning
 
+    def stability(
+        self,
+        circuits: Mapping[str, GreedyResult],
+        full: Benchmark,
+        *,
+        resamples: int,
+        held_out: int | None,
+    ) -> pd.DataFrame | None:
+        """Stage "stability of the circuits": each circuit's search on ``resamples`` bootstrap
+        resamples of the search tensors, and its objective after every step on search-role items
+        the search did not use (``full``: the same sets as the run's benchmark, uncapped; at most
+        ``held_out`` per set); None when ``resamples`` is 0 (see
+        :mod:`hydra_core.report.stability`)."""
+        from hydra_core.report.stability import circuit_stability, held_out_sample
+
+        if not resamples:
+            return None
+        with self.stage(f"stability of the circuits ({resamples} resamples)"):
+            sample = held_out_sample(
+                self.loaded.preprocess, full, self.benchmark, self.inputs, held_out
+            )
+            return circuit_stability(
+                self.loaded.model,
+                circuits,
+                self.inputs,
+                sample,
+                resamples=resamples,
+                cache=self.cache,
+                progress=self.progress,
+            )
+
     def save_members(self, masks: Sequence[MemberMask]) -> None:
         """``members.json``: the masks of the run, with the model's identity."""
         save_masks(self.out / "members.json", list(masks), self.loaded.identity())

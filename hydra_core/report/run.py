@@ -98,6 +98,9 @@ class ReportConfig:
         distance_samples: images per set for the centroid distances (Table 5).
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: images per timed forward and timed calls per system.
+        stability_resamples: bootstrap resamples of the search data per circuit for its
+            stability (0: none); held_out: unused search-role images per set scored after every
+            step (:mod:`hydra_core.report.stability`).
     """
 
     model: str = "default"
@@ -119,6 +122,8 @@ class ReportConfig:
     batch_size: int = 256
     latency_batch: int = 32
     latency_repeats: int = 20
+    stability_resamples: int = 5
+    held_out: int | None = 512
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:
@@ -130,6 +135,8 @@ class ReportConfig:
             taylor_samples=64,
             distance_samples=200,
             latency_repeats=3,
+            stability_resamples=2,
+            held_out=64,
             finetune=FinetuneConfig(n_train=256, steps=4, batch_size=64, warmup_steps=1),
         )
         settings.update(overrides)
@@ -155,15 +162,17 @@ def run_report(
     run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
     device, cache, stages = run.device, run.cache, run.stage
 
-    def loader():
-        benchmark = default_benchmark(
-            n_search=config.n_search,
+    def benchmark_of(n_search: int | None):
+        return default_benchmark(
+            n_search=n_search,
             n_report=config.n_report,
             ood=list(config.ood) if config.ood else None,
             search_ood=list(config.search_ood) if config.search_ood else None,
             protocol=config.protocol,
         )
-        return load_model(config.model), benchmark
+
+    def loader():
+        return load_model(config.model), benchmark_of(config.n_search)
 
     run.load(loader)
     loaded, benchmark, layout = run.loaded, run.benchmark, run.layout
@@ -178,6 +187,12 @@ def run_report(
         search_batch_size=config.batch_size,
     )
     circuits, taylor, members = pruning.circuits, pruning.taylor, pruning.members
+    stability = run.stability(
+        circuits,
+        benchmark_of(None),
+        resamples=config.stability_resamples,
+        held_out=config.held_out,
+    )
 
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
@@ -236,6 +251,8 @@ def run_report(
     tables["table12_seeds"] = repeated
     tables["differences_over_repeats"] = over_repeats
     tables["transfer"] = transfer
+    if stability is not None:
+        tables["stability"] = stability
     tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
     setup = _setup(run, config, budgets, members, deep, systems)
     _write_overlaps(run.out, members)

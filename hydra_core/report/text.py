@@ -154,6 +154,9 @@ class TextReportConfig:
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: sentences per timed forward and timed calls per system.
         fusion_check: report sentences on which fused and separately run members are compared.
+        stability_resamples: bootstrap resamples of the search data per circuit for its
+            stability (0: none); held_out: unused search-role sentences per set scored after
+            every step (:mod:`hydra_core.report.stability`).
     """
 
     model: str = "minilm-sentiment"
@@ -176,6 +179,8 @@ class TextReportConfig:
     latency_batch: int = 32
     latency_repeats: int = 20
     fusion_check: int = 256
+    stability_resamples: int = 3
+    held_out: int | None = 256
 
     @classmethod
     def quick(cls, **overrides) -> TextReportConfig:
@@ -194,6 +199,8 @@ class TextReportConfig:
             latency_batch=4,
             latency_repeats=1,
             fusion_check=16,
+            stability_resamples=2,
+            held_out=16,
         )
         settings.update(overrides)
         return cls(**settings)
@@ -273,6 +280,12 @@ def run_text_report(
     deep_kind = _deep_kind(config, loaded, log)
 
     main = _repeat(run, config, budgets, train_set, trimmed, report_set, deep_kind, 0)
+    stability = run.stability(
+        main.circuits,
+        text_benchmark(replace(config, n_search=None)),
+        resamples=config.stability_resamples,
+        held_out=config.held_out,
+    )
     reports = [main.report]
     if config.repeats > 1:
         id_pool = load_rotten_tomatoes("validation")
@@ -292,6 +305,8 @@ def run_text_report(
         pruned = [main.taylor, main.circavg]
         tables = text_tables(main.report, main.circuits, pruned, members, fusion, reports)
     tables["training"] = _training_table(main.deep_runs, main.tuned, main.tuned_members)
+    if stability is not None:
+        tables["stability"] = stability
     setup = _setup(run, config, budgets, members, deep_kind)
     return run.write(tables, setup, main.report, text_markdown)
 

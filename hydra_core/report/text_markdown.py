@@ -17,6 +17,7 @@ from hydra_core.report.claims import (
     verdict_counts,
 )
 from hydra_core.report.markdown import cost_columns, markdown_table
+from hydra_core.report.stability import stability_section
 
 
 def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
@@ -26,6 +27,7 @@ def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
             *_setup_section(setup),
             *_summary_section(tables),
             *_circuit_section(tables, setup),
+            *stability_section(tables.get("stability"), markdown_table),
             *_table2_section(tables, setup),
             *_claims_section(tables["paper_claims"], setup, tables.get("repeats")),
             *_fusion_cost_section(tables, setup),

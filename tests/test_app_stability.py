@@ -1,0 +1,146 @@
+"""The Headmap page's Stability view, driven as a user drives it (AppTest), against the library."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hydra_core.analysis.greedy import greedy_circuit
+from hydra_core.analysis.holdout import held_out_curve, holdout_split
+from hydra_core.analysis.stability import greedy_stability
+from hydra_ui.stability import frequency_heatmap, held_out_figure, jaccard_figure, stable_table
+from tests.test_app_pages import (  # noqa: F401 - fixtures
+    app,
+    array,
+    button,
+    figures,
+    finish_job,
+    open_page,
+    reference,
+    setup,
+)
+
+
+def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F811
+    open_page(app, "pages/2_headmap.py")
+    app.number_input[0].set_value(3)  # the search's budget, which the view uses
+    app.run()
+    resamples = next(n for n in app.number_input if n.label == "Resamples (B)")
+    resamples.set_value(3)
+    app.run()
+    assert any("fewer than 300" in w.value for w in app.warning)  # 40 search images per side
+    assert sum("fewer than 300" in w.value for w in app.warning) == 1  # said once
+    button(app, "Run stability").click()
+    app.run()
+    finish_job(app, "stability")
+    assert not app.error, [e.value for e in app.error]
+    run = app.session_state["results"]["jobs"]["stability"].result
+
+    loaded, inputs = reference
+    strata = inputs.ood_strata()
+    split = holdout_split(inputs.id_y, strata, 0.25, seed=0)
+    data = (
+        inputs.id_x[split.id_search],
+        inputs.id_y[split.id_search],
+        inputs.ood_x[split.ood_search],
+    )
+    search = greedy_circuit(loaded.model, *data, budget=3)
+    assert run.search.order == search.order
+    found = greedy_stability(
+        loaded.model,
+        *data,
+        budget=3,
+        resamples=3,
+        ood_strata=[strata[i] for i in split.ood_search.tolist()],
+    )
+    assert run.stability.orders == found.orders
+    held = (
+        inputs.id_x[split.id_held_out],
+        inputs.id_y[split.id_held_out],
+        inputs.ood_x[split.ood_held_out],
+    )
+    curve = held_out_curve(
+        loaded.model, search, *held, ood_strata=[strata[i] for i in split.ood_held_out.tolist()]
+    )
+    assert run.curve.held_out == pytest.approx(curve.held_out)
+
+    shown = figures(app)
+    freq = next(f for f in shown if f.layout.title.text.startswith("Removed within 3 steps"))
+    np.testing.assert_allclose(array(freq.data[0].z), found.frequency().numpy())
+    assert any(f.layout.title.text.endswith("search part vs held out") for f in shown)
+    peak_message = [m.value for m in (*app.warning, *app.success) if "held-out part" in m.value]
+    assert peak_message and f"after **{curve.peak}**" in peak_message[0]
+
+
+def test_figures_from_results():
+    from hydra_core.analysis.stability import StabilityResult
+
+    orders = [[(0, 0), (1, 1)], [(0, 0), (1, 2)], [(0, 0), (1, 1)]]
+    zeros = [[0.0, 0.0]] * 3
+    found = StabilityResult("avg", 2, 0, "fast", (3, 3), 4, 4, orders, zeros, zeros, zeros)
+
+    class Search:
+        order = [(0, 0), (1, 1)]
+
+    fig = frequency_heatmap(found, Search())
+    z = array(fig.data[0].z)
+    assert z[0, 0] == 1.0 and z[1, 1] == pytest.approx(2 / 3) and z[0, 1] == 0.0
+    agreement = jaccard_figure(found)
+    assert list(agreement.data[1].y) == pytest.approx([1.0, 2 / 3])
+    rows = stable_table(found, Search())
+    assert {"head": "L0H0", "this search": "removed at step 1", "removed by resamples": 1.0} in rows
+    assert all(r["this search"] == "kept" for r in rows if r["head"] != "L0H0")
+
+    class Curve:
+        objective = "avg"
+        held_out = [0.5, 0.7, 0.6]
+        held_out_lo = [0.4, 0.6, 0.5]
+        held_out_hi = [0.6, 0.8, 0.7]
+        search = [0.5, 0.8, 0.9]
+        peak = 1
+
+    fig = held_out_figure(Curve())
+    assert [t.name for t in fig.data] == ["held out, 95% interval", "search part", "held out"]
+
+
+def _run_stability(at, budget: int, resamples: int) -> None:
+    open_page(at, "pages/2_headmap.py")
+    at.number_input[0].set_value(budget)
+    at.run()
+    next(n for n in at.number_input if n.label == "Resamples (B)").set_value(resamples)
+    at.run()
+    button(at, "Run stability").click()
+    at.run()
+    finish_job(at, "stability")
+
+
+def test_masks_from_stable_heads_and_the_reach_warning(app):  # noqa: F811
+    _run_stability(app, budget=2, resamples=3)
+    run = app.session_state["results"]["jobs"]["stability"].result
+    app.switch_page("pages/5_masks.py")
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    ranking = next(s for s in app.selectbox if s.label == "Ranking (least useful first)")
+    assert "stable heads (3 resamples, greedy avg)" in ranking.options
+    ranking.set_value("CircAvg-stable")
+    app.run()
+    # the defaults (B = 8 // 3 = 2, K = 5) reach past the 2 removals the run made
+    warning = next(w.value for w in app.warning if "reach past" in w.value)
+    assert "K = 5" in warning and "2 removals the stability run made" in warning
+    next(n for n in app.number_input if n.label.startswith("K:")).set_value(2)
+    app.run()
+    assert not any("reach past" in w.value for w in app.warning)
+    next(n for n in app.number_input if n.label.startswith("M:")).set_value(2)
+    app.run()
+    next(r for r in app.radio if r.label == "Strategy").set_value("circuit")
+    app.run()
+    button(app, "Build").click()
+    app.run()
+    members = app.session_state["results"]["members"]
+    assert len(members) == 1
+    expected = run.stability.ranking(run.search.ranking())[:2]
+    removed = (~members[0].keep).nonzero().tolist()
+    assert sorted(map(tuple, removed)) == sorted(expected)
+    ranking_info = members[0].provenance["ranking"]
+    assert ranking_info["method"] == "stability" and ranking_info["resamples"] == 3
+    assert ranking_info["holdout"] == 0.25
