@@ -3,6 +3,8 @@
 Start-up (importing torch, timm and the commands) takes seconds; Ctrl-C during it ends quietly
 with exit code 130, as it does once a command runs (:func:`hydra_core.cli.main`)."""
 
+import os
+import signal
 import sys
 
 
@@ -10,8 +12,11 @@ def run() -> None:
     try:
         from hydra_core.cli import main
     except KeyboardInterrupt:
-        print("stopped while starting; nothing was done", file=sys.stderr)
-        sys.exit(130)
+        # nothing was done: leave at once, so that no half-imported module's finaliser (or a
+        # second Ctrl-C) turns exit code 130 into death by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("stopped while starting; nothing was done", file=sys.stderr, flush=True)
+        os._exit(130)
     sys.exit(main())
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -25,8 +24,8 @@ from hydra_core.cli.common import (
     command,
     head_map_frame,
     prepare,
+    read_result_file,
     shows_progress,
-    warn,
     warn_near_chance,
     write_json,
 )
@@ -284,22 +283,11 @@ def _read_greedy(path: str, loaded):
     """A search result (``--greedy``) of the loaded model: another model's is refused, one that
     names no model (an older file) warned about."""
     from hydra_core.analysis.greedy import GreedyResult
-    from hydra_core.outputs import check_made_for
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"--greedy {path} does not exist; give a search result") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--greedy {path} is not a search result ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"--greedy {path} is not a search result (a JSON object)")
-    if note := check_made_for(data.get("model"), loaded.identity(), f"--greedy {path}"):
-        warn(note)
-    try:
-        return GreedyResult.from_dict(data)
-    except ValueError as exc:
-        raise InputError(f"--greedy {path}: {exc}") from None
+    hint = "give a search result"
+    return read_result_file(
+        path, loaded, "--greedy", "a search result", hint, GreedyResult.from_dict
+    )
 
 
 def _represent_arguments(p: argparse.ArgumentParser) -> None:

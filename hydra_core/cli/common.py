@@ -392,6 +392,29 @@ def claim_output(args: argparse.Namespace, out: Path, loaded, data: dict) -> Non
     )
 
 
+def read_result_file(path: str, loaded, option: str, what: str, hint: str, parse: Callable):
+    """A result file a command wrote (JSON), read for ``loaded``: ``parse(data)`` of it, another
+    model's refused (:func:`~hydra_core.outputs.check_made_for`; a file naming no model is
+    warned about), anything unreadable one line naming ``option`` and the file, ``hint`` saying
+    what to give."""
+    from hydra_core.outputs import check_made_for
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{option} {path} does not exist; {hint}") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{option} {path} is not {what} ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{option} {path} is not {what} (a JSON object)")
+    if note := check_made_for(data.get("model"), loaded.identity(), f"{option} {path}"):
+        warn(note)
+    try:
+        return parse(data)
+    except ValueError as exc:
+        raise InputError(f"{option} {path}: {exc}") from None
+
+
 def write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2))
 

@@ -21,7 +21,7 @@ import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
-from hydra_core.cli.common import shows_progress, warn, write_json
+from hydra_core.cli.common import read_result_file, shows_progress, warn, write_json
 from hydra_core.models.adapter import head_label, head_layout
 
 
@@ -228,33 +228,22 @@ def log_stream(args) -> object:
 def read_stability(path: str, loaded, option: str = "--stability") -> tuple[StabilityResult, list]:
     """A stability result (``search --stability`` wrote it) of the loaded model, and the ranking
     of its search (for ties); another model's file is refused, an unreadable one named."""
-    import json
-
     from hydra_core.errors import InputError
-    from hydra_core.outputs import check_made_for
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"{option} {path} does not exist; give the stability_<objective>.json that "
-            "search --stability wrote"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{option} {path} is not a stability result ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{option} {path} is not a stability result (a JSON object)")
-    if note := check_made_for(data.get("model"), loaded.identity(), f"{option} {path}"):
-        warn(note)
-    try:
-        found = StabilityResult.from_dict(data)
-    except ValueError as exc:
-        raise InputError(f"{option} {path}: {exc}") from None
+    hint = "give the stability_<objective>.json that search --stability wrote"
+
+    def parse(data: dict) -> tuple[StabilityResult, list]:
+        try:
+            ranking = [(int(la), int(h)) for la, h in data.get("search_ranking", [])]
+        except (TypeError, ValueError):
+            raise ValueError("malformed search_ranking: expected [layer, head] pairs") from None
+        return StabilityResult.from_dict(data), ranking
+
+    found, ranking = read_result_file(path, loaded, option, "a stability result", hint, parse)
     layout = head_layout(loaded.model)
     if found.num_heads != layout.num_heads:
         raise InputError(
             f"{option} {path} is for heads per layer {list(found.num_heads)}, the model has "
             f"{list(layout.num_heads)}: give a stability result of this model"
         )
-    ranking = [(int(la), int(h)) for la, h in data.get("search_ranking", [])]
     return found, ranking
