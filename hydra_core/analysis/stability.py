@@ -18,9 +18,11 @@ and the greedy state after t steps is the set of heads removed. Resamples whose 
 prefix share every step of it: the search keeps the resamples in groups that have removed the same
 heads, computes each group's candidate logits once, over the samples any of its resamples draws,
 and scores all its resamples from them. A group splits where its resamples choose differently; a
-lone resample costs one search on its distinct samples (about 63% of them). Groups are searched
-depth first, one evaluator alive at a time. In a distributed job (``torchrun``) each group's step
-is shared among the processes as a search's step is (:mod:`hydra_core.analysis._maps`).
+lone resample costs one search on its distinct samples (about 63% of them). The search goes step
+by step: at each step the resamples are grouped anew by the set of heads they removed, so paths
+that part and meet again (the same heads in another order) share their steps again. In a
+distributed job (``torchrun``) each group's step is shared among the processes as a search's step
+is (:mod:`hydra_core.analysis._maps`).
 
 With a :class:`~hydra_core.cache.DiskCache` the paths are saved after every group step under a key
 of the model, the data, the OOD strata, the objective, the method, B and the seed (not the budget):
@@ -489,8 +491,42 @@ def greedy_stability(
     return result
 
 
+class _Group:
+    """Resamples that removed the same heads, with the evaluator over the samples they draw and
+    the scorer of their counts."""
+
+    def __init__(self, search: _Search, members: list[int]) -> None:
+        self.members = members
+        id_counts, ood_counts = search.id_counts[members], search.ood_counts[members]
+        id_used = (id_counts > 0).any(0).nonzero().flatten()
+        ood_used = (ood_counts > 0).any(0).nonzero().flatten()
+        rows = torch.cat([id_used, ood_used + search.n_id]).to(search.inputs.device)
+        self.rows = len(rows)
+        self.evaluator = _evaluator(
+            search.result.method,
+            search.model,
+            search.inputs[rows],
+            search.layout,
+            search.batch_size,
+        )
+        self.evaluator.set_removed(list(search.result.orders[members[0]]))
+        self.scorer = WeightedScorer(
+            search.id_y[id_used], id_counts[:, id_used], ood_counts[:, ood_used]
+        )
+
+
 class _Search:
-    """The depth-first walk over groups of resamples that share their removals."""
+    """The walk over groups of resamples that share their removals, one step at a time.
+
+    At every step the resamples still searching are grouped by the *set* of heads they removed
+    (the greedy state), so resamples whose paths parted and met again (the same heads removed in
+    another order) are one group again. A group that made one choice for all its resamples keeps
+    its evaluator for the next step (one head more removed), within a memory bound of
+    :data:`KEPT_ROWS` times the samples; any other group builds its own, over the samples its
+    resamples draw."""
+
+    #: evaluators kept from one step to the next hold at most this many times the samples
+    KEPT_ROWS = 4
 
     def __init__(self, model, data, layout, draws: Resamples, result, batch_size, save) -> None:
         self.model, self.layout, self.result = model, layout, result
@@ -512,66 +548,63 @@ class _Search:
     def run(self, progress, should_stop) -> None:
         result = self.result
         start = time.perf_counter()
-        pending = [b for b in range(result.resamples) if len(result.orders[b]) < result.budget]
-        stack = list(reversed(self._groups(pending)))
-        while stack:
-            group = stack.pop()
-            try:
-                children = self._walk(group, start, progress, should_stop)
-            except Stopped:
+        kept: dict[tuple[int, ...], _Group] = {}  # by members: evaluators one removal on
+        while True:
+            pending = [b for b in range(result.resamples) if len(result.orders[b]) < result.budget]
+            if not pending:
                 return
-            stack.extend(reversed(children))
+            carried, rows = {}, 0
+            for members in self._groups(pending):
+                group = kept.pop(tuple(members), None) or _Group(self, members)
+                try:
+                    choices = self._step(group, start, progress, should_stop)
+                except Stopped:
+                    return
+                if len(set(choices)) == 1 and rows + group.rows <= self.KEPT_ROWS * len(
+                    self.inputs
+                ):
+                    group.evaluator.remove(*choices[0])
+                    carried[tuple(members)], rows = group, rows + group.rows
+            kept = carried
 
-    def _walk(self, group: list[int], start: float, progress, should_stop) -> list[list[int]]:
-        """Search ``group`` (resamples with the same removals) until it splits or is done;
-        returns the groups it split into (none when done)."""
+    def _step(self, group: _Group, start: float, progress, should_stop) -> list[Head]:
+        """One step of every resample of ``group``; returns their choices."""
         result = self.result
-        id_counts, ood_counts = self.id_counts[group], self.ood_counts[group]
-        id_used = (id_counts > 0).any(0).nonzero().flatten()
-        ood_used = (ood_counts > 0).any(0).nonzero().flatten()
-        rows = torch.cat([id_used, ood_used + self.n_id]).to(self.inputs.device)
-        evaluator = _evaluator(
-            result.method, self.model, self.inputs[rows], self.layout, self.batch_size
+        if _stop_asked(should_stop):
+            raise Stopped
+        step_start = time.perf_counter()
+        acc_map, roc_map = candidate_maps(
+            group.evaluator, group.scorer, self.layout.shape, should_stop
         )
-        evaluator.set_removed(list(result.orders[group[0]]))
-        scorer = WeightedScorer(self.id_y[id_used], id_counts[:, id_used], ood_counts[:, ood_used])
-        while len(result.orders[group[0]]) < result.budget:
-            if _stop_asked(should_stop):
-                raise Stopped
-            step_start = time.perf_counter()
-            acc_map, roc_map = candidate_maps(evaluator, scorer, self.layout.shape, should_stop)
-            scores = objective_of(result.objective, acc_map, roc_map)  # (L, H, G)
-            choices = []
-            for g, b in enumerate(group):
-                head = best_head(scores[..., g])
-                choices.append(head)
-                result.orders[b].append(head)
-                result.scores[b].append(float(scores[(*head, g)]))
-                result.accuracy[b].append(float(acc_map[(*head, g)]))
-                result.auroc[b].append(float(roc_map[(*head, g)]))
-            seconds = time.perf_counter() - step_start
-            result.group_steps += 1
-            result.seconds += seconds
-            t = len(result.orders[group[0]]) - 1
-            if len(result.step_groups) <= t:
-                result.step_groups.append(0)
-            result.step_groups[t] += 1
-            if self.save is not None:
-                self.save(result)
-            if progress is not None:
-                with torch.inference_mode(False):
-                    progress(
-                        StabilityProgress(
-                            done=sum(len(o) for o in result.orders),
-                            total=result.resamples * result.budget,
-                            group_steps=result.group_steps,
-                            groups=len(group),
-                            seconds=seconds,
-                            elapsed=time.perf_counter() - start,
-                            result=result,
-                        )
+        scores = objective_of(result.objective, acc_map, roc_map)  # (L, H, G)
+        choices = []
+        for g, b in enumerate(group.members):
+            head = best_head(scores[..., g])
+            choices.append(head)
+            result.orders[b].append(head)
+            result.scores[b].append(float(scores[(*head, g)]))
+            result.accuracy[b].append(float(acc_map[(*head, g)]))
+            result.auroc[b].append(float(roc_map[(*head, g)]))
+        seconds = time.perf_counter() - step_start
+        result.group_steps += 1
+        result.seconds += seconds
+        t = len(result.orders[group.members[0]]) - 1
+        if len(result.step_groups) <= t:
+            result.step_groups.append(0)
+        result.step_groups[t] += 1
+        if self.save is not None:
+            self.save(result)
+        if progress is not None:
+            with torch.inference_mode(False):
+                progress(
+                    StabilityProgress(
+                        done=sum(len(o) for o in result.orders),
+                        total=result.resamples * result.budget,
+                        group_steps=result.group_steps,
+                        groups=len(group.members),
+                        seconds=seconds,
+                        elapsed=time.perf_counter() - start,
+                        result=result,
                     )
-            if len(set(choices)) > 1:
-                return self._groups(group)
-            evaluator.remove(*choices[0])
-        return []
+                )
+        return choices
