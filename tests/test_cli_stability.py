@@ -78,12 +78,16 @@ def test_bad_options_are_one_line(checkpoint, tmp_path, capsys, extra, message):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_holdout_needs_two_of_every_class(checkpoint, tmp_path, capsys):
-    args = _search(checkpoint, tmp_path / "s", "--holdout", "0.5")
-    args[args.index("--n-search") + 1] = "6"  # under 2 images of some class
-    assert main(args) == 2
+def test_holdout_keeps_lone_samples_in_the_search_part(checkpoint, tmp_path, capsys):
+    args = _search(checkpoint, tmp_path / "s", "--holdout", "0.5", "--json")
+    args[args.index("--n-search") + 1] = "12"  # some classes have one image: none held out
+    assert main(args) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["holdout"]["n_id"] >= 2 and found["n_id"] + found["holdout"]["n_id"] == 12
+    args[args.index("--n-search") + 1] = "3"  # nothing left to hold out: one line, exit 2
+    assert main([*args, "--overwrite"]) == 2
     err = capsys.readouterr().err
-    assert "--holdout needs at least 2" in err and "Traceback" not in err
+    assert "the held-out part would hold" in err and "Traceback" not in err
 
 
 def test_masks_from_a_stability_file(checkpoint, tmp_path, capsys):

@@ -226,7 +226,10 @@ def test_holdout_split_is_stratified_and_disjoint(data):
     assert held_sets.count("a") == held_sets.count("b") == 3
     with pytest.raises(InputError, match="strictly between 0 and 1"):
         holdout_split(id_y, STRATA, 1.0)
-    with pytest.raises(InputError, match="at least 2"):
+    # a class of one sample stays in the search part; nothing to hold out is refused
+    lone = holdout_split(torch.tensor([0, 1, 1, 2, 2]), ["a"] * 4, 0.5)
+    assert 0 in lone.id_search.tolist() and len(lone.id_held_out) == 2
+    with pytest.raises(InputError, match="would hold 1 ID sample"):
         holdout_split(torch.tensor([0, 1, 1]), ["a", "a"], 0.5)
 
 

@@ -43,22 +43,27 @@ class HoldoutSplit:
 
 
 def _cut(strata: Sequence, fraction: float, name: str, seed: int) -> tuple[list[int], list[int]]:
-    """Per stratum, a fixed shuffle of its positions cut at ``round(fraction * size)`` (at least
-    one on each side)."""
+    """Per stratum, a fixed shuffle of its positions cut at ``round(fraction * size)``, at least
+    one on each side; a stratum of one item stays in the search part. Refused in one line when
+    nothing can be held out."""
     groups: dict = {}
     for i, s in enumerate(strata):
         groups.setdefault(s, []).append(i)
     search, held = [], []
     for stratum, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
         if len(members) < 2:
-            raise InputError(
-                f"--holdout needs at least 2 {name} samples of {stratum!r} to hold one out, "
-                f"it has {len(members)}; use more search samples (--n-search) or no --holdout"
-            )
+            search += members
+            continue
         order = stable_permutation(len(members), "holdout", name, str(stratum), seed).tolist()
         k = min(max(round(fraction * len(members)), 1), len(members) - 1)
         held += [members[i] for i in order[:k]]
         search += [members[i] for i in order[k:]]
+    if len(held) < 2:
+        raise InputError(
+            f"the held-out part would hold {len(held)} {name} sample(s), and a score needs at "
+            f"least 2 (only classes or sets with 2 or more {name} samples give some): use more "
+            "search samples or a larger held-out share, or no held-out part"
+        )
     return sorted(search), sorted(held)
 
 

@@ -1,5 +1,6 @@
 """The app in a real browser: `streamlit run app.py` driven by headless Chromium through Selenium,
-Setup -> Headmap search -> Head importance -> Representations -> Masks -> Hydra, with a screenshot
+Setup -> Headmap search (and its Stability view) -> Head importance -> Representations -> Masks ->
+Hydra, with a screenshot
 of every page in ``e2e-artifacts/`` (git-ignored; look at them).
 
 Run with ``make test-e2e`` (``pytest -m e2e tests/e2e``). Uses the embedded default model when its
@@ -338,6 +339,19 @@ def headmap_search(driver, shot: str | None = None) -> None:
         screenshot(driver, shot, 1300)
 
 
+def headmap_stability(driver, shot: str) -> None:
+    """The Headmap page's Stability view: 2 resamples of the search above, its held-out curve and
+    stable heads, then a screenshot from the section's title."""
+    type_into(driver, "Resamples (B)", "2")
+    wait_idle(driver)
+    click(driver, button("Run stability"))
+    wait_for(driver, "//p[contains(., 'mean pairwise Jaccard')]")
+    wait_for(driver, "//*[@data-testid='stPlotlyChart']//*[contains(., 'search part vs held out')]")
+    wait_idle(driver)
+    no_errors(driver)
+    screenshot(driver, shot, 1500, start="//h3[contains(., 'Stability')]")
+
+
 def head_importance(driver, shot: str) -> None:
     open_page(driver, "Head importance")
     click(driver, button("Compute importance maps"))
@@ -453,6 +467,7 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     bad_folders_refused(driver, tmp_path / "nowhere")  # the pages below run on the setup above
 
     headmap_search(driver, "headmap")
+    headmap_stability(driver, "headmap-stability")
     head_importance(driver, "importance")
     picked = pick_a_head(driver)  # a click on the importance maps
 
