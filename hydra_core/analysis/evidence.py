@@ -394,26 +394,36 @@ def read_stability(path: str | Path, layout: HeadLayout) -> np.ndarray:
     result), checked against the model's head layout; an InputError names what is wrong."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{path} does not exist; give a stability result (JSON)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise InputError(f"{path} is not a stability result ({exc})") from None
+    return stability_frequency(text, layout, name=str(path))
+
+
+def stability_frequency(text: str | bytes, layout: HeadLayout, *, name: str) -> np.ndarray:
+    """The (L, H) selection frequencies of a stability result given as its JSON text (an uploaded
+    file's bytes), checked against the model; ``name`` names it in the messages."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{name} is not a stability result ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != STABILITY_FORMAT:
-        raise InputError(f'{path} is not a stability result (no "format": "{STABILITY_FORMAT}")')
+        raise InputError(f'{name} is not a stability result (no "format": "{STABILITY_FORMAT}")')
     rows = data.get("frequency")
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
-        raise InputError(f"{path} holds no frequency map (a list of layers, each a list of heads)")
+        raise InputError(f"{name} holds no frequency map (a list of layers, each a list of heads)")
     if len({len(r) for r in rows}) > 1:
-        raise InputError(f"{path}: the frequency map's layers differ in length")
+        raise InputError(f"{name}: the frequency map's layers differ in length")
     try:
         array = np.array([[math.nan if v is None else float(v) for v in r] for r in rows])
     except (TypeError, ValueError):
-        raise InputError(f"{path}: the frequency map holds a value that is not a number") from None
+        raise InputError(f"{name}: the frequency map holds a value that is not a number") from None
     try:
         return check_frequency(array.reshape(len(rows), -1), layout)
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+        raise InputError(f"{name}: {exc}") from None
 
 
 # --- all together -----------------------------------------------------------------------------
