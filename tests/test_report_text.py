@@ -39,6 +39,7 @@ SECTIONS = [
     "## Setup",
     "## Summary",
     "## The CircAvg circuit",
+    "## Per-head evidence",
     "## Table 2",
     "## Table 17",
     "## Tables 18-20",
@@ -63,6 +64,7 @@ CSVS = [
     "all_sets",
     "training",
     "repeats",
+    "heads",
 ]
 ROWS = [
     SINGLE,

@@ -92,6 +92,7 @@ from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.report.claims import CIRCAVG
+from hydra_core.report.heads import evidence_table
 from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
@@ -154,6 +155,7 @@ class TextReportConfig:
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: sentences per timed forward and timed calls per system.
         fusion_check: report sentences on which fused and separately run members are compared.
+        evidence_samples: report sentences per set for the per-head evidence (heads.csv).
     """
 
     model: str = "minilm-sentiment"
@@ -176,6 +178,7 @@ class TextReportConfig:
     latency_batch: int = 32
     latency_repeats: int = 20
     fusion_check: int = 256
+    evidence_samples: int | None = 500
 
     @classmethod
     def quick(cls, **overrides) -> TextReportConfig:
@@ -292,6 +295,12 @@ def run_text_report(
         pruned = [main.taylor, main.circavg]
         tables = text_tables(main.report, main.circuits, pruned, members, fusion, reports)
     tables["training"] = _training_table(main.deep_runs, main.tuned, main.tuned_members)
+    with stages("per-head evidence (heads.csv)"):
+        fit = run.inputs
+        n, batch = config.evidence_samples, config.batch_size
+        tables["heads"] = evidence_table(
+            loaded, benchmark, fit.id_x, fit.id_y, n=n, batch_size=batch
+        )
     setup = _setup(run, config, budgets, members, deep_kind)
     return run.write(tables, setup, main.report, text_markdown)
 
