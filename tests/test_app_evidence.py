@@ -1,4 +1,4 @@
-"""The Headmap page's Evidence section, driven with AppTest on a tiny checkpoint: its table equals
+"""The Headmap page's Evidence section, driven with AppTest on a tiny checkpoint and a tiny BERT: its table equals
 :func:`~hydra_core.analysis.evidence.head_evidence` on the same data, a stability file joins its
 frequencies (another model's is refused in one line), and a picked head links to the
 Representations page."""
@@ -13,11 +13,12 @@ from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis.evidence import head_evidence
 from hydra_core.analysis.inputs import search_inputs
-from hydra_core.data.benchmark import default_benchmark
+from hydra_core.data.benchmark import default_benchmark, text_file_benchmark
 from hydra_core.data.images import take
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.widgets import PICKED_HEAD
+from tests.test_app_text import files  # noqa: F401 (a fixture: a tiny BERT and text files)
 
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 30
@@ -126,3 +127,51 @@ def test_a_stability_file_joins_the_evidence(app, checkpoint, monkeypatch):
     expected = _expected(checkpoint, 50, as_array).table.sort_values("agreed_rank")
     np.testing.assert_allclose(shown["selection frequency"], expected["frequency"])
     np.testing.assert_allclose(shown["mean rank"], expected["mean_rank"])
+
+
+def test_evidence_on_a_text_model(files, tmp_path, monkeypatch):  # noqa: F811
+    """The same section on a tiny BERT with files of one's own: the table equals the library's
+    on the same sentences."""
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()
+    setup = SetupConfig(
+        model=files["model"],
+        id_source=files["id"],
+        ood_sources=(
+            f"near: {files['near']}",
+            f"far: {files['far']}",
+            f"search: {files['search']}",
+        ),
+        ood=(),
+        search_ood=(),
+        n_search=20,
+        n_report=30,
+        device="cpu",
+    )
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = setup
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    _compute(at)
+    shown = _table(at)
+    loaded = load_model(setup.model)
+    benchmark = text_file_benchmark(
+        id_file=setup.id_source,
+        ood_files=setup.ood_sources,
+        search_ood=(),
+        n_search=20,
+        n_report=30,
+        classes=loaded.classes,
+    )
+    fit = search_inputs(loaded.preprocess, benchmark)
+    p = loaded.preprocess
+    report = take(benchmark.id_report, 512, purpose="describe")
+    ood = {s.name: p(take(s, 512, purpose="describe").inputs) for s in benchmark.ood_report}
+    found = head_evidence(
+        loaded.model, fit.id_x, fit.id_y, p(report.inputs), report.labels, ood, n_boot=50
+    )
+    expected = found.table.sort_values("agreed_rank")
+    assert shown["head"].tolist() == expected["label"].tolist()
+    np.testing.assert_allclose(shown["ΔAUROC"], expected["delta_auroc"], rtol=1e-12)
+    np.testing.assert_allclose(shown["detector AUROC"], expected["detector_auroc"], rtol=1e-12)
