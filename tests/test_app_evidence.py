@@ -1,7 +1,7 @@
-"""The Headmap page's Evidence section, driven with AppTest on a tiny checkpoint and a tiny BERT: its table equals
-:func:`~hydra_core.analysis.evidence.head_evidence` on the same data, a stability file joins its
-frequencies (another model's is refused in one line), and a picked head links to the
-Representations page."""
+"""The Headmap page's Evidence section, driven with AppTest on a tiny checkpoint and a tiny BERT:
+its table equals :func:`~hydra_core.analysis.evidence.head_evidence` on the same data, a stability
+file joins its frequencies (another model's is refused in one line), and a picked head links to
+the Representations page."""
 
 from __future__ import annotations
 
