@@ -492,15 +492,7 @@ def head_evidence(
     ).astype(np.float64)
     acc_value = correct.mean(axis=0)  # (1 + n,)
     acc_reps = mean_replicates(correct, resamples.id_counts).T  # (1 + n, B)
-    dense_auroc, dense_reps = _mean_auroc(*split(outputs.dense_msp), resamples)
-    report = stage("intervals")
-    roc_value, roc_reps = np.empty(len(present)), np.empty((len(present), n_boot))
-    for i, (layer, head) in enumerate(present):
-        roc_value[i], roc_reps[i] = _mean_auroc(*split(outputs.msp[layer, head]), resamples)
-        if report is not None:
-            report(i + 1, 2 * len(present))
     # the detectors: fitted on the search ID part, scored on the report samples
-    det_value, det_reps = np.full(len(present), math.nan), np.full((len(present), n_boot), math.nan)
     detect = stage("detectors")
     if detect is not None:
         detect(0, 2)
@@ -512,11 +504,17 @@ def head_evidence(
     if detect is not None:
         detect(2, 2)
     read_layers = feats.shape[1]  # a model with towers: the first tower's layers see the samples
+    # every interval: the ablated models' AUROC, then each detector's
+    dense_auroc, dense_reps = _mean_auroc(*split(outputs.dense_msp), resamples)
+    report = stage("intervals")
+    roc_value, roc_reps = np.empty(len(present)), np.empty((len(present), n_boot))
+    det_value, det_reps = np.full(len(present), math.nan), np.full((len(present), n_boot), math.nan)
     for i, (layer, head) in enumerate(present):
+        roc_value[i], roc_reps[i] = _mean_auroc(*split(outputs.msp[layer, head]), resamples)
         if layer < read_layers:
             det_value[i], det_reps[i] = _mean_auroc(*split(scores[layer, head]), resamples)
         if report is not None:
-            report(len(present) + i + 1, 2 * len(present))
+            report(i + 1, len(present))
     table: dict = {
         "label": [head_label(la, h) for la, h in present],
         "layer": [la for la, _ in present],
