@@ -126,7 +126,7 @@ def evidence_map(found: HeadEvidence, choice: str, towers) -> object:
     reverse = column == "agreed_rank" or column.startswith("delta")  # low = important = bright
     return head_heatmap(
         found.map(column),
-        title=f"{choice} per head",
+        title=f"{choice} per head (yellow = most important)",
         value_name=title,
         hover=hover,
         reverse_scale=reverse,

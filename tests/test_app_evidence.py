@@ -88,7 +88,7 @@ def test_evidence_table_and_map_match_hydra_core(app, checkpoint):
     assert shown["ΔAUROC ✱"].iloc[0] == ("✱" if first.delta_auroc_significant else "")
     assert "selection frequency" not in shown.columns  # no stability result given
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}) for c in app.get("plotly_chart")]
-    assert {"text": "agreed rank per head"} in titles
+    assert {"text": "agreed rank per head (yellow = most important)"} in titles
     # a head picked (a row of the table, a cell of the map) opens on the Representations page
     app.session_state[PICKED_HEAD] = "L1H2"
     app.run()
