@@ -75,8 +75,8 @@ def start_evidence(context: Context, fit, n_boot: int, frequency) -> None:
             report_ood,
             frequency=frequency,
             n_boot=n_boot,
+            # a stop ends the work at the next progress report (after each pass of candidates)
             progress=staged_progress(job, lambda stage, done, total: STAGES[stage]),
-            should_stop=job.should_stop,
         )
 
     results()["jobs"][JOB] = start_job(JOB, work, {"n_boot": n_boot})

@@ -175,3 +175,29 @@ def test_evidence_on_a_text_model(files, tmp_path, monkeypatch):  # noqa: F811
     assert shown["head"].tolist() == expected["label"].tolist()
     np.testing.assert_allclose(shown["ΔAUROC"], expected["delta_auroc"], rtol=1e-12)
     np.testing.assert_allclose(shown["detector AUROC"], expected["detector_auroc"], rtol=1e-12)
+
+
+def test_a_stopped_evidence_job_ends_as_stopped(app, monkeypatch):
+    """Stop ends the work at its next progress report (here a stand-in that reports until then,
+    so the job cannot finish first)."""
+    import time
+
+    import hydra_ui.evidence
+
+    def endless(*args, progress, **kwargs):
+        for _ in range(3000):
+            progress("ablations", 0, 1)
+            time.sleep(0.05)
+        raise AssertionError("never stopped")
+
+    monkeypatch.setattr(hydra_ui.evidence, "head_evidence", endless)
+    next(n for n in app.number_input if n.label == "Resamples").set_value(50)
+    next(b for b in app.button if b.label == "Compute evidence").click()
+    app.run()
+    job = app.session_state["results"]["jobs"]["evidence"]
+    job.stop()
+    assert job.wait(180)
+    app.run()
+    assert job.status == "stopped" and job.result is None
+    assert any("stopped" in w.value for w in app.warning)
+    assert not app.error
