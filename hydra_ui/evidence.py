@@ -24,7 +24,7 @@ from hydra_core.analysis.evidence import (
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.data.images import take
 from hydra_core.models.adapter import head_layout
-from hydra_ui.context import Context, results
+from hydra_ui.context import Context, disk_cache, results
 from hydra_ui.figures import head_heatmap
 from hydra_ui.jobs import staged_progress, start_job
 from hydra_ui.widgets import PICKED_HEAD, head_map_with_download, job_outcome, watch_job
@@ -75,6 +75,7 @@ def start_evidence(context: Context, fit, n_boot: int, frequency) -> None:
             report_ood,
             frequency=frequency,
             n_boot=n_boot,
+            cache=disk_cache(),
             # a stop ends the work at the next progress report (after each pass of candidates)
             progress=staged_progress(job, lambda stage, done, total: STAGES[stage]),
         )

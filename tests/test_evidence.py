@@ -290,3 +290,29 @@ def test_bad_stability_files_are_refused(tmp_path, content, match):
         read_stability(path, layout)
     with pytest.raises(InputError, match="does not exist"):
         read_stability(tmp_path / "missing.json", layout)
+
+
+def test_the_ablations_are_cached_and_give_the_same_evidence(tmp_path, monkeypatch):
+    import hydra_core.analysis.evidence as evidence
+    from hydra_core.cache import DiskCache
+
+    model, fit_x, fit_y, x, y, ood = _case("image")
+    cache = DiskCache(tmp_path)
+    first = head_evidence(model, fit_x, fit_y, x, y, ood, n_boot=10, cache=cache)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("recomputed instead of read from the cache")
+
+    monkeypatch.setattr(evidence, "single_head_ablations", refuse)
+    again = head_evidence(model, fit_x, fit_y, x, y, ood, n_boot=10, cache=cache)
+    pd.testing.assert_frame_equal(first.table, again.table)
+    with pytest.raises(AssertionError, match="recomputed"):  # other weights: another key
+        head_evidence(
+            make_tiny_vit(seed=1, depth=2, num_heads=3).double(),
+            fit_x,
+            fit_y,
+            x,
+            y,
+            ood,
+            cache=cache,
+        )

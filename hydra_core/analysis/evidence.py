@@ -57,6 +57,7 @@ from hydra_core.analysis.representations import (
     model_device,
     regularised_covariance,
 )
+from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
 from hydra_core.metrics.bootstrap import (
     LEVEL,
@@ -74,6 +75,10 @@ from hydra_core.types import StageProgress
 CHUNK = 4096
 #: what a stability file says it is
 STABILITY_FORMAT = "hydra-stability"
+#: changes whenever the single-head ablation outputs change; part of their cache key
+EVIDENCE_VERSION = "evidence-1"
+#: the cache kind (folder) of the single-head ablation outputs
+EVIDENCE_CACHE_KIND = "head-evidence"
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,23 @@ def single_head_ablations(
                 if progress is not None:
                     progress(done, total)
     return AblationOutputs(dense_msp, dense_pred, msp, pred)
+
+
+def cached_ablations(
+    model: nn.Module, x: torch.Tensor, cache: DiskCache | None, **options
+) -> AblationOutputs:
+    """:func:`single_head_ablations`, kept in ``cache`` under the model's weights and the inputs
+    (the expensive part of the evidence: a repeated call, or another bootstrap, is instant)."""
+    if cache is None:
+        return single_head_ablations(model, x, **options)
+    key = cache_key(EVIDENCE_VERSION, "single-head-ablations", model_fingerprint(model), x)
+    stored = cache.load(EVIDENCE_CACHE_KIND, key)
+    fields = ("dense_msp", "dense_pred", "msp", "pred")
+    if isinstance(stored, dict) and set(stored) == set(fields):
+        return AblationOutputs(*(stored[f].numpy() for f in fields))
+    outputs = single_head_ablations(model, x, **options)
+    cache.save(EVIDENCE_CACHE_KIND, key, {f: torch.from_numpy(getattr(outputs, f)) for f in fields})
+    return outputs
 
 
 def _msp_and_pred(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -442,6 +464,7 @@ def head_evidence(
     seed: int = 0,
     shrinkage: Shrinkage = "ledoit_wolf",
     batch_size: int = 256,
+    cache: DiskCache | None = None,
     progress: StageProgress | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> HeadEvidence:
@@ -455,6 +478,7 @@ def head_evidence(
         n_boot, seed: the bootstrap (:class:`~hydra_core.metrics.bootstrap.BootstrapConfig`);
             the same seed and report data give the reports' resamples.
         shrinkage: the detectors' covariance regularisation (``regularised_covariance``).
+        cache: keeps the single-head ablations' outputs (:func:`cached_ablations`).
         progress: ``progress(stage, done, total)`` with stages "ablations", "detectors",
             "intervals"; should_stop: asked between passes (raises ``Stopped``).
     """
@@ -473,8 +497,13 @@ def head_evidence(
 
     # one pass over every report sample: ID first, then each OOD set
     x = _concatenate(model, [report_id_x, *(report_ood[n] for n in names)])
-    outputs = single_head_ablations(
-        model, x, batch_size=batch_size, progress=stage("ablations"), should_stop=should_stop
+    outputs = cached_ablations(
+        model,
+        x,
+        cache,
+        batch_size=batch_size,
+        progress=stage("ablations"),
+        should_stop=should_stop,
     )
     bounds = np.cumsum([len(report_id_x), *sizes])
     labels = report_id_y.detach().cpu().numpy().astype(np.int64)

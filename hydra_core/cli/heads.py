@@ -77,6 +77,7 @@ def _heads(args: argparse.Namespace) -> int:
     """Per-head evidence with 95% intervals: ΔAUROC/Δaccuracy ablated, own-output detector AUROC,
     selection frequency; the heads ranked by the evidence that agrees."""
     from hydra_core.analysis.evidence import head_evidence, read_stability
+    from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
     from hydra_core.models.adapter import head_layout
 
@@ -108,6 +109,7 @@ def _heads(args: argparse.Namespace) -> int:
         n_boot=args.boot,
         seed=args.seed,
         batch_size=args.batch_size,
+        cache=DiskCache(),
         progress=stage_bars(),
     )
     warn_near_chance(args, loaded, found.dense["accuracy"][0])

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from hydra_core.analysis.evidence import COLUMN, RANKING_RULE, head_evidence
+from hydra_core.cache import DiskCache
 from hydra_core.data.images import take
 from hydra_core.metrics.bootstrap import BootstrapConfig
 
@@ -18,13 +19,20 @@ TOP = 10
 
 
 def evidence_table(
-    loaded, benchmark, fit_x: torch.Tensor, fit_y: torch.Tensor, *, n: int | None, batch_size: int
+    loaded,
+    benchmark,
+    fit_x: torch.Tensor,
+    fit_y: torch.Tensor,
+    *,
+    n: int | None,
+    batch_size: int,
+    cache: DiskCache | None = None,
 ) -> pd.DataFrame:
     """``heads.csv``: the evidence of every head of ``loaded.model``, its detectors fitted on the
     search tensors (``fit_x``, ``fit_y``: the ID search part), scored with at most ``n`` items of
     the ID report part and of each report OOD set (a fixed sample; None: all); the bootstrap is
-    the report's (:class:`~hydra_core.metrics.bootstrap.BootstrapConfig` defaults). Rows in
-    agreed order."""
+    the report's (:class:`~hydra_core.metrics.bootstrap.BootstrapConfig` defaults); the
+    ablations are kept in ``cache``. Rows in agreed order."""
     p, device = loaded.preprocess, fit_x.device
     id_set = take(benchmark.id_report, n, purpose="describe")
     ood = {
@@ -41,6 +49,7 @@ def evidence_table(
         n_boot=config.n_boot,
         seed=config.seed,
         batch_size=batch_size,
+        cache=cache,
     )
     table = found.table.sort_values("agreed_rank")
     return table.drop(columns=["frequency", "rank_frequency"]).reset_index(drop=True)

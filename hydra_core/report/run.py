@@ -239,6 +239,7 @@ def run_report(
             run.inputs.id_y,
             n=config.evidence_samples,
             batch_size=config.batch_size,
+            cache=cache,
         )
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):

@@ -299,7 +299,7 @@ def run_text_report(
         fit = run.inputs
         n, batch = config.evidence_samples, config.batch_size
         tables["heads"] = evidence_table(
-            loaded, benchmark, fit.id_x, fit.id_y, n=n, batch_size=batch
+            loaded, benchmark, fit.id_x, fit.id_y, n=n, batch_size=batch, cache=run.cache
         )
     setup = _setup(run, config, budgets, members, deep_kind)
     return run.write(tables, setup, main.report, text_markdown)
