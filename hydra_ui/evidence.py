@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from hydra_core.analysis.evidence import (
@@ -23,7 +24,7 @@ from hydra_core.analysis.evidence import (
 )
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.data.images import take
-from hydra_core.models.adapter import head_layout
+from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import Context, disk_cache, results
 from hydra_ui.figures import head_heatmap
 from hydra_ui.jobs import staged_progress, start_job
@@ -117,7 +118,7 @@ def shown_table(found: HeadEvidence) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def evidence_map(found: HeadEvidence, choice: str, towers) -> object:
+def evidence_map(found: HeadEvidence, choice: str, towers) -> go.Figure:
     """The layer x head map of one column; the hover lists every column of the head."""
     column, title = MAP_CHOICES[choice]
     hover = {"agreed rank": found.map("agreed_rank")}
@@ -224,11 +225,19 @@ def show_evidence(found: HeadEvidence, layout) -> None:
         "Download JSON", json.dumps(found.to_json(), indent=2), "heads.json", "application/json"
     )
     picked = st.session_state.get(PICKED_HEAD)
-    if picked in set(table["head"]):
+    readable = {  # the heads that see the samples (with towers, the image tower's)
+        head_label(layer, head)
+        for layer in layout.input_layers
+        for head in range(layout.num_heads[layer])
+    }
+    if picked in readable:
         st.page_link(
             REPRESENTATIONS,
             label=f"Open {picked}'s PCA on the Representations page",
             icon=":material/scatter_plot:",
         )
     else:
-        st.caption("Select a row (or click a cell of the map) to open that head's PCA.")
+        st.caption(
+            "Select a row (or click a cell of the map) to open that head's PCA on the "
+            "Representations page (a head that sees the samples: with towers, an image head)."
+        )
