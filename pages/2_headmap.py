@@ -12,6 +12,7 @@ from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.evidence import evidence_section
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
 from hydra_ui.stability import stability_view
@@ -295,3 +296,7 @@ with show_error("Could not run the head search"):
             transfer_view(context, runs)
 
     stability_view(context, inputs, objective, budget)
+# --- Evidence: every head's evidence with intervals (hydra_ui/evidence.py) -----------------------
+with show_error("Could not compute the evidence"):
+    evidence_context = get_context()
+    evidence_section(evidence_context, search_data(evidence_context))

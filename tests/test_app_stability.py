@@ -144,3 +144,14 @@ def test_masks_from_stable_heads_and_the_reach_warning(app):  # noqa: F811
     ranking_info = members[0].provenance["ranking"]
     assert ranking_info["method"] == "stability" and ranking_info["resamples"] == 3
     assert ranking_info["holdout"] == 0.25
+
+
+def test_evidence_takes_the_frequencies_of_the_stability_run(app):  # noqa: F811
+    _run_stability(app, budget=2, resamples=2)
+    run = app.session_state["results"]["jobs"]["stability"].result
+    assert any("from the Stability run above (2 resamples" in c.value for c in app.caption)
+    button(app, "Compute evidence").click()
+    app.run()
+    finish_job(app, "evidence")
+    found = app.session_state["results"]["jobs"]["evidence"].result
+    np.testing.assert_array_equal(found.map("frequency"), run.stability.frequency().numpy())

@@ -14,6 +14,7 @@ from tests.conftest import write_tiny_checkpoint
 SECTIONS = [
     "## Setup",
     "## Circuits found by the greedy search",
+    "## Per-head evidence",
     "## Table 4",
     "## Table 5",
     "## Table 6",
@@ -42,6 +43,7 @@ CSVS = [
     "differences_to_single",
     "differences_over_repeats",
     "stability",
+    "heads",
 ]
 
 
@@ -196,6 +198,23 @@ def test_key_numbers(report_dir):
     # Hydra (Circ): CircAcc, CircOOD, CircAvg; its B.5 ablation and Hydra (Taylor): 3 seeds each
     assert [m["name"] for m in members[:3]] == ["CircAcc-2", "CircOOD-2", "CircAvg-2"]
     assert len(members) == 9
+
+
+def test_per_head_evidence(report_dir):
+    """heads.csv: every head of the tiny model, in agreed order, each value inside its interval;
+    report.md lists the top heads with their intervals."""
+    heads = pd.read_csv(report_dir / "heads.csv")
+    assert len(heads) == 8 and heads["agreed_rank"].tolist() == list(range(1, 9))
+    assert sorted(heads["label"]) == [f"L{layer}H{h}" for layer in range(2) for h in range(4)]
+    for key in ("delta_auroc", "delta_accuracy", "detector_auroc"):
+        assert (heads[f"{key}_lo"] <= heads[key] + 1e-12).all()
+        assert (heads[key] <= heads[f"{key}_hi"] + 1e-12).all()
+    assert heads["mean_rank"].is_monotonic_increasing
+    text = (report_dir / "report.md").read_text()
+    first = heads.iloc[0]
+    assert f"| 1 | {first['label']} | {first['delta_auroc']:+.4f} [" in text
+    data = json.loads((report_dir / "report.json").read_text())
+    assert [h["label"] for h in data["heads"]] == heads["label"].tolist()
 
 
 def test_budgets_and_markdown():

@@ -40,6 +40,7 @@ SECTIONS = [
     "## Summary",
     "## The CircAvg circuit",
     "## Stability of the circuits",
+    "## Per-head evidence",
     "## Table 2",
     "## Table 17",
     "## Tables 18-20",
@@ -65,6 +66,7 @@ CSVS = [
     "training",
     "repeats",
     "stability",
+    "heads",
 ]
 ROWS = [
     SINGLE,

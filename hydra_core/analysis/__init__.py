@@ -1,7 +1,9 @@
-"""Head analyses: greedy circuit extraction, importance maps, per-head representations, CAHP."""
+"""Head analyses: greedy circuit extraction, importance maps, per-head representations, CAHP,
+per-head evidence with intervals."""
 
 from hydra_core.analysis.cahp import CAHPResult, cahp_select, jeffries_matusita_profiles
 from hydra_core.analysis.compare import spearman, spearman_matrix
+from hydra_core.analysis.evidence import HeadEvidence, head_evidence, read_stability
 from hydra_core.analysis.greedy import (
     GreedyResult,
     GreedyStep,
@@ -31,6 +33,7 @@ __all__ = [
     "CAHPResult",
     "GreedyResult",
     "GreedyStep",
+    "HeadEvidence",
     "ImportanceMap",
     "ImportanceMaps",
     "TaylorResult",
@@ -41,12 +44,14 @@ __all__ = [
     "greedy_cache_key",
     "greedy_circuit",
     "greedy_importance",
+    "head_evidence",
     "head_cls_features",
     "importance_maps",
     "jeffries_matusita_profiles",
     "load_greedy",
     "most_and_least_important",
     "project_features",
+    "read_stability",
     "saved_searches",
     "single_head_importance",
     "spearman",

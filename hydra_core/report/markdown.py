@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from hydra_core.report.heads import heads_section
 from hydra_core.report.stability import stability_section
 
 #: columns shown in percent with two decimals (also under a near_/far_/all_ prefix)
@@ -130,6 +131,7 @@ def markdown_report(
             *_setup_section(setup),
             *_search_sections(tables),
             *stability_section(tables.get("stability"), markdown_table),
+            *heads_section(tables.get("heads")),
             *_systems_sections(tables, finetuned),
             *_cost_section(tables, setup),
             *_coverage_section(),

@@ -36,6 +36,7 @@ from hydra_core.hydra.systems import (
     system_name,
 )
 from hydra_core.masks import MemberMask
+from hydra_core.report.heads import evidence_table
 from hydra_core.report.markdown import markdown_report
 from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
@@ -96,6 +97,8 @@ class ReportConfig:
         finetune: how members and pruned models are fine-tuned (None: zero-shot only).
         deep_ensemble: include Deep Ensembles when trained copies of the model exist.
         distance_samples: images per set for the centroid distances (Table 5).
+        evidence_samples: images per report set for the per-head evidence (heads.csv; None:
+            all).
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: images per timed forward and timed calls per system.
         stability_resamples: bootstrap resamples of the search data per circuit for its
@@ -118,6 +121,7 @@ class ReportConfig:
     finetune: FinetuneConfig | None = FinetuneConfig()
     deep_ensemble: bool = True
     distance_samples: int | None = 1000
+    evidence_samples: int | None = 1000
     device: str = "auto"
     batch_size: int = 256
     latency_batch: int = 32
@@ -242,6 +246,17 @@ def run_report(
     with stages("centroid distances (Table 5)"):
         table5 = _table5(loaded, benchmark, masks["CircOOD"], config)
 
+    with stages("per-head evidence (heads.csv)"):
+        heads = evidence_table(
+            loaded,
+            benchmark,
+            run.inputs.id_x,
+            run.inputs.id_y,
+            n=config.evidence_samples,
+            batch_size=config.batch_size,
+            cache=cache,
+        )
+
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
         repeated, over_repeats = _repeats(systems, run, budgets, config, deep)
     with stages("transfer of the circuits' AUROC gain"):
@@ -253,6 +268,7 @@ def run_report(
     tables["transfer"] = transfer
     if stability is not None:
         tables["stability"] = stability
+    tables["heads"] = heads
     tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
     setup = _setup(run, config, budgets, members, deep, systems)
     _write_overlaps(run.out, members)

@@ -92,6 +92,7 @@ from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.report.claims import CIRCAVG
+from hydra_core.report.heads import evidence_table
 from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
@@ -157,6 +158,7 @@ class TextReportConfig:
         stability_resamples: bootstrap resamples of the search data per circuit for its
             stability (0: none); held_out: unused search-role sentences per set scored after
             every step (:mod:`hydra_core.report.stability`).
+        evidence_samples: report sentences per set for the per-head evidence (heads.csv).
     """
 
     model: str = "minilm-sentiment"
@@ -181,6 +183,7 @@ class TextReportConfig:
     fusion_check: int = 256
     stability_resamples: int = 3
     held_out: int | None = 256
+    evidence_samples: int | None = 500
 
     @classmethod
     def quick(cls, **overrides) -> TextReportConfig:
@@ -307,6 +310,12 @@ def run_text_report(
     tables["training"] = _training_table(main.deep_runs, main.tuned, main.tuned_members)
     if stability is not None:
         tables["stability"] = stability
+    with stages("per-head evidence (heads.csv)"):
+        fit = run.inputs
+        n, batch = config.evidence_samples, config.batch_size
+        tables["heads"] = evidence_table(
+            loaded, benchmark, fit.id_x, fit.id_y, n=n, batch_size=batch, cache=run.cache
+        )
     setup = _setup(run, config, budgets, members, deep_kind)
     return run.write(tables, setup, main.report, text_markdown)
 

@@ -16,6 +16,7 @@ from hydra_core.report.claims import (
     signed,
     verdict_counts,
 )
+from hydra_core.report.heads import heads_section
 from hydra_core.report.markdown import cost_columns, markdown_table
 from hydra_core.report.stability import stability_section
 
@@ -28,6 +29,7 @@ def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
             *_summary_section(tables),
             *_circuit_section(tables, setup),
             *stability_section(tables.get("stability"), markdown_table),
+            *heads_section(tables.get("heads")),
             *_table2_section(tables, setup),
             *_claims_section(tables["paper_claims"], setup, tables.get("repeats")),
             *_fusion_cost_section(tables, setup),
