@@ -20,6 +20,8 @@ _EXPORTS = {
     "hydra_core.analysis.taylor": ("taylor_prune", "taylor_scores"),
     "hydra_core.analysis.importance": ("importance_maps",),
     "hydra_core.analysis.evidence": ("HeadEvidence", "head_evidence", "read_stability"),
+    "hydra_core.analysis.stability": ("StabilityResult", "greedy_stability"),
+    "hydra_core.analysis.holdout": ("HeldOutCurve", "held_out_curve", "holdout_split"),
     "hydra_core.analysis.cahp": ("cahp_select",),
     "hydra_core.cache": ("DiskCache",),
     "hydra_core.data.benchmark": ("Benchmark", "default_benchmark"),

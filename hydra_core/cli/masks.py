@@ -145,7 +145,7 @@ def _masks(args: argparse.Namespace) -> int:
 def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
     """(name, ranking, provenance) of ``--ranking-source stability``; None otherwise. Checks the
     file and that B and K stay within the removals its resamples made."""
-    from hydra_core.cli.stability import read_stability
+    from hydra_core.cli.stability import read_stability_result
     from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
 
     if args.ranking_source != "stability":
@@ -158,7 +158,7 @@ def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
         raise ValueError(
             f"--ranking-source stability is for seed-sampling and circuit, not {args.strategy}"
         )
-    found, tiebreak = read_stability(args.stability, loaded)
+    found, tiebreak = read_stability_result(args.stability, loaded)
     pool = args.pool or 2 * args.budget
     reach = args.budget if args.strategy == "circuit" else max(args.budget, pool)
     if reach > found.steps:
