@@ -225,7 +225,9 @@ def log_stream(args) -> object:
     return sys.stderr if args.json else sys.stdout
 
 
-def read_stability_result(path: str, loaded, option: str = "--stability") -> tuple[StabilityResult, list]:
+def read_stability_result(
+    path: str, loaded, option: str = "--stability"
+) -> tuple[StabilityResult, list]:
     """A stability result (``search --stability`` wrote it) of the loaded model, and the ranking
     of its search (for ties); another model's file is refused, an unreadable one named."""
     from hydra_core.errors import InputError
