@@ -118,7 +118,8 @@ def check_paths(sources: Sequence[Source]) -> None:
         path = Path(source.path).expanduser()
         what = f"the {'ID' if source.role == 'id' else 'OOD'} {source.kind} {source.path}"
         if not path.exists():
-            raise InputError(f"{what} does not exist; check the path ({source.entry})")
+            given = "" if source.entry.strip() == source.path else f" (given as {source.entry})"
+            raise InputError(f"{what} does not exist; check the path{given}")
         if source.files and path.is_dir():
             raise InputError(
                 f"{what} is a folder; a text set is one CSV (header text,label) or JSONL file"
