@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     shared = global_options()
     for name, (add_arguments, run) in COMMANDS.items():
         doc = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else ""
-        p = sub.add_parser(name, help=doc, description=doc, parents=[shared])
+        # argparse %-formats a help string (not a description): "95% intervals" is text there
+        p = sub.add_parser(name, help=doc.replace("%", "%%"), description=doc, parents=[shared])
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
