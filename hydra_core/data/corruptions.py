@@ -6,7 +6,7 @@ severity and seed always give the same items.
 Images: ``gaussian_noise``, ``shot_noise``, ``impulse_noise``, ``gaussian_blur``, ``contrast``,
 ``brightness``, ``pixelate`` and ``jpeg``, on uint8 images (N, C, H, W), returned as uint8 of the
 same shape. ImageNet-C's parameters are for 224-pixel photos; on 28x28 images the blur and
-pixelation are scaled down (a blur of sigma 3 would leave nothing), the noise levels are
+pixelation are given in pixels of a 28-pixel image (a blur of sigma 3 would leave nothing), the noise levels are
 ImageNet-C's own. Weather and geometric corruptions (fog, frost, snow, elastic, zoom, motion) need
 image assets or assume photos and are left out.
 
@@ -38,7 +38,7 @@ IMAGE_LEVELS: dict[str, tuple[float, ...]] = {
     "gaussian_blur": (0.5, 0.75, 1.0, 1.5, 2.0),  # sigma in pixels (28-pixel images)
     "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),  # remaining contrast around the image mean
     "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),  # added to every pixel
-    "pixelate": (0.6, 0.5, 0.4, 0.3, 0.25),  # side of the coarse grid, share of the image's
+    "pixelate": (2, 3, 4, 5, 7),  # block side in pixels on 28-pixel images (scaled on others)
     "jpeg": (25, 18, 15, 10, 7),  # JPEG quality
 }
 
@@ -101,8 +101,10 @@ def _brightness(x: torch.Tensor, level: float, g: torch.Generator) -> torch.Tens
 
 def _pixelate(x: torch.Tensor, level: float, g: torch.Generator) -> torch.Tensor:
     h, w = x.shape[-2:]
-    small = F.adaptive_avg_pool2d(x, (max(1, round(h * level)), max(1, round(w * level))))
-    return F.interpolate(small, size=(h, w), mode="nearest")
+    block = max(1, round(level * h / 28))  # pixels per block side, for 28-pixel images as given
+    padded = F.pad(x, (0, -w % block, 0, -h % block), mode="replicate")  # whole blocks
+    coarse = F.avg_pool2d(padded, block)  # (N, C, ceil(H / block), ceil(W / block))
+    return coarse.repeat_interleave(block, dim=2).repeat_interleave(block, dim=3)[..., :h, :w]
 
 
 def _jpeg(x: torch.Tensor, level: float, g: torch.Generator) -> torch.Tensor:
