@@ -42,6 +42,7 @@ from hydra_ui.context import get_context, results
 from hydra_ui.figures import matrix_heatmap, member_masks_figure
 from hydra_ui.jobs import start_job
 from hydra_ui.portable import mask_downloads
+from hydra_ui.sweeps import show_sweeps
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -113,6 +114,7 @@ with show_error("Could not build the masks"):
     context = get_context()
     inputs = search_data(context)
     layout = head_layout(context.loaded.model)
+    show_sweeps(("layers",), context.loaded)
     identity = context.loaded.identity()
     members: list[MemberMask] = results().get("members", [])
     stored = stored_greedy_runs(context, inputs)

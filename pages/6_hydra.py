@@ -29,6 +29,7 @@ from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
 from hydra_ui.portable import onnx_export
+from hydra_ui.sweeps import show_sweeps
 from hydra_ui.texts import most_uncertain, readable
 from hydra_ui.widgets import (
     figure_with_download,
@@ -264,6 +265,7 @@ def uncertain_view(context, report) -> None:
 
 with show_error("Could not assemble or evaluate the Hydra ensemble"):
     context = get_context()
+    show_sweeps(("members", "corruption"), context.loaded)
     members = results().get("members", [])
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
