@@ -5,10 +5,11 @@ severity and seed always give the same items.
 
 Images: ``gaussian_noise``, ``shot_noise``, ``impulse_noise``, ``gaussian_blur``, ``contrast``,
 ``brightness``, ``pixelate`` and ``jpeg``, on uint8 images (N, C, H, W), returned as uint8 of the
-same shape. ImageNet-C's parameters are for 224-pixel photos; on 28x28 images the blur and
-pixelation are given in pixels of a 28-pixel image (a blur of sigma 3 would leave nothing), the noise levels are
-ImageNet-C's own. Weather and geometric corruptions (fog, frost, snow, elastic, zoom, motion) need
-image assets or assume photos and are left out.
+same shape. ImageNet-C's parameters are for 224-pixel photos: the blur and pixelation are given
+here in pixels of a 28-pixel image (ImageNet-C's blur of sigma 3 would leave nothing of it); the
+noise, contrast, brightness and JPEG levels are ImageNet-C's own. Weather and geometric
+corruptions (fog, frost, snow, elastic, zoom, motion) need image assets or assume photos and are
+left out.
 
 Text: ``typos`` (a character replaced, deleted, inserted or swapped with its neighbour, each
 letter with the severity's probability), ``word_dropout`` (each word dropped) and ``word_swap``
