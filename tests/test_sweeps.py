@@ -39,6 +39,30 @@ def setting(checkpoint, **overrides) -> SweepConfig:
     return SweepConfig.quick(model=checkpoint, **SIZES, **overrides)
 
 
+def tiny_sentiment_folder(folder) -> str:
+    """A tiny random two-class BERT (neg, pos) that reads sentences as long as Rotten Tomatoes'
+    (512 positions), saved as a Hugging Face folder with its tokenizer."""
+    import transformers
+
+    from tests.conftest import WORDS
+
+    torch.manual_seed(0)
+    labels = {0: "neg", 1: "pos"}
+    config = transformers.BertConfig(
+        vocab_size=60, max_position_embeddings=512, num_labels=2, pad_token_id=1, hidden_size=24,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" not in name and (p.ndim >= 2 or "bias" in name):
+                p.mul_(3.0)
+    model.save_pretrained(folder)
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(folder)
+    return str(folder)
+
+
 def loaded_and_benchmark(checkpoint):
     loaded = load_model(checkpoint)
     benchmark = loaded.modality.benchmark(
@@ -57,7 +81,7 @@ def probabilities(models, preprocess, images) -> torch.Tensor:
 def plain_metrics(models, loaded, benchmark, id_set=None) -> dict[str, float]:
     """Accuracy, NLL and the all-OOD AUROC (mean over report sets, OOD positive, score -MSP)."""
     id_set = benchmark.id_report if id_set is None else id_set
-    p = probabilities(models, loaded.preprocess, id_set.images)
+    p = probabilities(models, loaded.preprocess, id_set.inputs)
     found = {
         "accuracy": (p.argmax(-1) == id_set.labels).double().mean().item(),
         "nll": -p[torch.arange(len(p)), id_set.labels].log().mean().item(),
@@ -65,7 +89,7 @@ def plain_metrics(models, loaded, benchmark, id_set=None) -> dict[str, float]:
     id_msp = p.max(-1).values.numpy()
     aurocs = []
     for s in benchmark.ood_report:
-        ood_msp = probabilities(models, loaded.preprocess, s.images).max(-1).values.numpy()
+        ood_msp = probabilities(models, loaded.preprocess, s.inputs).max(-1).values.numpy()
         truth = np.r_[np.zeros(len(id_msp)), np.ones(len(ood_msp))]
         aurocs.append(roc_auc_score(truth, -np.r_[id_msp, ood_msp]))
     found["all_auroc"] = float(np.mean(aurocs))
@@ -230,3 +254,21 @@ def test_sweep_command_writes_its_files_and_refuses_with_one_line(tmp_path, chec
     assert len(err) == 1 and "leaves a head in every layer" in err[0]
     assert main(["sweep", "--kind", "heads"]) == 2
     assert "invalid choice: 'heads'" in capsys.readouterr().err
+
+
+def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    folder = tiny_sentiment_folder(tmp_path / "model")
+    config = setting(
+        folder, task="text", corruptions=("typos", "word_dropout"), severities=(5,), n_corrupt=12,
+        seeds=(0, 2, 3),
+    )  # fmt: skip
+    table = run_sweep("corruption", config, tmp_path / "out", cache=DiskCache(tmp_path / "cache"))
+    assert set(table["corruption"]) == {"none", "typos", "word_dropout", "all"}
+    loaded, benchmark = loaded_and_benchmark(folder)
+    clean = take(benchmark.id_report, 12, purpose="corruption")
+    typos = corrupt_set(clean, "typos", 5)
+    assert typos.texts != clean.texts
+    expected = plain_metrics([loaded.model], loaded, benchmark, typos)
+    found = row(table, system="single", corruption="typos", severity=5)
+    assert_point(found, {k: expected[k] for k in ("accuracy", "nll")})
