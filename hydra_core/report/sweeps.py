@@ -331,10 +331,17 @@ def run_sweep(
     )
     run.load(lambda: _load(config))
     table, systems = SWEEP_FUNCTIONS[kind](run, config)
-    setup = run.setup(config.task, budgets(run, config), {"corruption": config.corruption_seed}, {})
+    seeds = {
+        "members": list(range(max(config.members))),  # the members sweep's pruning seeds
+        "corruption_pruning": list(config.seeds),  # the pipeline's seed-sampled members
+        "corruption": config.corruption_seed,
+        "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
+    }
+    setup = run.setup(config.task, budgets(run, config), seeds, {})
     setup = run.finish({**setup, "sweep": kind, "config": _config_json(config)})
-    plot_sweep(kind, table, setup).savefig(run.out / f"{kind}.png", dpi=120)
-    plot_sweep(kind, table, setup).savefig(run.out / f"{kind}.svg")
+    figure = plot_sweep(kind, table, setup)
+    figure.savefig(run.out / f"{kind}.png", dpi=120)
+    figure.savefig(run.out / f"{kind}.svg")
     run.write(
         {kind: table}, setup, systems, lambda tables, s: markdown_sweep(kind, tables[kind], s)
     )
