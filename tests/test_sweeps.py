@@ -272,3 +272,17 @@ def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
     expected = plain_metrics([loaded.model], loaded, benchmark, typos)
     found = row(table, system="single", corruption="typos", severity=5)
     assert_point(found, {k: expected[k] for k in ("accuracy", "nll")})
+
+
+def test_a_fine_tuned_pruned_model_is_never_reported_on_its_training_items(checkpoint):
+    from hydra_core.errors import InputError
+    from hydra_core.hydra.experiment import FinetunedPruned, Single, evaluate_systems
+    from hydra_core.hydra.finetune import FinetuneConfig
+
+    loaded, benchmark = loaded_and_benchmark(checkpoint)
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 0] = False
+    tuned_on = benchmark.id_report  # the report items as its training set: refused
+    system = FinetunedPruned("tuned", keep, FinetuneConfig(n_train=None, steps=1), tuned_on)
+    with pytest.raises(InputError, match="'tuned' would be reported on data that chose it"):
+        evaluate_systems(loaded, benchmark, [Single(), system], device="cpu", latency=False)
