@@ -54,7 +54,8 @@ def _series(kind: str, table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame
 
 def plot_sweep(kind: str, table: pd.DataFrame, setup: dict) -> Figure:
     """The sweep's figure: one panel per metric (a row per setting for the layers sweep), one
-    line per system with its 95% intervals; the single model dashed across the x range."""
+    line per system with its 95% intervals as vertical bars; the single model dashed across the
+    x range, its interval a grey band."""
     metrics, x = PLOTS[kind]
     metrics = [(c, t) for c, t in metrics if c in table and table[c].notna().any()]
     series = _series(kind, table)
@@ -76,10 +77,11 @@ def plot_sweep(kind: str, table: pd.DataFrame, setup: dict) -> Figure:
                     if lo is not None and not pd.isna(lo.iloc[0]):
                         ax.axhspan(float(lo.iloc[0]), float(hi.iloc[0]), color="grey", alpha=0.15)
                     continue
-                errors = None
-                if lo is not None and hi is not None and lo.notna().all():
-                    errors = [part[column] - lo, hi - part[column]]
-                ax.errorbar(part[x], part[column], yerr=errors, marker="o", capsize=3, label=label)
+                (line,) = ax.plot(part[x], part[column], marker="o", label=label)
+                if lo is not None and hi is not None:
+                    # the interval as drawn bounds: a percentile interval (ECE's, say) need not
+                    # contain the point estimate, so no error bar relative to it
+                    ax.vlines(part[x], lo, hi, color=line.get_color(), linewidth=1.5)
             ax.set_title(f"{title}" + (f" ({row})" if row else ""), fontsize=9)
             ax.set_xticks(xs)
             ax.set_xlabel(X_LABELS[x], fontsize=8)
