@@ -17,6 +17,7 @@ from hydra_core.data.corruptions import (
     IMAGE_LEVELS,
     SEVERITIES,
     TEXT_CORRUPTIONS,
+    check_corruptions,
     corrupt_images,
     corrupt_set,
     corrupt_texts,
@@ -152,6 +153,10 @@ def test_corrupt_set_keeps_labels_and_names_the_corruption():
         (lambda: corrupt_images(smooth_images(n=1), "contrast", 6), "severity must be one of 1..5"),
         (lambda: corrupt_images(smooth_images(n=1).float(), "contrast", 1), "uint8 images"),
         (lambda: corrupt_texts(SENTENCES, "blur", 1), "unknown corruption 'blur'"),
+        (
+            lambda: check_corruptions(["typos"], ImageSet("x", smooth_images(n=1))),
+            "unknown corruption 'typos' for images; choose from gaussian_noise",
+        ),
     ],
 )
 def test_bad_corruptions_are_refused(call, message):

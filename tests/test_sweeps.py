@@ -256,6 +256,24 @@ def test_sweep_command_writes_its_files_and_refuses_with_one_line(tmp_path, chec
     assert "invalid choice: 'heads'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--kind", "corruption", "--points", "2"], "--points applies to --kind layers or members"),
+        (["--kind", "layers", "--n-corrupt", "5"], "--n-corrupt applies to --kind corruption"),
+        (["--kind", "members", "--corruptions", "contrast"], "--corruptions applies to --kind"),
+        (["--kind", "corruption", "--corruptions", "fog"], "unknown corruption 'fog'"),
+    ],
+)
+def test_sweep_options_of_another_kind_are_refused(tmp_path, checkpoint, capsys, extra, message):
+    args = ["sweep", *extra, "--quick", "--model", checkpoint, "--device", "cpu", "--n-search",
+            "16", "--n-report", "24", "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
 def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
     folder = tiny_sentiment_folder(tmp_path / "model")

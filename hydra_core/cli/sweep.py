@@ -7,6 +7,7 @@ import argparse
 
 import hydra_core.cli.options as options
 from hydra_core.cli.common import add_output_arguments, command, stage_bars
+from hydra_core.errors import InputError
 
 
 def _sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
     from hydra_core.report.sweeps import run_sweep, sweep_config_from_args
 
+    only = {"--points": ("layers", "members"), "--n-corrupt": ("corruption",)}
+    only["--corruptions"] = ("corruption",)
+    given = {"--points": args.points, "--n-corrupt": args.n_corrupt}
+    given["--corruptions"] = args.corruptions
+    for option, kinds in only.items():
+        if given[option] is not None and args.kind not in kinds:
+            raise InputError(f"{option} applies to --kind {' or '.join(kinds)}, not {args.kind}")
     points = tuple(args.points) if args.points else None
     overrides = dict(
         task=args.task,

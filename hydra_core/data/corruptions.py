@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hydra_core.data.images import DataSet, ImageSet, stable_seed
+from hydra_core.data.images import DataSet, ImageSet, kind_of, stable_seed
 from hydra_core.errors import InputError
 
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -222,6 +222,17 @@ def corrupt_texts(
 def corruptions_for(data_set: DataSet) -> tuple[str, ...]:
     """The corruption names that apply to ``data_set``'s items (images or texts)."""
     return IMAGE_CORRUPTIONS if isinstance(data_set, ImageSet) else TEXT_CORRUPTIONS
+
+
+def check_corruptions(names: tuple[str, ...] | list[str], data_set: DataSet) -> None:
+    """Refuse (InputError) a corruption name that does not apply to ``data_set``'s items."""
+    known = corruptions_for(data_set)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(
+            f"unknown corruption {unknown[0]!r} for {kind_of(data_set)}; choose from "
+            f"{', '.join(known)}"
+        )
 
 
 def corrupt_set(data_set: DataSet, name: str, severity: int, *, seed: int = 0) -> DataSet:

@@ -24,7 +24,12 @@ import torch
 
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
 from hydra_core.cache import DiskCache
-from hydra_core.data.corruptions import SEVERITIES, corrupt_set, corruptions_for
+from hydra_core.data.corruptions import (
+    SEVERITIES,
+    check_corruptions,
+    corrupt_set,
+    corruptions_for,
+)
 from hydra_core.errors import InputError
 from hydra_core.evaluate import Evaluation, SetPredictions
 from hydra_core.hydra.experiment import DeepEnsemble, FinetunedPruned, Hydra, Pruned, Single
@@ -237,6 +242,7 @@ def corruption_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, 
     from hydra_core.data.images import take
 
     names = config.corruptions or corruptions_for(run.benchmark.id_report)
+    check_corruptions(names, run.benchmark.id_report)  # before any search
     b = budgets(run, config)
     pruning = run.circuits_and_members(
         b, list(config.seeds), taylor_samples=config.taylor_samples, batch_size=config.batch_size,
