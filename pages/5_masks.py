@@ -114,7 +114,6 @@ with show_error("Could not build the masks"):
     context = get_context()
     inputs = search_data(context)
     layout = head_layout(context.loaded.model)
-    show_sweeps(("layers",), context.loaded)
     identity = context.loaded.identity()
     members: list[MemberMask] = results().get("members", [])
     stored = stored_greedy_runs(context, inputs)
@@ -375,3 +374,4 @@ with show_error("Could not build the masks"):
         if st.button("Remove", disabled=not drop, icon=":material/delete:"):
             results()["members"] = [m for m in members if m.name not in drop]
             st.rerun()
+    show_sweeps(("layers",), context.loaded)

@@ -265,12 +265,12 @@ def uncertain_view(context, report) -> None:
 
 with show_error("Could not assemble or evaluate the Hydra ensemble"):
     context = get_context()
-    show_sweeps(("members", "corruption"), context.loaded)
     members = results().get("members", [])
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
     if not members:
         st.info("No members yet: build the members' head masks on the Masks page first.")
+        show_sweeps(("members", "corruption"), context.loaded)
         st.stop()
     st.markdown("**Members:** " + ", ".join(f"{m.name} ({m.kept} heads)" for m in members))
 
@@ -518,3 +518,4 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             "from the model inputs its source takes."
         )
         onnx_export(hydra, context.loaded, used, results())
+    show_sweeps(("members", "corruption"), context.loaded)
