@@ -43,6 +43,7 @@ from hydra_ui.figures import matrix_heatmap, member_masks_figure
 from hydra_ui.jobs import start_job
 from hydra_ui.portable import mask_downloads
 from hydra_ui.stability import reach_note, stable_ranking
+from hydra_ui.sweeps import show_sweeps
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -391,3 +392,4 @@ with show_error("Could not build the masks"):
         if st.button("Remove", disabled=not drop, icon=":material/delete:"):
             results()["members"] = [m for m in members if m.name not in drop]
             st.rerun()
+    show_sweeps(("layers",), context.loaded)

@@ -29,6 +29,7 @@ from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
 from hydra_ui.portable import onnx_export
+from hydra_ui.sweeps import show_sweeps
 from hydra_ui.texts import most_uncertain, readable
 from hydra_ui.widgets import (
     figure_with_download,
@@ -278,6 +279,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
     running = job is not None and job.running
     if not members:
         st.info("No members yet: build the members' head masks on the Masks page first.")
+        show_sweeps(("members", "corruption"), context.loaded)
         st.stop()
     st.markdown("**Members:** " + ", ".join(f"{m.name} ({m.kept} heads)" for m in members))
 
@@ -525,3 +527,4 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             "from the model inputs its source takes."
         )
         onnx_export(hydra, context.loaded, used, results())
+    show_sweeps(("members", "corruption"), context.loaded)

@@ -18,7 +18,7 @@ from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError
 
 # Importing a command module registers its commands, in this order in ``--help``.
-for _module in ("model", "text", "analysis", "heads", "masks", "hydra", "export"):
+for _module in ("model", "text", "analysis", "heads", "masks", "hydra", "sweep", "export"):
     importlib.import_module(f"hydra_core.cli.{_module}")
 
 

@@ -41,6 +41,7 @@ from hydra_core.evaluate import (
 from hydra_core.hydra.finetune import (
     FinetuneConfig,
     FinetunedMember,
+    finetune_member,
     finetune_members,
     fuse_finetuned,
     members_training_items,
@@ -257,6 +258,49 @@ class Pruned(System):
 
     def describe(self) -> dict:
         return {"name": self.name, "heads": int(self.keep.sum())}
+
+
+@dataclass
+class FinetunedPruned(System):
+    """The source model pruned to ``keep`` and fine-tuned
+    (:func:`~hydra_core.hydra.finetune.finetune_member`, cached), cost as pruned: the paper's
+    fine-tuned Taylor and CircAvg rows. ``chosen``: as :class:`Pruned`; the fine-tuning items are
+    added to it."""
+
+    name: str
+    keep: torch.Tensor
+    finetune: FinetuneConfig
+    train_set: object = None
+    chosen: ChosenOn | None = None
+
+    def add_to(self, run: Run) -> None:
+        progress = None
+        if run.progress is not None:
+            stage = f"{STAGES['finetune']}: {self.name}"
+            progress = lambda done, total: run.progress(stage, done, total)  # noqa: E731
+        member = run.timed(
+            "finetune",
+            lambda: finetune_member(
+                run.model,
+                self.keep,
+                self.finetune,
+                preprocess=run.loaded.preprocess,
+                train_set=self.train_set,
+                name=self.name,
+                device=run.device,
+                cache=run.options.get("cache"),
+                progress=progress,
+            ),
+        )
+        run.add_model(self.name, "pruned", member.model.to(run.device).eval())
+
+    def chosen_on(self, run: Run) -> ChosenOn:
+        chosen = run.search_choice() if self.chosen is None else self.chosen
+        items = members_training_items(run.model, self.finetune, self.train_set)
+        return chosen | ChosenOn.of("fine-tuning", [items])
+
+    def describe(self) -> dict:
+        return {"name": self.name, "heads": int(self.keep.sum()), "finetune": asdict(self.finetune)}
 
 
 @dataclass

@@ -117,6 +117,7 @@ class Pipeline:
         device: "auto", "cpu" or "cuda".
         progress: ``progress(stage, done, total)`` for long stages; log: one line per stage.
         overwrite: replace what ``out`` holds (see :func:`~hydra_core.outputs.claim_folder`).
+        command: what the folder's manifest records the run as (``"report"``, ``"sweep layers"``).
     """
 
     def __init__(
@@ -128,7 +129,9 @@ class Pipeline:
         log: Log,
         *,
         overwrite: bool = False,
+        command: str = "report",
     ) -> None:
+        self.command = command
         self.final = Path(out).expanduser()
         if self.final.exists() and not self.final.is_dir():
             raise InputError(f"the report folder {self.final} is a file; give a folder")
@@ -185,7 +188,7 @@ class Pipeline:
             self.final,
             model=loaded.identity(),
             data=data_identity(benchmark),
-            command="report",
+            command=self.command,
             overwrite=self.overwrite,
         )
         # the run's files go here until all are written (removed at exit if the run stops)
