@@ -277,7 +277,7 @@ def matrix_heatmap(
         )
     )
     fig.update_layout(
-        title=_below_toolbar(title),
+        title=below_toolbar(title),
         height=200 + 40 * len(rows),
         margin=dict(l=60, r=20, t=90, b=40),
     )
@@ -285,7 +285,7 @@ def matrix_heatmap(
     return fig
 
 
-def _below_toolbar(title: str) -> dict:
+def below_toolbar(title: str) -> dict:
     """A title set below the chart's toolbar (the mode bar, top right), left-aligned, so that a
     long title in a narrow column does not run under it."""
     return {

@@ -24,7 +24,7 @@ from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_
 from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import disk_cache, results
-from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, head_heatmap
+from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, below_toolbar, head_heatmap
 from hydra_ui.jobs import start_job
 from hydra_ui.widgets import (
     figure_with_download,
@@ -63,7 +63,7 @@ def frequency_heatmap(
     step[np.isnan(freq)] = ""
     for t, head in enumerate(search.order):
         step[head] = f"removed at step {t + 1}"
-    return head_heatmap(
+    fig = head_heatmap(
         freq,
         title=f"Removed within {found.steps} steps, share of {found.resamples} resamples",
         value_name="frequency",
@@ -74,6 +74,8 @@ def frequency_heatmap(
         zmax=1.0,
         towers=towers,
     )
+    fig.update_layout(title=below_toolbar(fig.layout.title.text), margin={"t": 80})
+    return fig
 
 
 def held_out_figure(curve: HeldOutCurve) -> go.Figure:
@@ -88,6 +90,7 @@ def held_out_figure(curve: HeldOutCurve) -> go.Figure:
             y=curve.held_out_hi + curve.held_out_lo[::-1],
             fill="toself",
             fillcolor="rgba(230, 159, 0, 0.2)",
+            mode="lines",
             line={"width": 0},
             hoverinfo="skip",
             name="held out, 95% interval",
@@ -114,12 +117,12 @@ def held_out_figure(curve: HeldOutCurve) -> go.Figure:
         x=peak, y=curve.held_out[peak], text=f"held-out peak: {peak}", showarrow=True, ay=-30
     )
     fig.update_layout(
-        title=f"{name}: search part vs held out",
-        height=380,
-        xaxis_title="heads removed",
+        title=below_toolbar(f"{name}: search part vs held out"),
+        height=400,
+        xaxis={"title": "heads removed", "dtick": 1 if len(x) <= 13 else None},
         yaxis_title=name,
         legend={"orientation": "h", "y": -0.25},
-        margin=dict(l=50, r=20, t=60, b=40),
+        margin=dict(l=50, r=20, t=90, b=40),
     )
     return fig
 
@@ -145,12 +148,12 @@ def jaccard_figure(found: StabilityResult) -> go.Figure:
         )
     )
     fig.update_layout(
-        title="Do the resamples agree?",
-        height=340,
-        xaxis_title="heads removed",
+        title=below_toolbar("Do the resamples agree?"),
+        height=360,
+        xaxis={"title": "heads removed", "dtick": 1 if len(x) <= 12 else None},
         yaxis={"title": "share", "range": [0, 1.05]},
         legend={"orientation": "h", "y": -0.3},
-        margin=dict(l=50, r=20, t=60, b=40),
+        margin=dict(l=50, r=20, t=90, b=40),
     )
     return fig
 
