@@ -45,7 +45,7 @@ screenshots: setup
 		$(BIN)/python -m pytest -q -m e2e tests/e2e
 	cp e2e-artifacts/setup.png e2e-artifacts/headmap.png e2e-artifacts/importance.png \
 		e2e-artifacts/representations.png e2e-artifacts/masks.png e2e-artifacts/hydra.png \
-		e2e-artifacts/hydra-figures.png docs/screenshots/
+		e2e-artifacts/hydra-figures.png e2e-artifacts/headmap-stability.png docs/screenshots/
 	cp e2e-artifacts/text-*.png e2e-artifacts/clip-*.png docs/screenshots/
 
 lint: setup
