@@ -21,7 +21,7 @@ import streamlit as st
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
 from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
-from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
+from hydra_core.hydra import members
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import disk_cache, results
 from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, below_toolbar, head_heatmap
@@ -365,17 +365,9 @@ def stable_ranking() -> tuple[str, list, dict, int] | None:
     run = None if job is None or job.running else job.result
     if run is None:
         return None
-    found = run.stability
-    name = f"{CIRCUIT_NAMES[found.objective]}-stable"
-    info = ranking_provenance(
-        "stability",
-        objective=found.objective,
-        budget=found.budget,
-        steps=found.steps,
-        resamples=found.resamples,
-    )
+    name, ranking, info = members.stable_ranking(run.stability, run.search.ranking())
     info["holdout"] = run.fraction  # the share of the search split it did not search on
-    return name, found.ranking(run.search.ranking()), info, found.steps
+    return name, ranking, info, run.stability.steps
 
 
 def reach_note(steps: int, budget: int, pool: int | None, what: str) -> str | None:

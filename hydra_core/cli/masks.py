@@ -146,7 +146,7 @@ def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
     """(name, ranking, provenance) of ``--ranking-source stability``; None otherwise. Checks the
     file and that B and K stay within the removals its resamples made."""
     from hydra_core.cli.stability import read_stability_result
-    from hydra_core.hydra.members import CIRCUIT_NAMES, ranking_provenance
+    from hydra_core.hydra.members import stable_ranking
 
     if args.ranking_source != "stability":
         if args.stability:
@@ -169,15 +169,7 @@ def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
             f"{asked} reach past the {found.steps} removals the resamples of {args.stability} "
             f"made; run search --stability with --budget {reach}, or ask for fewer"
         )
-    info = ranking_provenance(
-        "stability",
-        objective=found.objective,
-        budget=found.budget,
-        steps=found.steps,
-        resamples=found.resamples,
-        search=search,
-    )
-    return f"{CIRCUIT_NAMES[found.objective]}-stable", found.ranking(tiebreak), info
+    return stable_ranking(found, tiebreak, search)
 
 
 def _build_members(

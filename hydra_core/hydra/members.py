@@ -491,6 +491,22 @@ def ranking_provenance(
     return {k: v for k, v in found.items() if v is not None}
 
 
+def stable_ranking(found, tiebreak=(), search: dict | None = None) -> tuple[str, list, dict]:
+    """A stability run (:class:`~hydra_core.analysis.stability.StabilityResult`) as a ranking to
+    build members from: its name (``CircAvg-stable``), every head most often removed by the
+    resamples first (ties in ``tiebreak`` order, e.g. the search's own ranking) and its
+    provenance (:func:`ranking_provenance`)."""
+    info = ranking_provenance(
+        "stability",
+        objective=found.objective,
+        budget=found.budget,
+        steps=found.steps,
+        resamples=found.resamples,
+        search=search,
+    )
+    return f"{CIRCUIT_NAMES[found.objective]}-stable", found.ranking(tiebreak), info
+
+
 def provenance(
     strategy: str, parameters: dict, ranking_name: str, ranking: dict | None = None
 ) -> dict:
