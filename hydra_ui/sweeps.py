@@ -66,6 +66,14 @@ def show_sweeps(kinds: tuple[str, ...], loaded=None, folder: Path | None = None)
                     f"--out docs/report/sweeps/{kind} --overwrite` makes it."
                 )
                 continue
+            task = found["setup"].get("task", "image")
+            if loaded is not None and loaded.modality != task:  # another modality's numbers
+                st.caption(
+                    f"The committed {kind} sweep is of a {task} model; none is committed for "
+                    f"{loaded.modality.name} models (`python -m hydra_core sweep --kind {kind} "
+                    f"--task {loaded.modality.name}` makes one)."
+                )
+                continue
             if loaded is not None and not same_model(found["model"], loaded.identity()):
                 st.caption(
                     f"Made on {describe_model(found['model'] or {})}, not on the loaded model "
