@@ -19,14 +19,19 @@ import torch
 from hydra_core.errors import InputError
 
 
-def item_keys(inputs: torch.Tensor | Sequence[str]) -> frozenset[bytes]:
-    """One hash per item, of its pixels (uint8 images) or its text."""
+def row_keys(inputs: torch.Tensor | Sequence[str]) -> list[bytes]:
+    """One hash per item, in order, of its pixels (uint8 images) or its text."""
     rows = (
         (row.contiguous().numpy().tobytes() for row in inputs.cpu())
         if isinstance(inputs, torch.Tensor)
         else (text.encode() for text in inputs)
     )
-    return frozenset(hashlib.blake2b(row, digest_size=16).digest() for row in rows)
+    return [hashlib.blake2b(row, digest_size=16).digest() for row in rows]
+
+
+def item_keys(inputs: torch.Tensor | Sequence[str]) -> frozenset[bytes]:
+    """The items' hashes (:func:`row_keys`) as a set."""
+    return frozenset(row_keys(inputs))
 
 
 @dataclass(frozen=True)

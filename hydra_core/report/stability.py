@@ -22,7 +22,7 @@ from hydra_core.analysis.holdout import held_out_curve
 from hydra_core.analysis.stability import STABLE_SHARE, greedy_stability
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.data.images import take
-from hydra_core.data.provenance import item_keys
+from hydra_core.data.provenance import item_keys, row_keys
 from hydra_core.errors import InputError
 from hydra_core.hydra.members import CIRCUIT_NAMES
 
@@ -56,12 +56,7 @@ def _unused(full, used, n: int | None):
     """The items of ``full`` that are not in ``used`` (by content), at most ``n`` of them (a fixed
     :func:`take` sample); None when none is left."""
     seen = item_keys(used.inputs)
-    inputs = full.inputs
-    rows = (
-        [i for i in range(len(full)) if not (item_keys(inputs[i : i + 1]) & seen)]
-        if isinstance(inputs, torch.Tensor)
-        else [i for i, text in enumerate(inputs) if not (item_keys([text]) & seen)]
-    )
+    rows = [i for i, key in enumerate(row_keys(full.inputs)) if key not in seen]
     if not rows:
         return None
     return take(full.subset(torch.tensor(rows)), n, purpose="held-out")
