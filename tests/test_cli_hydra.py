@@ -186,6 +186,31 @@ def _tiny_fashion_mnist(split: str = "test") -> ImageSet:
     return ImageSet("fashion_mnist", images, torch.arange(n) % 10, "id")
 
 
+def test_an_interrupted_train_ensemble_goes_on_from_its_last_epoch(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    from hydra_core.training import trainer
+
+    monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", _tiny_fashion_mnist)
+    write = trainer._write_resume
+
+    def write_then_ctrl_c(*args, **kwargs):
+        write(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "_write_resume", write_then_ctrl_c)
+    argv = ["train-ensemble", "--reference", checkpoint, "--seeds", "1", "--epochs", "2"]
+    assert main(argv) == 130
+    kept = list((tmp_path / "cache" / "deep_ensembles").glob("seed1-*.safetensors.resume.pt"))
+    assert len(kept) == 1 and not list(kept[0].parent.glob("*.safetensors"))
+    monkeypatch.setattr(trainer, "_write_resume", write)
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "going on from the interrupted run" in out and "epoch 1/2" not in out
+    assert not kept[0].exists() and kept[0].with_name(kept[0].name[: -len(".resume.pt")]).is_file()
+
+
 def test_train_ensemble_then_deep_ensemble_rows(checkpoint, tmp_path, monkeypatch, capsys):
     # train_vit reads Fashion-MNIST itself; a tiny stand-in keeps this to a few optimiser steps
     monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", _tiny_fashion_mnist)

@@ -19,6 +19,7 @@ from torch import nn
 
 from hydra_core.data.images import ImageSet
 from hydra_core.data.text import TextSet
+from hydra_core.errors import InputError
 from hydra_core.evaluate import callable_model
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member, training_subset
 from hydra_core.models.adapter import family_of, prune_heads
@@ -91,7 +92,7 @@ def test_decay_split_exempts_biases_norms_tokens_and_embedding_tables():
     assert len(tables) == 3 and not tables & {id(p) for p in decay}
 
 
-def _toy_run(steps: int, epochs_seen: list, **kwargs):
+def _toy_run(steps: int, epochs_seen: list, on_epoch=None, **kwargs):
     """A tiny ViT trained on blobs; ``epochs_seen`` gets each complete epoch's weights."""
     model = make_tiny_vit(depth=2, num_heads=2, scale=1.0)
     data, val = blobs(24, 0), blobs(16, 1)
@@ -104,6 +105,8 @@ def _toy_run(steps: int, epochs_seen: list, **kwargs):
 
     def seen(epoch) -> None:
         epochs_seen.append((epoch.epoch, {k: p.detach().clone() for k, p in parameters.items()}))
+        if on_epoch is not None:
+            on_epoch(epoch)
 
     result = train(
         model,
@@ -183,6 +186,62 @@ def test_bad_runs_are_explained():
     stranger = {"w": nn.Parameter(torch.zeros(2))}
     with pytest.raises(ValueError, match="must be a parameter of the model"):
         train(model, stranger, step, lambda g: [None], config, lambda s: 0.1)
+
+
+class _Stop(Exception):
+    """Stands for Ctrl-C (or a killed process) at the end of an epoch."""
+
+
+@pytest.mark.parametrize("rank", [None, lambda s: (s["nll"],)], ids=["last-step", "best-epoch"])
+def test_an_interrupted_run_goes_on_to_the_weights_and_records_of_the_whole_run(tmp_path, rank):
+    whole_seen, cut_seen = [], []
+    whole, whole_result = _toy_run(14, whole_seen, rank=rank)
+    resume = tmp_path / "run.resume.pt"
+
+    def stop_after_two(epoch) -> None:
+        if epoch.epoch == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):  # the toy's dropout-free model: the global draws are the data's
+        _toy_run(14, [], rank=rank, resume=resume, on_epoch=stop_after_two)
+    assert resume.is_file()
+    cut, cut_result = _toy_run(14, cut_seen, rank=rank, resume=resume)
+    assert_same_weights(cut, whole)
+    assert cut_result.steps == whole_result.steps and cut_result.epochs == whole_result.epochs
+    assert cut_result.chosen == whole_result.chosen and cut_result.resumed_after == 2
+    assert [e for e, _ in cut_seen] == [3, 4]  # on_epoch: the new epochs only
+    assert whole_result.resumed_after == 0 and cut_result.seconds > 0
+
+
+def test_dropout_draws_go_on_where_they_stopped(tmp_path):
+    def run(resume=None, on_epoch=None):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+        x, y = torch.randn(12, 4, generator=torch.Generator().manual_seed(0)), torch.arange(12) % 3
+        config = TrainerConfig(steps=9, lr=0.1, seed=2, dropout_seed=7)
+        train(model, dict(model.named_parameters()), lambda i: (model(x[i]), y[i]),
+              lambda g: torch.randperm(12, generator=g).split(4), config, lambda s: 0.1,
+              resume=resume, on_epoch=on_epoch)  # fmt: skip
+        return model
+
+    def stop(epoch) -> None:
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        run(tmp_path / "r.pt", stop)
+    assert_same_weights(run(tmp_path / "r.pt"), run())
+
+
+def test_a_resume_file_of_another_run_or_a_broken_one_is_refused_in_one_line(tmp_path):
+    resume = tmp_path / "run.resume.pt"
+    with pytest.raises(_Stop):
+        _toy_run(6, [], resume=resume, on_epoch=lambda e: (_ for _ in ()).throw(_Stop))
+    with pytest.raises(InputError, match="holds the state of another run.*delete it"):
+        _toy_run(9, [], resume=resume)  # other steps
+    resume.write_bytes(resume.read_bytes()[:100])  # cut short
+    with pytest.raises(InputError, match="not a readable resume file.*delete it"):
+        _toy_run(6, [], resume=resume)
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 # --- fine-tuning after pruning ------------------------------------------------------------------
@@ -609,3 +668,27 @@ def test_train_vit_is_the_plain_loop(pad_crop, monkeypatch):
     plain, history = _plain_train_vit(cfg, TINY, fashion_mnist)
     assert_same_weights(model, plain)
     assert summary["history"] == history
+
+
+def test_train_vit_resumed_after_an_epoch_is_the_whole_run(tmp_path, monkeypatch):
+    def fashion_mnist(split: str) -> ImageSet:
+        n = {"train": 40, "validation": 16, "test": 16}[split]
+        data = blobs(n, len(split), size=28, classes=10)
+        return ImageSet("fashion_mnist", data.images, data.labels, "id")
+
+    monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", fashion_mnist)
+    cfg = TrainConfig(seed=5, epochs=3, batch_size=16, warmup_epochs=1.0)
+    resume, lines = tmp_path / "vit.resume.pt", []
+
+    def stop_at_epoch_2(line: str) -> None:
+        lines.append(line)
+        if line.startswith("epoch 2/3"):
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train_vit(cfg, TINY, log=stop_at_epoch_2, resume=resume)
+    model, summary = train_vit(cfg, TINY, log=lines.append, resume=resume)
+    whole, whole_summary = train_vit(cfg, TINY, log=lambda line: None)
+    assert_same_weights(model, whole)
+    assert summary["history"] == whole_summary["history"] and len(summary["history"]) == 3
+    assert any(line.startswith("going on from the interrupted run") for line in lines)

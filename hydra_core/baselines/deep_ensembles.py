@@ -27,6 +27,7 @@ from torch import nn
 from hydra_core import distributed
 from hydra_core.cache import cache_key
 from hydra_core.paths import cache_dir
+from hydra_core.training.trainer import resume_path
 from hydra_core.zoo.default import (
     DEFAULT_CHECKPOINT,
     DEFAULT_NAME,
@@ -131,8 +132,10 @@ def train_deep_ensemble(
             report = (
                 None if progress is None else (lambda done, total, s=seed: progress(s, done, total))
             )
-            model, summary = train_vit(cfg, arch, log=log, progress=report)
+            resume = resume_path(path)  # an interrupted copy goes on from its last epoch
+            model, summary = train_vit(cfg, arch, log=log, progress=report, resume=resume)
             save_checkpoint(model, path, arch, train_config=asdict(cfg), summary=summary)
+            resume.unlink(missing_ok=True)
         models[seed] = model.eval()
     if distributed.active():
         models = _gathered(models, arch)

@@ -66,6 +66,7 @@ def _train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hydra_core.outputs import check_new_file
+    from hydra_core.training.trainer import resume_path
     from hydra_core.zoo.default import TrainConfig, VitConfig, save_checkpoint, train_vit
 
     out = check_new_file(
@@ -85,11 +86,13 @@ def _train(args: argparse.Namespace) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
-    model, summary = train_vit(cfg, log=tqdm.write, progress=progress)
+    resume = resume_path(out)  # Ctrl-C and the same command go on from the last epoch
+    model, summary = train_vit(cfg, log=tqdm.write, progress=progress, resume=resume)
     bar.close()
     from dataclasses import asdict
 
     save_checkpoint(model, out, VitConfig(), train_config=asdict(cfg), summary=summary)
+    resume.unlink(missing_ok=True)
     print(f"wrote {out} (test accuracy {summary['test_accuracy']:.4f})")
     return 0
 

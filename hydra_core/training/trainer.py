@@ -12,7 +12,9 @@ on states cached below a frozen prefix (:mod:`hydra_core.training.top`) - is a c
 - the learning rate: ``schedule(step)`` (:mod:`hydra_core.training.schedules`), set every step;
 - gradient clipping (optional), dropout from :attr:`TrainerConfig.dropout_seed`;
 - epoch-end validation, keeping the epoch whose scores rank lowest (optional);
-- ``progress(done, total)`` after every step, ``on_epoch(record)`` after every epoch.
+- ``progress(done, total)`` after every step, ``on_epoch(record)`` after every epoch;
+- with ``resume``, the run's state written after every epoch, so that an interrupted run goes on
+  from its last complete epoch and ends exactly as if it had not stopped.
 
 A recipe's random-number consumption (the generator's draws, dropout's), its parameter groups
 and the order of its floating-point operations are what this loop does, in this order: the shipped
@@ -21,9 +23,12 @@ checkpoints are reproduced bit for bit by their recipes (``scripts/check_trainer
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,11 +98,14 @@ class EpochRecord:
 @dataclass(frozen=True)
 class TrainResult:
     """Every step and every complete epoch of a run, and the epoch kept (None: the last step's
-    weights, no choice made)."""
+    weights, no choice made); ``resumed_after``: the epochs an interrupted run had completed
+    (0: none), ``seconds``: the time in the loop, its interrupted parts included."""
 
     steps: list[StepRecord]
     epochs: list[EpochRecord]
     chosen: int | None = None
+    resumed_after: int = 0
+    seconds: float = 0.0
 
     @property
     def chosen_scores(self) -> dict[str, Any]:
@@ -148,6 +156,7 @@ def train(
     rank: Callable[[dict[str, Any]], tuple] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    resume: str | Path | None = None,
 ) -> TrainResult:
     """Train ``parameters`` of ``model`` in place for ``config.steps`` steps; ``model`` ends in
     eval mode, its parameters' ``requires_grad`` flags as they were.
@@ -166,6 +175,13 @@ def train(
             earlier) and its trained parameters and buffers restored at the end.
         on_epoch: called with each complete epoch's record (after its validation).
         progress: ``progress(done, total)`` after every optimiser step.
+        resume: a file holding the run's state after its last complete epoch (trained
+            parameters, buffers, optimiser, the generator's and the global random state, the
+            records, the best epoch so far), rewritten atomically after every epoch. When it
+            exists the run goes on from it and ends with the weights and records of the run that
+            was not interrupted (CPU; ``on_epoch`` is called for the new epochs only). A file of
+            another run (other parameters or steps) is refused. The caller deletes it once the
+            result is stored.
     """
     trained = list(parameters.values())
     optimizer = optimizer_for(model, parameters, config)
@@ -173,7 +189,20 @@ def train(
     steps: list[StepRecord] = []
     epochs: list[EpochRecord] = []
     best = None  # (key, epoch, saved state)
+    resumed_after, seconds, start = 0, 0.0, time.perf_counter()
     with _frozen_except(model, trained), _dropout_seeded(config.dropout_seed):
+        if resume is not None and Path(resume).is_file():
+            state = _read_resume(Path(resume), model, parameters, config)
+            _restore(model, parameters, state["weights"])
+            optimizer.load_state_dict(state["optimizer"])
+            generator.set_state(state["generator"])
+            torch.set_rng_state(state["rng"])
+            steps = [StepRecord(*s) for s in state["steps"]]
+            epochs = [EpochRecord(**e) for e in state["epochs"]]
+            if state["best"] is not None:
+                key, epoch, saved = state["best"]
+                best = (tuple(key), epoch, saved)
+            resumed_after, seconds = len(epochs), state["seconds"]
         while len(steps) < config.steps:
             batches = epoch_batches(generator)
             if len(batches) == 0:
@@ -211,12 +240,88 @@ def train(
                 key = rank(scores)
                 if best is None or key < best[0]:
                     best = (key, record.epoch, _saved(model, parameters))
+            if resume is not None:
+                elapsed = seconds + time.perf_counter() - start
+                _write_resume(Path(resume), model, parameters, config, optimizer, generator,
+                              steps, epochs, best, elapsed)  # fmt: skip
             if on_epoch:
                 on_epoch(record)
         if best is not None:
             _restore(model, parameters, best[2])
     model.eval()
-    return TrainResult(steps, epochs, None if best is None else best[1])
+    seconds += time.perf_counter() - start
+    return TrainResult(steps, epochs, None if best is None else best[1], resumed_after, seconds)
+
+
+def resume_path(result: Path) -> Path:
+    """Where the state of the run that will write ``result`` is kept, epoch by epoch, until the
+    result is stored (the ``resume`` file of :func:`train`)."""
+    return result.with_name(result.name + ".resume.pt")
+
+
+def _fingerprint(parameters: Mapping[str, nn.Parameter], config: TrainerConfig) -> dict:
+    """What a resume file must match: the trained parameters' names and shapes, and the
+    optimisation (a file of another run is refused, never continued)."""
+    return {
+        "parameters": [[name, list(p.shape)] for name, p in parameters.items()],
+        "config": [config.steps, config.lr, config.optimizer, config.weight_decay,
+                   config.momentum, config.grad_clip, config.label_smoothing, config.seed,
+                   config.dropout_seed],
+    }  # fmt: skip
+
+
+def _write_resume(
+    path: Path,
+    model: nn.Module,
+    parameters: Mapping[str, nn.Parameter],
+    config: TrainerConfig,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    steps: list[StepRecord],
+    epochs: list[EpochRecord],
+    best: tuple | None,
+    seconds: float,
+) -> None:
+    """The run's state after a complete epoch, written to a temporary file then renamed over
+    ``path``: an interruption while writing leaves the previous epoch's file whole."""
+    state = {
+        "fingerprint": _fingerprint(parameters, config),
+        "weights": _saved(model, parameters),
+        "optimizer": optimizer.state_dict(),
+        "generator": generator.get_state(),
+        "rng": torch.get_rng_state(),
+        "steps": [[s.step, s.lr, s.loss] for s in steps],
+        "epochs": [vars(e) for e in epochs],
+        "best": None if best is None else [list(best[0]), best[1], best[2]],
+        "seconds": seconds,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
+def _read_resume(
+    path: Path, model: nn.Module, parameters: Mapping[str, nn.Parameter], config: TrainerConfig
+) -> dict:
+    """The state in a resume file, checked to be this run's; an InputError names the file and
+    the fix otherwise."""
+    from hydra_core.errors import InputError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        fingerprint = state["fingerprint"]
+    except Exception as exc:  # a truncated or foreign file: any reader error
+        raise InputError(
+            f"{path} is not a readable resume file ({type(exc).__name__}); delete it to train "
+            "from the start"
+        ) from None
+    if fingerprint != _fingerprint(parameters, config):
+        raise InputError(
+            f"{path} holds the state of another run (other parameters or optimisation); delete "
+            "it to train from the start"
+        )
+    return state
 
 
 def _saved(model: nn.Module, parameters: Mapping[str, nn.Parameter]) -> dict[str, torch.Tensor]:
