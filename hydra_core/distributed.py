@@ -7,6 +7,10 @@ here is then a no-op that returns its input. Under ``torchrun`` every process ru
 calls the same functions in the same order (a collective waits for all processes), every process
 ends with the same result, and rank 0 alone writes files (:func:`is_main`).
 
+A job can also share its work out whole, one piece per process: inside :func:`alone` each process
+works as if it were the only one (no collective, rank 0 of 1), and :func:`barrier` waits for the
+others; :func:`job_rank` and :func:`job_size` still say where it stands (the report's repeats).
+
 What travels between processes is small and lives on the CPU (score maps, logits, state dicts,
 stored results), so the collectives run on gloo; a CUDA job's group is ``cpu:gloo,cuda:nccl``, so
 that CUDA tensors would go over NCCL, with one GPU per process (``LOCAL_RANK``).
@@ -15,7 +19,8 @@ that CUDA tensors would go over NCCL, with one GPU per process (``LOCAL_RANK``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TypeVar
 
@@ -68,9 +73,46 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+#: True inside :func:`alone`
+_alone = False
+
+
 def active() -> bool:
-    """True inside a process group of more than one process."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """True inside a process group of more than one process (False inside :func:`alone`)."""
+    return not _alone and job_size() > 1
+
+
+def job_size() -> int:
+    """The processes of the job, also inside :func:`alone` (1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def job_rank() -> int:
+    """This process's rank in the job, also inside :func:`alone` (0 without a process group)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+@contextmanager
+def alone() -> Iterator[None]:
+    """Inside, this process works as if it were the only one: :func:`active` is False, so every
+    function here runs as without ``torchrun`` and the long jobs split nothing. For work shared
+    out whole, a piece per process (each piece computed as one process computes it); the pieces
+    meet through files (the cache) after a :func:`barrier`."""
+    global _alone
+    saved, _alone = _alone, True
+    try:
+        yield
+    finally:
+        _alone = saved
+
+
+def barrier() -> None:
+    """Wait until every process of the job is here (inside :func:`alone` too); nothing without a
+    process group. Waits up to :data:`TIMEOUT`: a process that died ends the job (torchrun)."""
+    if job_size() > 1:
+        dist.barrier()
 
 
 def rank() -> int:

@@ -33,6 +33,8 @@ from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import TINY, TINY_CONFIGS, make_tiny_vit
 from tests.test_cli_hydra import _tiny_fashion_mnist
 from tests.test_greedy import assert_identical, make_data
+from tests.test_report_text import tiny_sentiment_bert
+from tests.test_report_text import tokenizer as text_tokenizer
 from tests.test_systems import image_set, preprocess
 
 WORLD = 2
@@ -181,9 +183,38 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
                 + ["--out", str(out)]
             )
         results["cli"] = (code, stdout.getvalue(), sorted(p.name for p in out.glob("*")))
+        with contextlib.redirect_stdout(io.StringIO()) as log:
+            report = main([*report_command(checkpoint), "--out", str(folder / "report")])
+        results["report"] = (report, log.getvalue())
+        with contextlib.redirect_stdout(io.StringIO()) as log:
+            text = main([*text_report_command(folder), "--out", str(folder / "text-report")])
+        results["text_report"] = (text, log.getvalue())
     finally:
         distributed.shutdown()
     torch.save(results, folder / f"rank{rank}.pt")
+
+
+def report_command(checkpoint: str) -> list[str]:
+    """The quick report on the tiny checkpoint: repeat 0 and repeat 1 (two processes: one each)."""
+    data = ["--ood", "mnist", "noise", "--device", "cpu", "--seeds", "0", "2", "3"]
+    return ["report", "--quick", "--model", checkpoint, *data]
+
+
+def text_report_command(folder: Path) -> list[str]:
+    """The quick text report on a tiny BERT (saved in ``folder`` by the ``job`` fixture)."""
+    data = ["--ood", "imdb", "abc_news", "--device", "cpu"]
+    return ["report", "--task", "text", "--quick", "--model", str(folder / "tiny-bert"), *data]
+
+
+def report_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    """Every CSV of a report, without the columns that are times (latency, seconds) or say
+    whether a training run was found in the cache (another process may have run it first)."""
+    tables = {}
+    for path in sorted(folder.glob("*.csv")):
+        table = pd.read_csv(path)
+        timed = [c for c in table.columns if "latency" in c or "seconds" in c or c == "cached"]
+        tables[path.name] = table.drop(columns=timed)
+    return tables
 
 
 def free_port() -> int:
@@ -196,6 +227,8 @@ def free_port() -> int:
 def job(tmp_path_factory, checkpoint):
     """What each of the two processes ended with, and the folder they worked in."""
     folder = tmp_path_factory.mktemp("distributed")
+    tiny_sentiment_bert().save_pretrained(folder / "tiny-bert")
+    text_tokenizer().save_pretrained(folder / "tiny-bert")
     # one process searches first and stops after 2 steps; the two processes resume from there
     assert resumed_search(DiskCache(folder / "resume"), 2).steps == 2
     torch.multiprocessing.spawn(
@@ -304,6 +337,49 @@ def test_search_json_comes_from_rank_0_alone(job, checkpoint, tmp_path, monkeypa
     assert {k: found[k] for k in ("search_ood", "n_id", "n_ood", "objective")} == {
         k: alone[k] for k in ("search_ood", "n_id", "n_ood", "objective")
     }
+
+
+def test_a_report_shares_its_repeats_and_writes_what_one_process_writes(
+    job, checkpoint, tmp_path, monkeypatch
+):
+    ranks, folder = job
+    (code0, log0), (code1, log1) = (r["report"] for r in ranks)
+    assert (code0, code1) == (0, 0)
+    assert "[report, process 1] repeats 1\n" in log1 and "greedy search" in log1
+    assert "repeats 1" not in log0 and "wrote" in log0 and "wrote" not in log1
+    assert not list(folder.glob(".report.partial-*"))  # rank 0 staged and wrote, alone
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*report_command(checkpoint), "--out", str(tmp_path / "report")]) == 0
+    shared, alone = report_tables(folder / "report"), report_tables(tmp_path / "report")
+    assert shared.keys() == alone.keys() and "table12_seeds.csv" in shared
+    assert set(shared["table12_seeds.csv"]["repeat"]) == {0, 1}  # repeat 1 came from process 1
+    for name, table in alone.items():
+        pd.testing.assert_frame_equal(shared[name], table, check_exact=True, obj=name)
+    summary = json.loads((folder / "report" / "report.json").read_text())["setup"]
+    assert summary["seconds"]  # the stage times are rank 0's
+
+
+def test_a_text_report_shares_its_repeats_and_writes_what_one_process_writes(
+    job, tmp_path, monkeypatch
+):
+    ranks, folder = job
+    (code0, _), (code1, log1) = (r["text_report"] for r in ranks)
+    assert (code0, code1) == (0, 0) and "[report, process 1] repeats 1\n" in log1
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*text_report_command(folder), "--out", str(tmp_path / "text")]) == 0
+    shared, alone = report_tables(folder / "text-report"), report_tables(tmp_path / "text")
+    assert shared.keys() == alone.keys() and "repeats.csv" in shared
+    assert set(shared["repeats.csv"]["repeat"]) == {0, 1}
+    for name, table in alone.items():
+        pd.testing.assert_frame_equal(shared[name], table, check_exact=True, obj=name)
+
+
+def test_the_zero_shot_report_refuses_torchrun_in_one_line(checkpoint, monkeypatch, capsys):
+    monkeypatch.setattr(distributed, "job_size", lambda: 2)
+    assert main(["report", "--task", "zero-shot", "--model", checkpoint]) == 2
+    assert "the zero-shot report has no repeats to share: run it alone" in capsys.readouterr().err
 
 
 def test_other_commands_refuse_torchrun(checkpoint, monkeypatch, capsys):

@@ -45,7 +45,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 #: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
-DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble")
+DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble", "report")
 
 #: what Ctrl-C prints (exit code 130): searches save every step, so a rerun resumes
 STOPPED = "stopped; progress saved, run again to resume"

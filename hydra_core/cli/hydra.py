@@ -471,7 +471,12 @@ def _report(args: argparse.Namespace) -> int:
         raise InputError(
             "--id-folder, --prompts and --towers apply to the zero-shot report (--task zero-shot)"
         )
+    # under torchrun the processes share the repeats out whole, each working alone (no collective
+    # inside a repeat); rank 0 writes the report and alone shows progress bars
+    bars = stage_bars() if distributed.job_rank() == 0 else None
     if args.task == "zero-shot":
+        if distributed.job_size() > 1:
+            raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
         from hydra_core.report.zero_shot import (
             DEFAULT_ZERO_SHOT_OUT,
@@ -487,9 +492,7 @@ def _report(args: argparse.Namespace) -> int:
         )
         config = zero_shot_config_from_args(args.quick, **overrides)
         out = args.out or DEFAULT_ZERO_SHOT_OUT
-        run_zero_shot_report(
-            config, out, progress=stage_bars(), log=tqdm.write, overwrite=args.overwrite
-        )
+        run_zero_shot_report(config, out, progress=bars, log=tqdm.write, overwrite=args.overwrite)
         return 0
     if args.task == "text":
         from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
@@ -497,24 +500,22 @@ def _report(args: argparse.Namespace) -> int:
         config = text_config_from_args(args.quick, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
-        run_text_report(
-            config,
-            args.out or DEFAULT_TEXT_OUT,
-            progress=stage_bars(),
-            log=tqdm.write,
-            overwrite=args.overwrite,
-        )
+        with distributed.alone():
+            run_text_report(
+                config,
+                args.out or DEFAULT_TEXT_OUT,
+                progress=bars,
+                log=tqdm.write,
+                overwrite=args.overwrite,
+            )
         return 0
     config = config_from_args(args.quick, **overrides)
     if args.no_finetune:
         config = replace(config, finetune=None)
     if args.no_deep_ensemble:
         config = replace(config, deep_ensemble=False)
-    run_report(
-        config,
-        args.out or DEFAULT_OUT,
-        progress=stage_bars(),
-        log=tqdm.write,
-        overwrite=args.overwrite,
-    )
+    with distributed.alone():
+        run_report(
+            config, args.out or DEFAULT_OUT, progress=bars, log=tqdm.write, overwrite=args.overwrite
+        )
     return 0

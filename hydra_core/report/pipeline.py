@@ -6,6 +6,12 @@ configuration, its loader, its systems and its tables, and calls these stages in
 its wall time, and ``setup["seconds"]`` records it); what a stage produces is kept on it
 (``loaded``, ``benchmark``, ``inputs``: the search tensors, ``layout``). Head selection reads only
 ``inputs`` (the search split); evaluation only the report split.
+
+Under ``torchrun`` a report's processes share its repeats out whole (:meth:`Pipeline.repeats`):
+each works alone (:func:`hydra_core.distributed.alone`) on its own repeats, leaving their searches,
+fine-tuned weights and predictions in the shared cache; rank 0, which also runs repeat 0 and every
+table, then reads the others' repeats from the cache and writes the report. The numbers are those
+of one process.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
+from hydra_core import distributed
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
 from hydra_core.evaluate import nest_intervals, resolve_device
@@ -60,6 +67,11 @@ if TYPE_CHECKING:
 HYDRA_CIRC = "Hydra (Circ)"
 HYDRA_CIRC_B5 = "Hydra (Circ, B.5)"
 HYDRA_TAYLOR = "Hydra (Taylor)"
+
+#: the work of repeat 0 (every table: the searches, their stability, the evidence, all fine-tuned
+#: variants) in units of one later repeat (its searches, pruning and fine-tuned Hydras), for
+#: sharing the repeats out among processes; an estimate from the stage times of the image report
+MAIN_COST = 2.5
 
 
 @dataclass
@@ -146,6 +158,8 @@ class Pipeline:
         self.loaded: LoadedModel | None = None
         self.benchmark: Benchmark | None = None
         self.inputs = None
+        # under torchrun: this process's place in the job (the report writes from rank 0)
+        self.rank, self.processes = distributed.job_rank(), distributed.job_size()
 
     # --- the clock --------------------------------------------------------------------------
 
@@ -153,10 +167,11 @@ class Pipeline:
     def stage(self, name: str) -> Iterator[None]:
         """A stage of the run: logged when it starts and ends, its wall time recorded."""
         start = time.perf_counter()
-        self.log(f"[report] {name} ...")
+        tag = f"[report, process {self.rank}]" if self.processes > 1 else "[report]"
+        self.log(f"{tag} {name} ...")
         yield
         self.seconds[name] = time.perf_counter() - start
-        self.log(f"[report] {name}: {self.seconds[name]:.0f} s")
+        self.log(f"{tag} {name}: {self.seconds[name]:.0f} s")
 
     def fine_tune_progress(self, name: str) -> Callable[[int, int], None] | None:
         """The run's progress for one training run, its stage named after the model."""
@@ -184,6 +199,8 @@ class Pipeline:
                 self.log(f"[report] warning: {benchmark.protocol_note()}")
             self.inputs = search_inputs(loaded.preprocess, benchmark).to(self.device)
         self.loaded, self.benchmark = loaded, benchmark
+        if self.rank > 0:  # under torchrun rank 0 alone writes the report
+            return tuple(extra)
         claim_folder(  # refused before any search when it holds another run's report
             self.final,
             model=loaded.identity(),
@@ -196,6 +213,26 @@ class Pipeline:
         self.out = Path(staging)
         atexit.register(shutil.rmtree, self.out, ignore_errors=True)
         return tuple(extra)
+
+    def repeats(self, count: int) -> Iterator[int]:
+        """The repeats 1 .. ``count`` - 1 this process goes through, in order: all of them in
+        one process. Under ``torchrun`` each process takes a contiguous share of about equal work,
+        repeat 0 counting :data:`MAIN_COST` on rank 0; after its share a process waits for the
+        others (:func:`~hydra_core.distributed.barrier`), and rank 0 goes on through theirs, which
+        the cache now holds; the other processes are done."""
+        later = range(1, count)
+        if self.processes == 1:
+            yield from later
+            return
+        shares = distributed.split([MAIN_COST] + [1.0] * len(later), self.processes)
+        mine = [r for r in shares[self.rank] if r > 0]
+        if mine:
+            self.log(f"[report, process {self.rank}] repeats {', '.join(map(str, mine))}")
+        yield from mine
+        with self.stage("wait for the other processes' repeats"):
+            distributed.barrier()
+        if self.rank == 0:
+            yield from (r for r in later if r not in mine)
 
     @property
     def layout(self) -> HeadLayout:

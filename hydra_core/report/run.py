@@ -182,6 +182,9 @@ def run_report(
     loaded, benchmark, layout = run.loaded, run.benchmark, run.layout
     budgets = Budgets.of(layout, config)
     seeds = list(config.seeds)
+    if run.rank > 0:  # under torchrun: this process's share of the repeats, then done
+        _repeats(None, run, budgets, config, _deep_ensemble(config, log))
+        return {}
 
     pruning = run.circuits_and_members(
         budgets,
@@ -208,11 +211,7 @@ def run_report(
     ]
     run.save_members([*circ_members, *b5_members, *taylor_members])
 
-    deep = (
-        deep_ensemble_for(config.model, log=lambda reason: log(f"[report] {reason}"))
-        if config.deep_ensemble
-        else None
-    )
+    deep = _deep_ensemble(config, log)
     zero_shot = [
         Single(),
         *(Pruned(name, keep) for name, keep in masks.items()),
@@ -374,17 +373,25 @@ DEEP_ENSEMBLES = "Deep Ensembles"
 #: the summary columns the paired differences to the single model are reported on
 DIFFERENCE_COLUMNS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc")
 
+
+def _deep_ensemble(config: ReportConfig, log: Log) -> list[nn.Module] | None:
+    """The Deep Ensemble's models when asked for and trained copies exist (a line says why not)."""
+    if not config.deep_ensemble:
+        return None
+    return deep_ensemble_for(config.model, log=lambda reason: log(f"[report] {reason}"))
+
+
 #: the seeded systems Table 12 repeats, and the summary columns it reports
 SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "ood_mi")
 
 
 def _repeats(
-    systems: SystemsReport,
+    systems: SystemsReport | None,
     run: Pipeline,
     budgets: Budgets,
     config: ReportConfig,
     deep: Sequence[nn.Module] | None,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat; and
     every seeded system minus the single model (and, with Deep Ensembles, every Hydra minus Deep
     Ensembles) over the repeats, with the two-level interval (repeats, then report items) that
@@ -396,7 +403,10 @@ def _repeats(
     the three greedy searches (CircAcc, CircOOD, CircAvg) and the Taylor ranking on it, pruning
     seeds r*M .. r*M + M - 1, and fine-tuning batch order r. The report images stay the same, so
     the spread is the seeds' alone. Each repeat's systems are taken as chosen on its own search
-    subsample (the guard of ``evaluate_systems`` checks them against the report items)."""
+    subsample (the guard of ``evaluate_systems`` checks them against the report items).
+
+    Under ``torchrun`` the processes share the repeats (:meth:`Pipeline.repeats`); a process other
+    than rank 0 gives ``systems`` None, runs its share into the cache and returns None."""
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.data.ood import OOD_SETS, load_ood_set
 
@@ -407,16 +417,17 @@ def _repeats(
     families = [fused(label) for label, _ in labels] + ["CircAvg", "Taylor"]
     if config.finetune is not None:
         families += [fused(tuned) for _, tuned in labels]
-    main = systems.summary().set_index("system")
-    rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
-    reports = [systems]
+    rows, reports = [], [systems]
+    if systems is not None:
+        main = systems.summary().set_index("system")
+        rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
     id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
     pools = [
         load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
         for s in benchmark.ood_search
     ]
-    for r in range(1, config.repeats):
+    for r in run.repeats(config.repeats):
         sub = search_repeat(benchmark, id_pool, pools, config.n_search, r)
         inputs = search_inputs(loaded.preprocess, sub).to(device)
         seeds = [r * m + i for i in range(m)]
@@ -447,6 +458,8 @@ def _repeats(
         rows += [
             {"repeat": r, "system": f, **summary.loc[f, list(SEEDED_METRICS)]} for f in families
         ]
+    if systems is None:
+        return None
     over = repeated_differences(reports, families, "single", DIFFERENCE_COLUMNS)
     if deep is not None:
         hydras = [f for f in families if f.startswith("Hydra")]

@@ -64,7 +64,7 @@ Report sentences are evaluated in order of length with the unused padding of eac
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -282,6 +282,21 @@ def run_text_report(
     report_set = sorted_report(benchmark, loaded.preprocess)
     deep_kind = _deep_kind(config, loaded, log)
 
+    def later_repeats() -> Iterator[SystemsReport]:
+        """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
+        if config.repeats > 1:
+            id_pool = load_rotten_tomatoes("validation")
+            pools = [load_text_ood_set(s.name) for s in benchmark.ood_search]
+        for r in run.repeats(config.repeats):
+            sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
+            inputs = search_inputs(loaded.preprocess, sub).to(run.device)
+            again = _repeat(run, config, budgets, train_set, trimmed, sub, deep_kind, r, inputs)
+            yield again.report
+
+    if run.rank > 0:  # under torchrun: this process's share of the repeats, then done
+        for _ in later_repeats():
+            pass
+        return {}
     main = _repeat(run, config, budgets, train_set, trimmed, report_set, deep_kind, 0)
     stability = run.stability(
         main.circuits,
@@ -289,15 +304,7 @@ def run_text_report(
         resamples=config.stability_resamples,
         held_out=config.held_out,
     )
-    reports = [main.report]
-    if config.repeats > 1:
-        id_pool = load_rotten_tomatoes("validation")
-        pools = [load_text_ood_set(s.name) for s in benchmark.ood_search]
-    for r in range(1, config.repeats):
-        sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
-        inputs = search_inputs(loaded.preprocess, sub).to(run.device)
-        again = _repeat(run, config, budgets, train_set, trimmed, sub, deep_kind, r, inputs)
-        reports.append(again.report)
+    reports = [main.report, *later_repeats()]
 
     members = main.members
     with stages("fused vs separately run members"):
