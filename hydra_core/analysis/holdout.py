@@ -112,32 +112,29 @@ class HeldOutCurve:
         """Whether ``budget`` removals go past the held-out peak."""
         return budget > self.peak
 
+    #: the per-step columns: one value per number of removals, 0 .. steps
+    COLUMNS = (
+        "search",
+        "held_out",
+        "held_out_lo",
+        "held_out_hi",
+        "held_out_accuracy",
+        "held_out_auroc",
+    )
+
     def frame(self):
+        """One row per number of removals: the head removed last and every per-step column."""
         import pandas as pd
 
-        return pd.DataFrame(
-            {
-                "removed": range(len(self.held_out)),
-                "head": [""] + [head_label(*h) for h in self.order],
-                "search": self.search,
-                "held_out": self.held_out,
-                "held_out_lo": self.held_out_lo,
-                "held_out_hi": self.held_out_hi,
-                "held_out_accuracy": self.held_out_accuracy,
-                "held_out_auroc": self.held_out_auroc,
-            }
-        )
+        heads = [""] + [head_label(*h) for h in self.order]
+        columns = {c: getattr(self, c) for c in self.COLUMNS}
+        return pd.DataFrame({"removed": range(len(self.held_out)), "head": heads, **columns})
 
     def to_dict(self) -> dict:
         return {
             "objective": self.objective,
             "order": [head_label(*h) for h in self.order],
-            "search": self.search,
-            "held_out": self.held_out,
-            "held_out_lo": self.held_out_lo,
-            "held_out_hi": self.held_out_hi,
-            "held_out_accuracy": self.held_out_accuracy,
-            "held_out_auroc": self.held_out_auroc,
+            **{c: getattr(self, c) for c in self.COLUMNS},
             "n_id": self.n_id,
             "n_ood": self.n_ood,
             "peak": self.peak,
