@@ -655,13 +655,15 @@ def _plain_train_vit(cfg, arch, fashion_mnist):
     return model.eval(), history
 
 
+def fashion_mnist(split: str) -> ImageSet:
+    """A learnable stand-in for Fashion-MNIST (train_vit reads it itself): a few 28x28 blobs."""
+    n = {"train": 40, "validation": 16, "test": 16}[split]
+    data = blobs(n, len(split), size=28, classes=10)
+    return ImageSet("fashion_mnist", data.images, data.labels, "id")
+
+
 @pytest.mark.parametrize("pad_crop", [0, 2], ids=["shipped-recipe", "crop"])
 def test_train_vit_is_the_plain_loop(pad_crop, monkeypatch):
-    def fashion_mnist(split: str) -> ImageSet:
-        n = {"train": 40, "validation": 16, "test": 16}[split]
-        data = blobs(n, len(split), size=28, classes=10)
-        return ImageSet("fashion_mnist", data.images, data.labels, "id")
-
     monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", fashion_mnist)
     cfg = TrainConfig(seed=5, epochs=2, batch_size=16, warmup_epochs=1.0, pad_crop=pad_crop)
     model, summary = train_vit(cfg, TINY, log=lambda line: None)
@@ -671,11 +673,6 @@ def test_train_vit_is_the_plain_loop(pad_crop, monkeypatch):
 
 
 def test_train_vit_resumed_after_an_epoch_is_the_whole_run(tmp_path, monkeypatch):
-    def fashion_mnist(split: str) -> ImageSet:
-        n = {"train": 40, "validation": 16, "test": 16}[split]
-        data = blobs(n, len(split), size=28, classes=10)
-        return ImageSet("fashion_mnist", data.images, data.labels, "id")
-
     monkeypatch.setattr("hydra_core.data.fashion_mnist.load_fashion_mnist", fashion_mnist)
     cfg = TrainConfig(seed=5, epochs=3, batch_size=16, warmup_epochs=1.0)
     resume, lines = tmp_path / "vit.resume.pt", []
