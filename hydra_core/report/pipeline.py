@@ -70,8 +70,9 @@ HYDRA_TAYLOR = "Hydra (Taylor)"
 
 #: the work of repeat 0 (every table: the searches, their stability, the evidence, all fine-tuned
 #: variants) in units of one later repeat (its searches, pruning and fine-tuned Hydras), for
-#: sharing the repeats out among processes; an estimate from the stage times of the image report
-MAIN_COST = 2.5
+#: sharing the repeats out among processes. Measured on the image report, one thread a process:
+#: repeat 0 about 25 min with the tables (its searches cached), a later repeat about 20 min
+MAIN_COST = 1.25
 
 
 @dataclass
