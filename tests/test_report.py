@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -90,6 +91,9 @@ def test_every_section_and_file(report_dir):
     assert "Deep Ensembles**: not available" in text and "train-ensemble" in text
     for name in CSVS:
         assert len(pd.read_csv(report_dir / f"{name}.csv")) > 0, name
+    names = {p.name for p in report_dir.iterdir()}
+    assert {f"overlap_hydra_circ_b_5_{k}.csv" for k in ("jaccard", "per_layer")} <= names
+    assert all(re.fullmatch(r"[a-z0-9_.-]+", n) for n in names if n != "members.json"), names
     data = json.loads((report_dir / "report.json").read_text())
     assert data["setup"]["budgets"] == {"removed_per_layer": 1, "budget": 2, "pool": 5, "total": 8}
     assert data["setup"]["total_seconds"] > 0

@@ -7,6 +7,7 @@ to :func:`~hydra_core.report.tables.report_tables` and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -592,7 +593,8 @@ def _write_overlaps(out: Path, members: Mapping[str, Sequence[MemberMask]]) -> N
     """One CSV per ensemble for its members' pairwise Jaccard and per-layer overlap."""
     for label, ms in members.items():
         o = member_overlap(ms)
-        stem = label.lower().replace(" ", "_").replace("(", "").replace(")", "")
+        # Hydra (Circ, B.5): hydra_circ_b_5
+        stem = "_".join(re.findall(r"[a-z0-9]+", label.lower()))
         o["jaccard"].to_csv(out / f"overlap_{stem}_jaccard.csv")
         o["per_layer"].to_csv(out / f"overlap_{stem}_per_layer.csv")
 
