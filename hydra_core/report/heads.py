@@ -76,7 +76,9 @@ def heads_section(table: pd.DataFrame | None, k: int = TOP) -> list[str]:
         f"0, or 0.5 for the detector). **ΔAUROC**: {COLUMN['delta_auroc'].meaning}. "
         f"**Δaccuracy**: {COLUMN['delta_accuracy'].meaning}. **Detector AUROC**: "
         f"{COLUMN['detector_auroc'].meaning}. Ranking: {RANKING_RULE}. heads.csv lists every "
-        "head; selection frequencies need a stability search (not part of this report).",
+        "head. Selection frequencies are not ranked here: the report's resamples are per "
+        "circuit (see Stability of the circuits); `heads --stability FILE` adds those of a "
+        "search's stability run.",
         "",
         "| rank | head | ΔAUROC | Δaccuracy | detector AUROC | mean rank | disagreement |",
         "|---|---|---|---|---|---|---|",
