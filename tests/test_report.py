@@ -26,6 +26,7 @@ SECTIONS = [
     "## Table 7",
     "## Transfer",
     "## Table 12",
+    "## The paper's statements over the 2 repeats",
     "## What this report covers",
 ]
 CSVS = [
@@ -43,6 +44,7 @@ CSVS = [
     "transfer",
     "differences_to_single",
     "differences_over_repeats",
+    "paper_claims",
     "stability",
     "heads",
 ]
@@ -202,6 +204,31 @@ def test_key_numbers(report_dir):
     # Hydra (Circ): CircAcc, CircOOD, CircAvg; its B.5 ablation and Hydra (Taylor): 3 seeds each
     assert [m["name"] for m in members[:3]] == ["CircAcc-2", "CircOOD-2", "CircAvg-2"]
     assert len(members) == 9
+
+
+def test_the_papers_statements_are_judged_over_the_repeats(report_dir):
+    from hydra_core.report.claims import verdict
+
+    claims = pd.read_csv(report_dir / "paper_claims.csv")
+    seeds = pd.read_csv(report_dir / "table12_seeds.csv")
+    single = pd.read_csv(report_dir / "table1_systems.csv").set_index("system").loc["single"]
+    assert set(seeds["repeat"]) == {0, 1}
+    row = claims.set_index("claim").loc["Hydra (Circ) raises accuracy over Single"]
+    tuned = seeds[seeds["system"] == "Hydra (Circ), fine-tuned (fused)"]["accuracy"]
+    # the mean over the repeats of the paired differences: the mean accuracy minus the single
+    # model's (the same in every repeat), in points
+    assert row["ours"] == pytest.approx(100 * (tuned.mean() - single["accuracy"]), abs=1e-9)
+    assert row["ours_lo"] <= row["ours"] <= row["ours_hi"] and row["paper_difference"] == 0.21
+    decided = claims[claims["verdict"] != "–"]
+    assert len(decided) >= 15
+    for r in decided.itertuples():
+        assert r.verdict == verdict(r.paper_difference, r.ours, r.ours_lo, r.ours_hi), r.claim
+    deep = claims[
+        (claims["system"] == "Deep Ensembles") | (claims["reference"] == "Deep Ensembles")
+    ]
+    assert len(deep) > 0 and set(deep["verdict"]) == {"–"}  # no trained copies in this run
+    text = (report_dir / "report.md").read_text()
+    assert "The statements about Deep Ensembles need their trained copies." in text
 
 
 def test_per_head_evidence(report_dir):

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from hydra_core.report.claims import PLURAL, VERDICTS, signed
 from hydra_core.report.heads import heads_section
 from hydra_core.report.stability import stability_section
 
@@ -317,6 +318,7 @@ def _systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[st
         "",
         *_seed_section(tables["table12_seeds"]),
         *_over_repeats_section(tables.get("differences_over_repeats")),
+        *_claims_section(tables.get("paper_claims"), tables["table12_seeds"]["repeat"].nunique()),
         "## Table 11 - fused vs non-fused members",
         "",
         "Fused: one Hydra model, MLPs averaged over members. Non-fused: members run separately, "
@@ -392,6 +394,51 @@ def _over_repeats_section(frame: pd.DataFrame | None) -> list[str]:
             "",
         ]
     return lines
+
+
+def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
+    """The paper's Table 1 statements with our mean difference over the repeats, its two-level
+    interval and the verdict; then how many agree, disagree or cannot be decided."""
+    if claims is None or claims.empty:
+        return []
+    shown = pd.DataFrame(
+        {
+            "the paper says (ImageNet-1K, Table 1)": claims["claim"],
+            "paper": [f"{v:+.2f}" for v in claims["paper_difference"]],
+            f"ours, mean of {repeats} repeats": [
+                signed(m, v, lo, hi)
+                for m, v, lo, hi in claims[["metric", "ours", "ours_lo", "ours_hi"]].itertuples(
+                    index=False
+                )
+            ],
+            "verdict": claims["verdict"],
+        }
+    )
+    decided = claims[claims["verdict"] != "–"]
+    counts = decided["verdict"].value_counts()
+    tally = ", ".join(f"{counts.get(v, 0)} {PLURAL.get(v, v)}" for v in VERDICTS)
+    against = decided.loc[decided["verdict"] == "disagrees", "claim"].tolist()
+    untested = claims[claims["verdict"] == "–"]
+    no_deep = "Deep Ensembles" in {*untested["system"], *untested["reference"]}
+    return [
+        f"## The paper's statements over the {repeats} repeats",
+        "",
+        "Each statement is a difference between two rows of the paper's Table 1 (ImageNet-1K, "
+        "ViT-B/16); ours is the same difference between our systems (Hydras fine-tuned after "
+        "pruning, as the paper's; CircAvg and Taylor zero-shot, as its Table 4), the mean over "
+        "the repeats with the two-level interval of Differences over the repeats. **agrees**: "
+        "the interval excludes 0 on the paper's side; **disagrees**: on the other side; "
+        "**n.s.**: it holds 0, so this run cannot decide the statement at this scale. The "
+        "settings differ (a 1.8M-parameter ViT on Fashion-MNIST, other OOD sets), so directions "
+        "are compared, not sizes (`paper_claims.csv`).",
+        "",
+        markdown_table(shown),
+        "",
+        f"Of {len(decided)} statements: {tally}"
+        + (f"; disagreeing: {'; '.join(against)}." if against else ".")
+        + (" The statements about Deep Ensembles need their trained copies." if no_deep else ""),
+        "",
+    ]
 
 
 #: Table 7's columns, in the order every report shows them (those a run measured)

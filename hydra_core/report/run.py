@@ -38,6 +38,7 @@ from hydra_core.hydra.systems import (
 )
 from hydra_core.masks import MemberMask
 from hydra_core.report.heads import evidence_table
+from hydra_core.report.image_claims import image_claims
 from hydra_core.report.markdown import markdown_report
 from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
 from hydra_core.report.tables import (
@@ -258,13 +259,14 @@ def run_report(
         )
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
-        repeated, over_repeats = _repeats(systems, run, budgets, config, deep)
+        repeated, over_repeats, claims = _repeats(systems, run, budgets, config, deep)
     with stages("transfer of the circuits' AUROC gain"):
         transfer = _transfer_table(systems, run, budgets, config)
 
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
     tables["differences_over_repeats"] = over_repeats
+    tables["paper_claims"] = claims
     tables["transfer"] = transfer
     if stability is not None:
         tables["stability"] = stability
@@ -392,11 +394,12 @@ def _repeats(
     budgets: Budgets,
     config: ReportConfig,
     deep: Sequence[nn.Module] | None,
-) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat; and
-    every seeded system minus the single model (and, with Deep Ensembles, every Hydra minus Deep
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
+    """Table 12: every seeded system over ``config.repeats`` repeats, one row per repeat; every
+    seeded system minus the single model (and, with Deep Ensembles, every Hydra minus Deep
     Ensembles) over the repeats, with the two-level interval (repeats, then report items) that
-    the verdicts use.
+    the verdicts use; and the paper's Table 1 statements with those verdicts
+    (:func:`~hydra_core.report.image_claims.image_claims`).
 
     Repeat 0 is the main run (its rows come from ``systems``). Repeat r > 0 changes every source
     of randomness together: another subsample of the search images (ID and search OOD; the same
@@ -470,7 +473,7 @@ def _repeats(
         )
     else:
         over = over.assign(reference="single")
-    return pd.DataFrame(rows), over
+    return pd.DataFrame(rows), over, image_claims(reports)
 
 
 def _transfer_table(
