@@ -30,8 +30,8 @@ import torch.distributed as dist
 T = TypeVar("T")
 
 #: How long a collective waits for the slowest process. Long: a process with fewer Deep Ensembles
-#: copies to train waits for the others' (40 minutes each on 2 CPU cores), and a job whose process
-#: died is ended by torchrun, not by this timeout.
+#: copies to train waits for the others' (about 30 minutes each on a CPU core), a report's rank 0
+#: for the others' repeats; a job whose process died is ended by torchrun, not by this timeout.
 TIMEOUT = timedelta(hours=12)
 
 

@@ -91,6 +91,7 @@ def test_every_section_and_file(report_dir):
     for section in SECTIONS:
         assert section in text
     assert "Deep Ensembles**: not available" in text and "train-ensemble" in text
+    assert "**MC Dropout** (5 passes, the model's own dropout): not run: the model has no " in text
     for name in CSVS:
         assert len(pd.read_csv(report_dir / f"{name}.csv")) > 0, name
     names = {p.name for p in report_dir.iterdir()}

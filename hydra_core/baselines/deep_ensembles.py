@@ -7,9 +7,10 @@ match it; only the seed changes. Each copy is stored as a Hydra Lab checkpoint u
 ``<cache>/deep_ensembles/seed{N}-{recipe}.safetensors``, where ``recipe`` hashes the architecture
 and every training setting except the seed; a copy that is there is loaded, not trained again.
 
-Training one copy of the default model takes roughly 15-40 minutes on two CPU cores, so nothing
-here trains unless asked (:func:`train_deep_ensemble`, CLI ``train-ensemble``);
-:func:`available_deep_ensemble` only collects what exists. :func:`deep_ensemble_for` is how the
+Training one copy of the default model takes about 30 minutes of one CPU core (12 epochs of about
+145 s; two copies train at once on two cores under torchrun), so nothing here trains unless asked
+(:func:`train_deep_ensemble`, CLI ``train-ensemble``); :func:`available_deep_ensemble` only
+collects what exists. :func:`deep_ensemble_for` is how the
 app, the CLI and the report find the Deep Ensemble of the model they loaded.
 """
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+from hydra_core.baselines.systems import MC_DROPOUT, MCDropoutBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.provenance import ChosenOn
@@ -216,6 +217,7 @@ def run_report(
     deep = _deep_ensemble(config, log)
     zero_shot = [
         Single(),
+        MCDropoutBaseline(),  # the model's own dropout; skipped, with the reason, without any
         *(Pruned(name, keep) for name, keep in masks.items()),
         Hydra(circ_members, HYDRA_CIRC),
         Hydra(b5_members, HYDRA_CIRC_B5),
@@ -588,6 +590,7 @@ def _setup(
         config={k: v for k, v in asdict(config).items() if k != "finetune"},
         finetune=None if config.finetune is None else asdict(config.finetune),
         deep_ensemble_members=0 if deep is None else len(deep),
+        mc_dropout_skipped=systems.setup.get("skipped", {}).get(MC_DROPOUT),
     )
     return run.finish(setup)
 
