@@ -475,6 +475,7 @@ OTHER_TOOLS_OPTIONS = {
     "--no-deps": "pip install, for the data wheels",
     "--force-reinstall": "pip install, for a corrupt wheel",
     "--nproc-per-node": "torchrun",
+    "--standalone": "torchrun, one machine",
 }
 
 

@@ -71,7 +71,7 @@ def fake_training(monkeypatch) -> None:
     architecture (the default ViT's; a stand-in for MiniLM's trained tensors)."""
     from hydra_core.zoo import default, minilm
 
-    def train_vit(cfg, log=None, progress=None):
+    def train_vit(cfg, log=None, progress=None, resume=None):
         torch.manual_seed(cfg.seed)
         return default.build_vit(default.VitConfig()), {"test_accuracy": 0.5}
 
