@@ -102,18 +102,25 @@ def verdict_counts(claims: pd.DataFrame) -> list[str]:
     which disagree."""
     lines = []
     for form, label in (("fine_tuned", "fine-tuned"), ("zero_shot", "zero-shot")):
-        verdicts = claims[f"{form}_verdict"]
-        counted = verdicts[verdicts != "–"]
-        if counted.empty:
-            continue
-        counts = counted.value_counts()
-        against = claims.loc[verdicts == "disagrees", "claim"].tolist()
-        lines.append(
-            f"- **{label}**: of {len(counted)} statements, "
-            + ", ".join(f"{counts.get(v, 0)} {PLURAL.get(v, v)}" for v in VERDICTS)
-            + (f"; disagreeing: {'; '.join(against)}." if against else ".")
-        )
+        tally = verdict_tally(claims["claim"], claims[f"{form}_verdict"])
+        if tally:
+            lines.append(f"- **{label}**: of {tally}")
     return lines
+
+
+def verdict_tally(statements: pd.Series, verdicts: pd.Series) -> str:
+    """ "N statements, a agree, b same direction, n.s., ...; disagreeing: ..." over the
+    statements that have a verdict ("–": not tested); empty when none has."""
+    counted = verdicts[verdicts != "–"]
+    if counted.empty:
+        return ""
+    counts = counted.value_counts()
+    against = statements[verdicts == "disagrees"].tolist()
+    return (
+        f"{len(counted)} statements, "
+        + ", ".join(f"{counts.get(v, 0)} {PLURAL.get(v, v)}" for v in VERDICTS)
+        + (f"; disagreeing: {'; '.join(against)}." if against else ".")
+    )
 
 
 VERDICTS = (

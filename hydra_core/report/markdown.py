@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from hydra_core.report.claims import PLURAL, VERDICTS, signed
+from hydra_core.report.claims import signed, verdict_tally
 from hydra_core.report.heads import heads_section
 from hydra_core.report.stability import stability_section
 
@@ -421,10 +421,6 @@ def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
             "verdict": claims["verdict"],
         }
     )
-    decided = claims[claims["verdict"] != "–"]
-    counts = decided["verdict"].value_counts()
-    tally = ", ".join(f"{counts.get(v, 0)} {PLURAL.get(v, v)}" for v in VERDICTS)
-    against = decided.loc[decided["verdict"] == "disagrees", "claim"].tolist()
     untested = claims[claims["verdict"] == "–"]
     no_deep = "Deep Ensembles" in {*untested["system"], *untested["reference"]}
     return [
@@ -441,8 +437,7 @@ def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
         "",
         markdown_table(shown),
         "",
-        f"Of {len(decided)} statements: {tally}"
-        + (f"; disagreeing: {'; '.join(against)}." if against else ".")
+        f"Of {verdict_tally(claims['claim'], claims['verdict'])}"
         + (" The statements about Deep Ensembles need their trained copies." if no_deep else ""),
         "",
     ]
