@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +190,10 @@ def train(
     epochs: list[EpochRecord] = []
     best = None  # (key, epoch, saved state)
     resumed_after, seconds, start = 0, 0.0, time.perf_counter()
+    resume = None if resume is None else Path(resume)
     with _frozen_except(model, trained), _dropout_seeded(config.dropout_seed):
-        if resume is not None and Path(resume).is_file():
-            state = _read_resume(Path(resume), model, parameters, config)
+        if resume is not None and resume.is_file():
+            state = _read_resume(resume, parameters, config)
             _restore(model, parameters, state["weights"])
             optimizer.load_state_dict(state["optimizer"])
             generator.set_state(state["generator"])
@@ -242,8 +243,8 @@ def train(
                     best = (key, record.epoch, _saved(model, parameters))
             if resume is not None:
                 elapsed = seconds + time.perf_counter() - start
-                _write_resume(Path(resume), model, parameters, config, optimizer, generator,
-                              steps, epochs, best, elapsed)  # fmt: skip
+                _write_resume(resume, model, parameters, config, optimizer, generator, steps,
+                              epochs, best, elapsed)  # fmt: skip
             if on_epoch:
                 on_epoch(record)
         if best is not None:
@@ -264,10 +265,8 @@ def _fingerprint(parameters: Mapping[str, nn.Parameter], config: TrainerConfig) 
     optimisation (a file of another run is refused, never continued)."""
     return {
         "parameters": [[name, list(p.shape)] for name, p in parameters.items()],
-        "config": [config.steps, config.lr, config.optimizer, config.weight_decay,
-                   config.momentum, config.grad_clip, config.label_smoothing, config.seed,
-                   config.dropout_seed],
-    }  # fmt: skip
+        "config": asdict(config),
+    }
 
 
 def _write_resume(
@@ -301,9 +300,7 @@ def _write_resume(
     os.replace(partial, path)
 
 
-def _read_resume(
-    path: Path, model: nn.Module, parameters: Mapping[str, nn.Parameter], config: TrainerConfig
-) -> dict:
+def _read_resume(path: Path, parameters: Mapping[str, nn.Parameter], config: TrainerConfig) -> dict:
     """The state in a resume file, checked to be this run's; an InputError names the file and
     the fix otherwise."""
     from hydra_core.errors import InputError
