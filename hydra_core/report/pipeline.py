@@ -168,11 +168,15 @@ class Pipeline:
     def stage(self, name: str) -> Iterator[None]:
         """A stage of the run: logged when it starts and ends, its wall time recorded."""
         start = time.perf_counter()
-        tag = f"[report, process {self.rank}]" if self.processes > 1 else "[report]"
-        self.log(f"{tag} {name} ...")
+        self.log(f"{self.tag} {name} ...")
         yield
         self.seconds[name] = time.perf_counter() - start
-        self.log(f"{tag} {name}: {self.seconds[name]:.0f} s")
+        self.log(f"{self.tag} {name}: {self.seconds[name]:.0f} s")
+
+    @property
+    def tag(self) -> str:
+        """What the run's lines start with: ``[report]``, and the process under torchrun."""
+        return f"[report, process {self.rank}]" if self.processes > 1 else "[report]"
 
     def fine_tune_progress(self, name: str) -> Callable[[int, int], None] | None:
         """The run's progress for one training run, its stage named after the model."""
@@ -228,7 +232,7 @@ class Pipeline:
         shares = distributed.split([MAIN_COST] + [1.0] * len(later), self.processes)
         mine = [r for r in shares[self.rank] if r > 0]
         if mine:
-            self.log(f"[report, process {self.rank}] repeats {', '.join(map(str, mine))}")
+            self.log(f"{self.tag} repeats {', '.join(map(str, mine))}")
         yield from mine
         with self.stage("wait for the other processes' repeats"):
             distributed.barrier()

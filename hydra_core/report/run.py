@@ -217,7 +217,7 @@ def run_report(
     deep = _deep_ensemble(config, log)
     zero_shot = [
         Single(),
-        MCDropoutBaseline(),  # the model's own dropout; skipped, with the reason, without any
+        MCDropoutBaseline(),  # the model's own dropout; a model without any: skipped, why said
         *(Pruned(name, keep) for name, keep in masks.items()),
         Hydra(circ_members, HYDRA_CIRC),
         Hydra(b5_members, HYDRA_CIRC_B5),
