@@ -10,6 +10,7 @@ ends with the same result, and rank 0 alone writes files (:func:`is_main`).
 A job can also share its work out whole, one piece per process: inside :func:`alone` each process
 works as if it were the only one (no collective, rank 0 of 1), and :func:`barrier` waits for the
 others; :func:`job_rank` and :func:`job_size` still say where it stands (the report's repeats).
+Pieces of unequal or unknown cost go to whichever process comes free first (:func:`claim`).
 
 What travels between processes is small and lives on the CPU (score maps, logits, state dicts,
 stored results), so the collectives run on gloo; a CUDA job's group is ``cpu:gloo,cuda:nccl``, so
@@ -113,6 +114,18 @@ def barrier() -> None:
     process group. Waits up to :data:`TIMEOUT`: a process that died ends the job (torchrun)."""
     if job_size() > 1:
         dist.barrier()
+
+
+def claim(name: str) -> bool:
+    """True in exactly one process of the job for each ``name``: the first to ask (the job's
+    store counts the asks atomically), False in the others; True without a process group. For
+    pieces of work taken whole by whichever process comes free first (inside :func:`alone` too);
+    what a piece gives reaches the others through files, after a :func:`barrier`. A name is
+    claimed once per job: a job started again claims afresh."""
+    if job_size() == 1:
+        return True
+    store = dist.distributed_c10d._get_default_store()
+    return store.add(f"hydra_core/claim/{name}", 1) == 1
 
 
 def rank() -> int:

@@ -164,6 +164,8 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
     assert distributed.init_from_env()
     try:
         results = {"rank": distributed.rank(), "searches": searches()}
+        with distributed.alone():  # as the reports ask: inside alone, for pieces taken whole
+            results["claims"] = [distributed.claim(name) for name in ("a", "b", "a", "c")]
         cache = DiskCache(folder / "resume")
         # rank 1 alone asks to stop: after one more step, then in the middle of the second
         results["stopped"] = [
@@ -339,6 +341,20 @@ def test_search_json_comes_from_rank_0_alone(job, checkpoint, tmp_path, monkeypa
     }
 
 
+def test_each_name_is_claimed_by_exactly_one_process(job):
+    ranks, _ = job
+    claims = [r["claims"] for r in ranks]
+    assert [sum(c[i] for c in claims) for i in (0, 1, 3)] == [1, 1, 1]
+    assert not any(c[2] for c in claims)  # "a" again: taken already, by this process or another
+
+
+def assert_stability_shared(*logs: str) -> None:
+    """Each circuit's stability run was made by exactly one process (rank 0 read them all)."""
+    for name in ("CircAvg", "CircAcc", "CircOOD"):
+        made = [log.count(f"stability of {name} (2 resamples) ...") for log in logs]
+        assert sorted(made) == [0, 1], (name, made)
+
+
 def test_a_report_shares_its_repeats_and_writes_what_one_process_writes(
     job, checkpoint, tmp_path, monkeypatch
 ):
@@ -347,6 +363,7 @@ def test_a_report_shares_its_repeats_and_writes_what_one_process_writes(
     assert (code0, code1) == (0, 0)
     assert "[report, process 1] repeats 1\n" in log1 and "greedy search" in log1
     assert "repeats 1" not in log0 and "wrote" in log0 and "wrote" not in log1
+    assert_stability_shared(log0, log1)
     assert not list(folder.glob(".report.partial-*"))  # rank 0 staged and wrote, alone
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
     with contextlib.redirect_stdout(io.StringIO()):
@@ -364,8 +381,9 @@ def test_a_text_report_shares_its_repeats_and_writes_what_one_process_writes(
     job, tmp_path, monkeypatch
 ):
     ranks, folder = job
-    (code0, _), (code1, log1) = (r["text_report"] for r in ranks)
+    (code0, log0), (code1, log1) = (r["text_report"] for r in ranks)
     assert (code0, code1) == (0, 0) and "[report, process 1] repeats 1\n" in log1
+    assert_stability_shared(log0, log1)
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([*text_report_command(folder), "--out", str(tmp_path / "text")]) == 0

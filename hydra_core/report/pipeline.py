@@ -41,6 +41,7 @@ from hydra_core.evaluate import nest_intervals, resolve_device
 from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
+    CIRCUIT_OBJECTIVES,
     circuit_member,
     circuit_members,
     member_overlap,
@@ -201,7 +202,7 @@ class Pipeline:
             loaded, benchmark, *extra = loader()
             loaded.model.to(self.device).eval()
             if benchmark.protocol_note():
-                self.log(f"[report] warning: {benchmark.protocol_note()}")
+                self.log(f"{self.tag} warning: {benchmark.protocol_note()}")
             self.inputs = search_inputs(loaded.preprocess, benchmark).to(self.device)
         self.loaded, self.benchmark = loaded, benchmark
         if self.rank > 0:  # under torchrun rank 0 alone writes the report
@@ -219,10 +220,13 @@ class Pipeline:
         atexit.register(shutil.rmtree, self.out, ignore_errors=True)
         return tuple(extra)
 
-    def repeats(self, count: int) -> Iterator[int]:
+    def repeats(
+        self, count: int, *, before_wait: Callable[[], None] | None = None
+    ) -> Iterator[int]:
         """The repeats 1 .. ``count`` - 1 this process goes through, in order: all of them in
         one process. Under ``torchrun`` each process takes a contiguous share of about equal work,
-        repeat 0 counting :data:`MAIN_COST` on rank 0; after its share a process waits for the
+        repeat 0 counting :data:`MAIN_COST` on rank 0; after its share a process runs
+        ``before_wait`` (work taken piece by piece, :meth:`share_stability`), then waits for the
         others (:func:`~hydra_core.distributed.barrier`), and rank 0 goes on through theirs, which
         the cache now holds; the other processes are done."""
         later = range(1, count)
@@ -234,6 +238,8 @@ class Pipeline:
         if mine:
             self.log(f"{self.tag} repeats {', '.join(map(str, mine))}")
         yield from mine
+        if before_wait is not None:
+            before_wait()
         with self.stage("wait for the other processes' repeats"):
             distributed.barrier()
         if self.rank == 0:
@@ -346,6 +352,30 @@ class Pipeline:
         )
         pruning.circuits = circuits
         return pruning
+
+    def share_stability(self, budget: int, resamples: int) -> None:
+        """Under ``torchrun``, before the processes wait for each other (``before_wait`` of
+        :meth:`repeats`): the stability runs of the main circuits (CircAvg, CircAcc, CircOOD,
+        ``budget`` steps) that no process has taken yet, each taken whole by the first process
+        free (:func:`~hydra_core.distributed.claim`) and saved in the cache, where
+        :meth:`stability` reads them on rank 0. Nothing in one process or without resamples."""
+        from hydra_core.report.stability import search_stability
+
+        if not resamples or self.processes == 1:
+            return
+        for objective in CIRCUIT_OBJECTIVES:
+            if distributed.claim(f"stability {objective} {budget} {resamples}"):
+                name = CIRCUIT_NAMES[objective]
+                with self.stage(f"stability of {name} ({resamples} resamples)"):
+                    search_stability(
+                        self.loaded.model,
+                        objective,
+                        budget,
+                        self.inputs,
+                        resamples=resamples,
+                        cache=self.cache,
+                        progress=self.progress,
+                    )
 
     def stability(
         self,

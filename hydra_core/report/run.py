@@ -197,13 +197,6 @@ def run_report(
         search_batch_size=config.batch_size,
     )
     circuits, taylor, members = pruning.circuits, pruning.taylor, pruning.members
-    stability = run.stability(
-        circuits,
-        benchmark_of(None),
-        resamples=config.stability_resamples,
-        held_out=config.held_out,
-    )
-
     masks = {"Taylor": taylor.keep}
     masks.update({CIRCUIT_NAMES[o]: r.keep_mask() for o, r in circuits.items()})
     circ_members = members[HYDRA_CIRC]  # CircAcc, CircOOD, CircAvg: the paper's method
@@ -262,6 +255,12 @@ def run_report(
 
     with stages(f"seeded systems over {config.repeats} repeats (Table 12)"):
         repeated, over_repeats, claims = _repeats(systems, run, budgets, config, deep)
+    stability = run.stability(
+        circuits,
+        benchmark_of(None),
+        resamples=config.stability_resamples,
+        held_out=config.held_out,
+    )
     with stages("transfer of the circuits' AUROC gain"):
         transfer = _transfer_table(systems, run, budgets, config)
 
@@ -433,7 +432,8 @@ def _repeats(
         load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
         for s in benchmark.ood_search
     ]
-    for r in run.repeats(config.repeats):
+    share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731
+    for r in run.repeats(config.repeats, before_wait=share):
         sub = search_repeat(benchmark, id_pool, pools, config.n_search, r)
         inputs = search_inputs(loaded.preprocess, sub).to(device)
         seeds = [r * m + i for i in range(m)]

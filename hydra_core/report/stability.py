@@ -94,6 +94,40 @@ def held_out_sample(preprocess, full: Benchmark, used: Benchmark, inputs, n: int
     )
 
 
+def search_stability(
+    model,
+    objective: str,
+    budget: int,
+    inputs,
+    *,
+    resamples: int,
+    cache=None,
+    progress=None,
+    seed: int = 0,
+):
+    """The stability run of the report's circuit of ``objective`` (a
+    :class:`~hydra_core.analysis.stability.StabilityResult`): its search, ``budget`` steps, on
+    ``resamples`` bootstrap resamples of ``inputs`` (saved in and resumed from ``cache``: the
+    pieces a process computes under ``torchrun`` are what :func:`circuit_stability` reads)."""
+    on_step = None
+    if progress is not None:
+        name, total = CIRCUIT_NAMES[objective], resamples * budget
+        on_step = lambda p: progress(f"stability {name}", p.done, total)  # noqa: E731
+    return greedy_stability(
+        model,
+        inputs.id_x,
+        inputs.id_y,
+        inputs.ood_x,
+        objective=objective,
+        budget=budget,
+        resamples=resamples,
+        seed=seed,
+        ood_strata=inputs.ood_strata(),
+        cache=cache,
+        progress=on_step,
+    )
+
+
 def circuit_stability(
     model,
     circuits: Mapping[str, GreedyResult],
@@ -106,30 +140,14 @@ def circuit_stability(
     seed: int = 0,
 ) -> pd.DataFrame:
     """One row per circuit (CircAvg, CircAcc, CircOOD): its stability over ``resamples``
-    bootstrap resamples of ``inputs`` (the search inputs it was found on) and its curve on the
-    ``held_out`` sample (:func:`held_out_sample`); columns :data:`COLUMNS`."""
+    bootstrap resamples of ``inputs`` (the search inputs it was found on,
+    :func:`search_stability`) and its curve on the ``held_out`` sample
+    (:func:`held_out_sample`); columns :data:`COLUMNS`."""
     rows = []
     for objective, circuit in circuits.items():
         name = CIRCUIT_NAMES[objective]
-        on_step = None
-        if progress is not None:
-            total = resamples * circuit.steps
-            on_step = lambda p, name=name, total=total: progress(  # noqa: E731
-                f"stability {name}", p.done, total
-            )
-        found = greedy_stability(
-            model,
-            inputs.id_x,
-            inputs.id_y,
-            inputs.ood_x,
-            objective=objective,
-            budget=circuit.steps,
-            resamples=resamples,
-            seed=seed,
-            ood_strata=inputs.ood_strata(),
-            cache=cache,
-            progress=on_step,
-        )
+        options = dict(resamples=resamples, cache=cache, progress=progress, seed=seed)
+        found = search_stability(model, objective, circuit.steps, inputs, **options)
         freq = found.frequency()
         removed = [float(freq[h]) for h in circuit.order]
         id_x, id_y, ood_x, strata = held_out

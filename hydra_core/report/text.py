@@ -287,7 +287,8 @@ def run_text_report(
         if config.repeats > 1:
             id_pool = load_rotten_tomatoes("validation")
             pools = [load_text_ood_set(s.name) for s in benchmark.ood_search]
-        for r in run.repeats(config.repeats):
+        share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731
+        for r in run.repeats(config.repeats, before_wait=share):
             sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
             inputs = search_inputs(loaded.preprocess, sub).to(run.device)
             again = _repeat(run, config, budgets, train_set, trimmed, sub, deep_kind, r, inputs)
@@ -298,13 +299,13 @@ def run_text_report(
             pass
         return {}
     main = _repeat(run, config, budgets, train_set, trimmed, report_set, deep_kind, 0)
+    reports = [main.report, *later_repeats()]
     stability = run.stability(
         main.circuits,
         text_benchmark(replace(config, n_search=None)),
         resamples=config.stability_resamples,
         held_out=config.held_out,
     )
-    reports = [main.report, *later_repeats()]
 
     members = main.members
     with stages("fused vs separately run members"):
