@@ -16,10 +16,12 @@ from sklearn.metrics import roc_auc_score
 from hydra_core.analysis.greedy import greedy_circuit
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.baselines.deep_ensembles import copy_path, recipe_of
+from hydra_core.baselines.shared_backbone import DEEP, deep_heads
 from hydra_core.cache import DiskCache
 from hydra_core.cli import main
 from hydra_core.data.corruptions import corrupt_set
 from hydra_core.data.images import take
+from hydra_core.data.text import load_rotten_tomatoes
 from hydra_core.hydra.finetune import finetune_member
 from hydra_core.hydra.members import (
     circuit_member,
@@ -290,6 +292,18 @@ def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
     expected = plain_metrics([loaded.model], loaded, benchmark, typos)
     found = row(table, system="single", corruption="typos", severity=5)
     assert_point(found, {k: expected[k] for k in ("accuracy", "nll")})
+    # Deep Ensembles (D), as the text report makes it: fresh heads on the shared encoder, one per
+    # seed, trained once (the same ensemble comes back from the cache), probabilities averaged
+    deep, _ = deep_heads(
+        loaded.model, load_rotten_tomatoes("train"), config.deep_heads,
+        preprocess=loaded.preprocess, seeds=config.seeds, validation_set=benchmark.id_search,
+        cache=DiskCache(tmp_path / "cache"),
+    )  # fmt: skip
+    with torch.no_grad():
+        p = deep(loaded.preprocess(typos.inputs)).double().softmax(-1).mean(1)
+    found = row(table, system=DEEP, corruption="typos", severity=5)
+    assert_point(found, {"accuracy": (p.argmax(-1) == typos.labels).double().mean().item()})
+    assert len(table[table["system"] == DEEP]) == 4  # clean, each corruption, pooled
 
 
 def test_a_fine_tuned_pruned_model_is_never_reported_on_its_training_items(checkpoint):

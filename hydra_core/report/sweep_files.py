@@ -46,7 +46,8 @@ def _series(kind: str, table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame
         out = [
             ("", f"Hydra, {s}", table[table["setting"] == s]) for s in ("zero-shot", "fine-tuned")
         ]
-        out += [("", name, table[table["system"] == name]) for name in ("single", "Deep Ensembles")]
+        others = [n for n in table["system"].unique() if n.startswith("Deep Ensembles")]
+        out += [("", name, table[table["system"] == name]) for name in ("single", *others)]
         return [s for s in out if len(s[2])]
     pooled = table[table["corruption"].isin(["all", "none"])]
     return [("", name, pooled[pooled["system"] == name]) for name in pooled["system"].unique()]

@@ -23,6 +23,8 @@ import pandas as pd
 import torch
 
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+from hydra_core.baselines.shared_backbone import DEEP_HEADS
+from hydra_core.baselines.systems import SharedBackboneBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.data.corruptions import (
     SEVERITIES,
@@ -32,7 +34,14 @@ from hydra_core.data.corruptions import (
 )
 from hydra_core.errors import InputError
 from hydra_core.evaluate import Evaluation, SetPredictions
-from hydra_core.hydra.experiment import DeepEnsemble, FinetunedPruned, Hydra, Pruned, Single
+from hydra_core.hydra.experiment import (
+    DeepEnsemble,
+    FinetunedPruned,
+    Hydra,
+    Pruned,
+    Single,
+    System,
+)
 from hydra_core.hydra.finetune import FinetuneConfig
 from hydra_core.hydra.members import (
     circuit_member,
@@ -41,8 +50,10 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import SystemsReport
+from hydra_core.models.modality import TEXT_MODALITY
 from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
+from hydra_core.training.top import TopFinetuneConfig
 from hydra_core.types import Log, StageProgress
 
 SWEEPS = ("layers", "members", "corruption")
@@ -75,7 +86,11 @@ class SweepConfig:
         n_corrupt: ID report items per corrupted set (a fixed prefix of the report split).
         corruption_seed: the corruptions' seed.
         finetune: fine-tuning of pruned models and members (None: zero-shot only).
-        deep_ensemble: add Deep Ensembles where trained copies exist (never faked).
+        deep_ensemble: add Deep Ensembles: an image model's trained copies where they exist
+            (never faked); a text model's Deep Ensembles (D), trained here once per seed of
+            ``seeds`` (the text report's, from the same cache).
+        deep_heads: how a text model other than ``minilm-sentiment`` trains its Deep Ensembles
+            (D) heads.
         pool_fraction: members draw their pruned heads from this share of least useful heads.
         taylor_samples, batch_size, device: as the report's.
         latency_batch, latency_repeats: the members sweep's timing.
@@ -93,6 +108,7 @@ class SweepConfig:
     corruption_seed: int = 0
     finetune: FinetuneConfig | None = field(default_factory=FinetuneConfig)
     deep_ensemble: bool = True
+    deep_heads: TopFinetuneConfig = DEEP_HEADS
     seeds: tuple[int, ...] = (0, 1, 2)  # corruption: pruning seeds of the pipeline's members
     pool_fraction: float = 2 / 3
     taylor_samples: int | None = 256
@@ -114,6 +130,7 @@ class SweepConfig:
             taylor_samples=64,
             latency_repeats=3,
             finetune=FinetuneConfig(n_train=256, steps=4, batch_size=64, warmup_steps=1),
+            deep_heads=replace(DEEP_HEADS, steps=1, n_train=32, batch_size=16),
         )
         settings.update(overrides)
         return cls(**settings)
@@ -211,8 +228,8 @@ def members_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, Sys
             points[systems[-1].name] = (m, "fine-tuned")
     deep = _deep_ensemble(run, config)
     if deep is not None:
-        systems.append(DeepEnsemble(deep))
-        points[systems[-1].name] = (len(deep), "trained copies")
+        systems.append(deep[0])
+        points[systems[-1].name] = (deep[1], "trained copies")
     with run.stage("evaluate the ensembles"):
         report = run.evaluate(systems, batch_size=config.batch_size)
     with run.stage("cost and latency"):
@@ -256,7 +273,7 @@ def corruption_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, 
     ]
     deep = _deep_ensemble(run, config)
     if deep is not None:
-        systems.append(DeepEnsemble(deep))
+        systems.append(deep[0])
     wanted = [s.name for s in systems]
     clean = take(run.benchmark.id_report, config.n_corrupt, purpose="corruption")
     rows, reports, first = [], {}, None
@@ -304,11 +321,25 @@ def pooled_report(reports: Sequence[SystemsReport], names: Sequence[str]) -> Sys
     return pooled
 
 
-def _deep_ensemble(run: Pipeline, config: SweepConfig):
-    """Deep Ensembles' models, or None (one line says why: never a stand-in)."""
+def _deep_ensemble(run: Pipeline, config: SweepConfig) -> tuple[System, int] | None:
+    """Deep Ensembles as a system, with its number of models, or None (one line says why: never
+    a stand-in). An image model: its trained copies (``train-ensemble``). A text model: the text
+    report's Deep Ensembles (D), one model per seed of ``config.seeds`` sharing the frozen
+    encoder (``minilm-sentiment``: its ``train-text`` recipe per seed, the shipped model being
+    seed 0; another model: fresh heads trained on the Rotten Tomatoes training sentences, as
+    ``config.deep_heads`` says); trained once, then read from the cache."""
     if not config.deep_ensemble:
         return None
-    return deep_ensemble_for(config.model_source(), log=lambda why: run.log(f"[sweep] {why}"))
+    if run.loaded.modality is TEXT_MODALITY:
+        from hydra_core.data.text import load_rotten_tomatoes
+        from hydra_core.zoo.minilm import NAME
+
+        how = "train-text" if run.loaded.name == NAME else "heads"
+        train = lambda: load_rotten_tomatoes("train")  # noqa: E731
+        deep = SharedBackboneBaseline(config.seeds, how, config.deep_heads, train_set=train)
+        return deep, len(config.seeds)
+    copies = deep_ensemble_for(config.model_source(), log=lambda why: run.log(f"[sweep] {why}"))
+    return None if copies is None else (DeepEnsemble(copies), len(copies))
 
 
 SWEEP_FUNCTIONS = {"layers": layers_sweep, "members": members_sweep, "corruption": corruption_sweep}
