@@ -134,8 +134,9 @@ class TextReportConfig:
             and fine-tuning seed change together); the verdicts are taken over all of them.
         n_search: sentences per search part (ID validation, and each search OOD set). 256 + 256:
             at 128 + 128 the CircAvg search raised its objective on the search sentences and
-            lowered it on every report set (it fitted its sample); more does not fit the three
-            budget-36 searches on two CPU cores (512 + 512 took hours per search).
+            lowered it on every report set (it fitted its sample); at 256 + 256 a budget-36
+            search on ``minilm-sentiment`` takes about 30 min on one CPU core, and a run makes
+            three per repeat plus the stability runs: twice the sentences, twice that.
         n_report: sentences per report part: the ID test sentences and each report OOD set
             (None: all of them).
         ood_cap: at most this many sentences of each report OOD set (None: no cap).

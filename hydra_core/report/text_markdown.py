@@ -133,9 +133,11 @@ def _sizes_sentence(setup: dict) -> str:
     capped = f"each report OOD set is cut to {cap:,} sentences" if cap else "no OOD set is cut"
     search = p["id_search_n"]
     return (
-        f"the greedy search scores candidates on {search:,} ID + {search:,} search-OOD sentences "
-        "(the issue asks for 512 + 512; a budget-36 search at that size ran for hours on the two "
-        "shared CPU cores of this session, so it was cut to this size); "
+        f"the greedy searches score candidates on {search:,} ID + {search:,} search-OOD "
+        "sentences (at 128 + 128, in an earlier run, the CircAvg search raised its objective on "
+        "its search sentences and lowered the AUROC on every report set: it fitted its sample; "
+        "each search's time grows with the sentences, and a run makes three searches per repeat "
+        "and the stability runs on two CPU cores); "
         f"{capped}; all {p['id_report_n']:,} ID test sentences are reported; MC Dropout runs "
         f"T = {config['mc_passes']} passes."
     )
