@@ -11,7 +11,9 @@ In this process: one search on the search data (the reference cost), then
 ``greedy_circuit`` on each of the first ``--verify`` resamples written out sample by sample, whose
 removal order must equal the stability run's path (exit code 1 otherwise). Prints the seconds, the
 ratio stability / one search, the ratio against the independent searches (per resample, scaled to
-B), the group steps made against B x budget, and the machine's load average beside each timing.
+B), the group steps made against B x budget, the work ratio (the candidate x item evaluations the
+run makes over one search's: the floor of the time ratio that the paths' parting sets), and the
+machine's load average beside each timing.
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ def timed(label: str, work):
     seconds = time.perf_counter() - start
     print(f"{label}: {seconds:.1f} s (load {load:.1f} -> {loadavg():.1f})", flush=True)
     return value, seconds
+
+
+def work_ratio(found, draws: Resamples, n_id: int, n_ood: int, total_heads: int) -> float:
+    """The candidate x item evaluations the stability run makes, as a multiple of one search's
+    on all the items: at each step every group of resamples that removed the same heads scores
+    each head still in on the union of its resamples' items (the shared work's floor, set by how
+    early the paths part, whatever the implementation's overheads)."""
+    id_counts, ood_counts = draws.counts(n_id, n_ood)
+    work, groups_seen = 0, 0
+    for t in range(found.steps):
+        groups: dict[frozenset, list[int]] = {}
+        for b, order in enumerate(found.orders):
+            groups.setdefault(frozenset(order[:t]), []).append(b)
+        for members in groups.values():
+            drawn = (id_counts[members].sum(0) > 0).sum() + (ood_counts[members].sum(0) > 0).sum()
+            work += (total_heads - t) * int(drawn)
+        groups_seen += len(groups)
+    if groups_seen != found.group_steps:  # the run grouped otherwise: the floor would be wrong
+        raise RuntimeError(f"{groups_seen} groups here, {found.group_steps} in the run")
+    return work / (sum(total_heads - t for t in range(found.steps)) * (n_id + n_ood))
 
 
 def main() -> int:
@@ -85,6 +107,7 @@ def main() -> int:
         lambda: greedy_stability(*data, **search, resamples=args.resamples, ood_strata=strata),
     )
     draws = Resamples.draw(inputs.id_y, strata, args.resamples, found.seed)
+    total_heads = sum(found.num_heads)
     same, independent = 0, 0.0
     for b in range(verify):
         alone, seconds = timed(
@@ -109,6 +132,7 @@ def main() -> int:
         "group_steps": found.group_steps,
         "independent_steps": args.resamples * args.budget,
         "groups_per_step": found.step_groups,
+        "work_ratio": work_ratio(found, draws, len(inputs.id_x), len(inputs.ood_x), total_heads),
         "jaccard": found.jaccard(),
         "verified": verify,
         "identical_paths": same,
