@@ -22,7 +22,7 @@ from hydra_core.analysis.stability import (
 )
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
-from hydra_core.models.adapter import ablate
+from hydra_core.models.adapter import ablate, head_layout
 from tests.conftest import make_tiny_text, make_tiny_vit
 from tests.test_greedy import make_data
 from tests.test_text_search import text_data
@@ -257,3 +257,26 @@ def test_held_out_curve_equals_plain_forwards(vit, data):
     assert curve.peak == int(np.argmax(curve.held_out))
     assert curve.frame().shape[0] == result.steps + 1
     assert curve.beyond_peak(curve.peak + 1) and not curve.beyond_peak(curve.peak)
+
+
+def test_the_bench_work_ratio_counts_each_groups_union_of_items(vit, data):
+    """bench/stability.py's floor: the first step costs the union of the resamples' items; a
+    whole run costs at least that step and at most what the resamples would cost alone."""
+    from bench.stability import work_ratio
+
+    id_x, id_y, ood_x = data
+    total, n = sum(head_layout(vit).num_heads), (len(id_x), len(ood_x))
+    draws = Resamples.draw(id_y, ("ood",) * len(ood_x), 3, 0)
+    id_counts, ood_counts = draws.counts(*n)
+
+    def ratio(budget: int) -> float:
+        found = greedy_stability(vit, *data, budget=budget, resamples=3, seed=0)
+        return work_ratio(found, draws, *n, total)
+
+    union = int((id_counts.sum(0) > 0).sum() + (ood_counts.sum(0) > 0).sum()) / sum(n)
+    assert ratio(1) == pytest.approx(union)  # one step: one group, every drawn item
+    first = total / sum(total - t for t in range(4))  # the first step's share of the work
+    singles = sum(
+        (len(set(draws.id_index[b])) + len(set(draws.ood_index[b]))) / sum(n) for b in range(3)
+    )
+    assert union * first <= ratio(4) <= singles + 1e-12
