@@ -492,7 +492,7 @@ class Pipeline:
             os.replace(path, self.final / path.name)
         self.out.rmdir()
         self.out = self.final
-        self.log(f"[report] wrote {self.final} in {setup['total_seconds'] / 60:.1f} minutes")
+        self.log(f"{self.tag} wrote {self.final} in {setup['total_seconds'] / 60:.1f} minutes")
         return payload
 
 

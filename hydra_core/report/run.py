@@ -186,7 +186,7 @@ def run_report(
     budgets = Budgets.of(layout, config)
     seeds = list(config.seeds)
     if run.rank > 0:  # under torchrun: this process's share of the repeats, then done
-        _repeats(None, run, budgets, config, _deep_ensemble(config, log))
+        _repeats(None, run, budgets, config, _deep_ensemble(config, run))
         return {}
 
     pruning = run.circuits_and_members(
@@ -207,7 +207,7 @@ def run_report(
     ]
     run.save_members([*circ_members, *b5_members, *taylor_members])
 
-    deep = _deep_ensemble(config, log)
+    deep = _deep_ensemble(config, run)
     zero_shot = [
         Single(),
         MCDropoutBaseline(),  # the model's own dropout; a model without any: skipped, why said
@@ -378,11 +378,11 @@ DEEP_ENSEMBLES = "Deep Ensembles"
 DIFFERENCE_COLUMNS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc")
 
 
-def _deep_ensemble(config: ReportConfig, log: Log) -> list[nn.Module] | None:
+def _deep_ensemble(config: ReportConfig, run: Pipeline) -> list[nn.Module] | None:
     """The Deep Ensemble's models when asked for and trained copies exist (a line says why not)."""
     if not config.deep_ensemble:
         return None
-    return deep_ensemble_for(config.model, log=lambda reason: log(f"[report] {reason}"))
+    return deep_ensemble_for(config.model, log=lambda reason: run.log(f"{run.tag} {reason}"))
 
 
 #: the seeded systems Table 12 repeats, and the summary columns it reports

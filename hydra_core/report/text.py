@@ -281,7 +281,7 @@ def run_text_report(
     # the report sentences by length, each batch trimmed to its longest: the same numbers, faster
     trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
     report_set = sorted_report(benchmark, loaded.preprocess)
-    deep_kind = _deep_kind(config, loaded, log)
+    deep_kind = _deep_kind(config, run)
 
     def later_repeats() -> Iterator[SystemsReport]:
         """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
@@ -590,14 +590,15 @@ def _training_row(system: str, tuned: TopFinetuned) -> dict:
     }
 
 
-def _deep_kind(config: TextReportConfig, loaded: LoadedModel, log: Log) -> str | None:
+def _deep_kind(config: TextReportConfig, run: Pipeline) -> str | None:
     """How Deep Ensembles (D) is made for this model (see :class:`TextReportConfig`)."""
     from hydra_core.zoo.minilm import NAME
 
     if config.deep not in ("train-text", "heads", None):
         raise ValueError(f"deep must be 'train-text', 'heads' or None, got {config.deep!r}")
-    if config.deep == "train-text" and loaded.name != NAME:
-        log(f"[report] {DEEP}: {loaded.name} has no train-text recipe; fresh heads instead")
+    if config.deep == "train-text" and run.loaded.name != NAME:
+        name = run.loaded.name
+        run.log(f"{run.tag} {DEEP}: {name} has no train-text recipe; fresh heads instead")
         return "heads"
     return config.deep
 
