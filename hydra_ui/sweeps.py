@@ -1,7 +1,8 @@
 """The committed sweeps of the paper (docs/report/sweeps: heads removed per layer, members,
-corruptions), shown on the pages they concern: the plot, what it shows, the command and its wall
-time, and the table with its intervals. They were made on the default model; when another model
-is loaded, the section says so."""
+corruptions; docs/report/sweeps/text: those of the text default), shown on the pages they concern:
+the plot, what it shows, the command and its wall time, and the table with its intervals. They
+were made on the default model of the loaded model's modality; when another model is loaded, the
+section says so."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from hydra_core.outputs import MANIFEST, describe_model, same_model
 from hydra_core.paths import REPO_DIR
 from hydra_ui.widgets import table_with_download
 
-#: where ``python -m hydra_core sweep --kind K --out docs/report/sweeps/K`` writes
+#: where ``python -m hydra_core sweep --kind K --out docs/report/sweeps/K`` writes (a text
+#: model's sweeps: ``--task text --out docs/report/sweeps/text/K``)
 SWEEPS_DIR = REPO_DIR / "docs" / "report" / "sweeps"
 
 TITLES = {
     "layers": "Heads removed per layer: Taylor vs CircAvg, zero-shot and fine-tuned (paper B.3)",
     "members": "Number of members M (paper B.6, Table 10)",
-    "corruption": "Corrupted ID images at five severities (paper Tables 13-14)",
+    "corruption": "Corrupted ID data at five severities (paper Tables 13-14)",
 }
 SHOWS = {
     "layers": "Each point removes r heads in every layer (Taylor) or r x layers heads in all "
@@ -30,15 +32,22 @@ SHOWS = {
     "members": "Hydra with M members seed-sampled from the CircAvg ranking (each M's members "
     "are the smaller M's and one more), zero-shot and fine-tuned; latency is relative to the "
     "single model, on the machine that made the sweep.",
-    "corruption": "Every corruption's images at a severity pooled (severity 0: the clean "
-    "images); the table has each corruption on its own.",
+    "corruption": "Every corruption's items at a severity pooled (severity 0: the clean "
+    "items); the table has each corruption on its own.",
 }
 
 
-def committed_sweep(kind: str, folder: Path | None = None) -> dict | None:
+def sweep_folder(kind: str, task: str = "image", folder: Path | None = None) -> Path:
+    """Where the committed sweep ``kind`` of ``task``'s default model lies: ``<folder>/<kind>``
+    for images, ``<folder>/<task>/<kind>`` otherwise (default folder :data:`SWEEPS_DIR`)."""
+    root = folder or SWEEPS_DIR
+    return root / kind if task == "image" else root / task / kind
+
+
+def committed_sweep(kind: str, folder: Path | None = None, task: str = "image") -> dict | None:
     """A committed sweep: its table, setup (report.json), plot path and manifest; None when
-    the folder (default :data:`SWEEPS_DIR`) does not hold it."""
-    where = (folder or SWEEPS_DIR) / kind
+    the folder (:func:`sweep_folder`) does not hold it."""
+    where = sweep_folder(kind, task, folder)
     table, plot = where / f"{kind}.csv", where / f"{kind}.png"
     if not table.is_file() or not plot.is_file():
         return None
@@ -56,23 +65,23 @@ def committed_sweep(kind: str, folder: Path | None = None) -> dict | None:
 def show_sweeps(kinds: tuple[str, ...], loaded=None, folder: Path | None = None) -> None:
     """An expander with the committed sweeps ``kinds``; ``loaded`` (the loaded model, or None)
     decides whether to say that they are another model's."""
-    with st.expander("The paper's sweeps on the default model (committed results)"):
+    task = "image" if loaded is None else loaded.modality.name
+    default = "default model" if task == "image" else f"default {task} model"
+    with st.expander(f"The paper's sweeps on the {default} (committed results)"):
         for kind in kinds:
-            found = committed_sweep(kind, folder)
+            found = committed_sweep(kind, folder, task)
             st.markdown(f"**{TITLES[kind]}**")
             if found is None:
+                where = sweep_folder(kind, task, Path("docs/report/sweeps"))
+                option = "" if task == "image" else f" --task {task}"
                 st.info(
-                    f"No committed {kind} sweep here: `python -m hydra_core sweep --kind {kind} "
-                    f"--out docs/report/sweeps/{kind} --overwrite` makes it."
+                    f"No committed {kind} sweep of the {default} here: `python -m hydra_core "
+                    f"sweep --kind {kind}{option} --out {where.as_posix()} --overwrite` makes it."
                 )
                 continue
-            task = found["setup"].get("task", "image")
-            if loaded is not None and loaded.modality != task:  # another modality's numbers
-                st.caption(
-                    f"The committed {kind} sweep is of a {task} model; none is committed for "
-                    f"{loaded.modality.name} models (`python -m hydra_core sweep --kind {kind} "
-                    f"--task {loaded.modality.name}` makes one)."
-                )
+            made_on = found["setup"].get("task", "image")
+            if made_on != task:  # a folder holding another modality's sweep
+                st.caption(f"The committed {kind} sweep there is of a {made_on} model: not shown.")
                 continue
             if loaded is not None and not same_model(found["model"], loaded.identity()):
                 st.caption(

@@ -408,3 +408,17 @@ def test_minilm_with_the_default_text_sets(tmp_path, monkeypatch):
     data = app.dataframe[1].value.set_index("name")
     assert data.loc["guardian", "role"] == "search" and data.loc["guardian", "n_report"] == 0
     assert data.loc["rotten_tomatoes", "n_report"] == 48
+
+
+def test_hydra_page_shows_the_text_sweeps_or_how_to_make_them(app, tmp_path, monkeypatch):
+    import hydra_ui.sweeps
+
+    monkeypatch.setattr(hydra_ui.sweeps, "SWEEPS_DIR", tmp_path / "sweeps")  # none committed
+    app.run()
+    app.switch_page("pages/6_hydra.py")
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert any("sweeps on the default text model" in e.proto.label for e in app.expander)
+    info = "\n".join(str(e.value) for e in app.info)
+    make = "sweep --kind corruption --task text --out docs/report/sweeps/text/corruption"
+    assert make in info
