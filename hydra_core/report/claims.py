@@ -56,6 +56,17 @@ def paired_claim(
 PERCENT = ("accuracy", "auroc", "fpr95", "aupr_in", "aupr_out")
 
 
+def paper_rows(table: str) -> list[list[str]]:
+    """The rows of a table transcribed from the paper (a header line, then a line per system
+    whose cells are split at ``|``, the last cell holding the numbers split at white space):
+    each row's cells as text, its numbers last."""
+    rows = []
+    for line in table.strip().splitlines()[1:]:
+        *cells, numbers = (part.strip() for part in line.split("|"))
+        rows.append([*cells, *numbers.split()])
+    return rows
+
+
 def pick(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """``columns`` of ``frame`` that it has, each metric followed by its interval."""
     return frame[[c for c in interval_columns(columns) if c in frame]]

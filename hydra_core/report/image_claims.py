@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from hydra_core.hydra.systems import SystemsReport
-from hydra_core.report.claims import paired_claim
+from hydra_core.report.claims import paired_claim, paper_rows
 from hydra_core.report.tables import HYDRA_CIRC_FT, HYDRA_TAYLOR_FT, fused
 
 #: The paper's Table 1, ImageNet-1K (ViT-B/16): accuracy and OOD metrics in percent, OOD averaged
@@ -63,10 +63,10 @@ WORDS = {
 
 def paper_table1() -> pd.DataFrame:
     """:data:`PAPER_TABLE1_IMAGENET` as a frame indexed by system, our column names."""
-    rows = {}
-    for line in PAPER_TABLE1_IMAGENET.strip().splitlines()[1:]:
-        name, values = (part.strip() for part in line.split("|"))
-        rows[name] = dict(zip(PAPER_COLUMNS, (float(v) for v in values.split()), strict=True))
+    rows = {
+        name: dict(zip(PAPER_COLUMNS, map(float, values), strict=True))
+        for name, *values in paper_rows(PAPER_TABLE1_IMAGENET)
+    }
     return pd.DataFrame.from_dict(rows, orient="index")
 
 

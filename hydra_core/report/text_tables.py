@@ -12,7 +12,7 @@ from hydra_core.baselines.shared_backbone import DEEP
 from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.hydra.systems import SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts
-from hydra_core.report.claims import CIRCAVG, paired_claim, pick
+from hydra_core.report.claims import CIRCAVG, paired_claim, paper_rows, pick
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -114,11 +114,10 @@ PAPER_COLUMNS = (
 
 def paper_table2() -> pd.DataFrame:
     """:data:`PAPER_TABLE2_TEXT` as a frame: one row per system, our column names."""
-    rows = []
-    for line in PAPER_TABLE2_TEXT.strip().splitlines()[1:]:
-        name, heads, values = (part.strip() for part in line.split("|"))
-        numbers = [float(v) for v in values.split()]
-        rows.append({"system": name, **dict(zip(PAPER_COLUMNS, [heads, *numbers], strict=True))})
+    rows = [
+        {"system": name, **dict(zip(PAPER_COLUMNS, [heads, *map(float, values)], strict=True))}
+        for name, heads, *values in paper_rows(PAPER_TABLE2_TEXT)
+    ]
     return pd.DataFrame(rows)
 
 
