@@ -53,8 +53,8 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
     add_output_arguments(
         p,
-        "results/sweep/<kind>; the committed docs/report/sweeps/<kind> only when named, "
-        "with --overwrite",
+        "results/sweep/<kind>; the committed docs/report/sweeps/<kind> (text: "
+        "docs/report/sweeps/text/<kind>) only when named, with --overwrite",
     )
 
 
