@@ -176,8 +176,10 @@ class Pipeline:
 
     @property
     def tag(self) -> str:
-        """What the run's lines start with: ``[report]``, and the process under torchrun."""
-        return f"[report, process {self.rank}]" if self.processes > 1 else "[report]"
+        """What the run's lines start with: the command's name (``[report]``, ``[sweep]``), and
+        the process under torchrun."""
+        name = self.command.split()[0]
+        return f"[{name}, process {self.rank}]" if self.processes > 1 else f"[{name}]"
 
     def fine_tune_progress(self, name: str) -> Callable[[int, int], None] | None:
         """The run's progress for one training run, its stage named after the model."""

@@ -176,7 +176,7 @@ def layers_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, Syst
         )
     dropped = sorted(set(config.removed_per_layer) - set(counts))
     if dropped:
-        run.log(f"[sweep] {dropped} heads per layer left out: the model has {layout.max_heads}")
+        run.log(f"{run.tag} {dropped} heads per layer left out: the model has {layout.max_heads}")
     circuit = run.search("avg", max(counts) * layout.num_layers, batch_size=config.batch_size)
     ranking = circuit.ranking()
     systems, points = [Single()], {"single": (0, "dense")}
@@ -338,7 +338,7 @@ def _deep_ensemble(run: Pipeline, config: SweepConfig) -> tuple[System, int] | N
         train = lambda: load_rotten_tomatoes("train")  # noqa: E731
         deep = SharedBackboneBaseline(config.seeds, how, config.deep_heads, train_set=train)
         return deep, len(config.seeds)
-    copies = deep_ensemble_for(config.model_source(), log=lambda why: run.log(f"[sweep] {why}"))
+    copies = deep_ensemble_for(config.model_source(), log=lambda why: run.log(f"{run.tag} {why}"))
     return None if copies is None else (DeepEnsemble(copies), len(copies))
 
 
