@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from hydra_core.models.modality import IMAGE_MODALITY, Modality
 from hydra_core.outputs import MANIFEST, describe_model, same_model
 from hydra_core.paths import REPO_DIR
 from hydra_ui.widgets import table_with_download
@@ -37,17 +38,19 @@ SHOWS = {
 }
 
 
-def sweep_folder(kind: str, task: str = "image", folder: Path | None = None) -> Path:
-    """Where the committed sweep ``kind`` of ``task``'s default model lies: ``<folder>/<kind>``
-    for images, ``<folder>/<task>/<kind>`` otherwise (default folder :data:`SWEEPS_DIR`)."""
-    root = folder or SWEEPS_DIR
-    return root / kind if task == "image" else root / task / kind
+def sweep_folder(kind: str, modality: Modality = IMAGE_MODALITY, root: Path | None = None) -> Path:
+    """Where the committed sweep ``kind`` of ``modality``'s default model lies below ``root``
+    (default :data:`SWEEPS_DIR`): ``<root>/<kind>`` for images, ``<root>/text/<kind>`` for text
+    (``Modality.results_folder``)."""
+    return (root or SWEEPS_DIR) / modality.results_folder / kind
 
 
-def committed_sweep(kind: str, folder: Path | None = None, task: str = "image") -> dict | None:
+def committed_sweep(
+    kind: str, folder: Path | None = None, modality: Modality = IMAGE_MODALITY
+) -> dict | None:
     """A committed sweep: its table, setup (report.json), plot path and manifest; None when
     the folder (:func:`sweep_folder`) does not hold it."""
-    where = sweep_folder(kind, task, folder)
+    where = sweep_folder(kind, modality, folder)
     table, plot = where / f"{kind}.csv", where / f"{kind}.png"
     if not table.is_file() or not plot.is_file():
         return None
@@ -65,22 +68,22 @@ def committed_sweep(kind: str, folder: Path | None = None, task: str = "image") 
 def show_sweeps(kinds: tuple[str, ...], loaded=None, folder: Path | None = None) -> None:
     """An expander with the committed sweeps ``kinds``; ``loaded`` (the loaded model, or None)
     decides whether to say that they are another model's."""
-    task = "image" if loaded is None else loaded.modality.name
-    default = "default model" if task == "image" else f"default {task} model"
+    modality = IMAGE_MODALITY if loaded is None else loaded.modality
+    default = f"default {modality.name} model"
     with st.expander(f"The paper's sweeps on the {default} (committed results)"):
         for kind in kinds:
-            found = committed_sweep(kind, folder, task)
+            found = committed_sweep(kind, folder, modality)
             st.markdown(f"**{TITLES[kind]}**")
             if found is None:
-                where = sweep_folder(kind, task, Path("docs/report/sweeps"))
-                option = "" if task == "image" else f" --task {task}"
+                where = sweep_folder(kind, modality, Path("docs/report/sweeps")).as_posix()
                 st.info(
                     f"No committed {kind} sweep of the {default} here: `python -m hydra_core "
-                    f"sweep --kind {kind}{option} --out {where.as_posix()} --overwrite` makes it."
+                    f"sweep --kind {kind} --task {modality.name} --out {where} --overwrite` "
+                    "makes it."
                 )
                 continue
-            made_on = found["setup"].get("task", "image")
-            if made_on != task:  # a folder holding another modality's sweep
+            made_on = found["setup"].get("task", IMAGE_MODALITY.name)
+            if modality != made_on:  # a folder holding another modality's sweep
                 st.caption(f"The committed {kind} sweep there is of a {made_on} model: not shown.")
                 continue
             if loaded is not None and not same_model(found["model"], loaded.identity()):

@@ -49,7 +49,7 @@ def texts(at: AppTest, kind: str) -> str:
 
 def test_masks_page_shows_the_committed_layers_sweep(tmp_path, monkeypatch, checkpoint, sweeps):
     at = page(tmp_path, monkeypatch, checkpoint, sweeps, "pages/5_masks.py")
-    assert any("sweeps on the default model" in e.proto.label for e in at.expander)
+    assert any("sweeps on the default image model" in e.proto.label for e in at.expander)
     assert len(at.get("image")) == 1
     shown = at.dataframe[0].value
     assert list(shown["removed_per_layer"]) == [0, 1, 1]
@@ -67,4 +67,4 @@ def test_hydra_page_says_how_to_make_a_missing_sweep(tmp_path, monkeypatch, chec
     at = page(tmp_path, monkeypatch, checkpoint, sweeps, "pages/6_hydra.py")
     info = texts(at, "info")
     for kind in ("members", "corruption"):
-        assert f"sweep --kind {kind} --out docs/report/sweeps/{kind}" in info
+        assert f"sweep --kind {kind} --task image --out docs/report/sweeps/{kind}" in info

@@ -58,6 +58,12 @@ class Modality:
             names when no class order is given (a file's label names); image folders are
             numbered in sorted order instead, as torchvision's ImageFolder.
         shows_as_text: an item can be shown as it is, in a table or a hover label (a sentence).
+        deep_ensemble: how the paper's baseline ensemble is built for this modality's models:
+            ``"copies"`` (Deep Ensembles: independently trained full models, Table 1;
+            ``train-ensemble``) or ``"shared-backbone"`` (Deep Ensembles (D): one backbone, a
+            head per seed, Table 2).
+        results_folder: where the committed results of this modality's default model lie below
+            ``docs/report`` (``""``: there itself; the sweeps in ``sweeps/`` below it).
         builder: the data module's builder behind :meth:`benchmark`, which calls it with its own
             arguments (:func:`~hydra_core.data.benchmark.folder_benchmark` or
             :func:`~hydra_core.data.benchmark.text_file_benchmark`, adapted).
@@ -74,6 +80,8 @@ class Modality:
     takes_files: bool
     follows_model_classes: bool
     shows_as_text: bool
+    deep_ensemble: str
+    results_folder: str
     builder: Callable[..., Benchmark]
 
     def benchmark(
@@ -208,6 +216,8 @@ IMAGE_MODALITY = Modality(
     takes_files=False,
     follows_model_classes=False,
     shows_as_text=False,
+    deep_ensemble="copies",
+    results_folder="",
     builder=_image_benchmark,
 )
 TEXT_MODALITY = Modality(
@@ -222,6 +232,8 @@ TEXT_MODALITY = Modality(
     takes_files=True,
     follows_model_classes=True,
     shows_as_text=True,
+    deep_ensemble="shared-backbone",
+    results_folder="text",
     builder=_text_benchmark,
 )
 #: every modality, by name

@@ -50,7 +50,6 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import SystemsReport
-from hydra_core.models.modality import TEXT_MODALITY
 from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
 from hydra_core.training.top import TopFinetuneConfig
@@ -326,16 +325,17 @@ def _deep_ensemble(run: Pipeline, config: SweepConfig) -> tuple[System, int] | N
     a stand-in). An image model: its trained copies (``train-ensemble``). A text model: the text
     report's Deep Ensembles (D), one model per seed of ``config.seeds`` sharing the frozen
     encoder (``minilm-sentiment``: its ``train-text`` recipe per seed, the shipped model being
-    seed 0; another model: fresh heads trained on the Rotten Tomatoes training sentences, as
-    ``config.deep_heads`` says); trained once, then read from the cache."""
+    seed 0; another model: fresh heads trained on the embedded ID set's training split, Rotten
+    Tomatoes', as ``config.deep_heads`` says); trained once, then read from the cache. Which of
+    the two a model gets is its modality's (``Modality.deep_ensemble``)."""
     if not config.deep_ensemble:
         return None
-    if run.loaded.modality is TEXT_MODALITY:
-        from hydra_core.data.text import load_rotten_tomatoes
+    modality = run.loaded.modality
+    if modality.deep_ensemble == "shared-backbone":
         from hydra_core.zoo.minilm import NAME
 
         how = "train-text" if run.loaded.name == NAME else "heads"
-        train = lambda: load_rotten_tomatoes("train")  # noqa: E731
+        train = lambda: modality.load_id("train")  # noqa: E731
         deep = SharedBackboneBaseline(config.seeds, how, config.deep_heads, train_set=train)
         return deep, len(config.seeds)
     copies = deep_ensemble_for(config.model_source(), log=lambda why: run.log(f"{run.tag} {why}"))
