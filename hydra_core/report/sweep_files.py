@@ -98,6 +98,18 @@ def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
     """``report.md`` of a sweep: the command, the data, the wall time, the table (each metric as
     value [lo, hi])."""
     protocol = setup.get("protocol", {})
+    n_report = protocol.get("id_report_n")
+    if kind == "corruption":
+        n = min(n_report, setup.get("config", {}).get("n_corrupt") or n_report)
+        data = (
+            f"the first {n} of the {n_report} ID report items, clean (severity 0) or corrupted "
+            "(rows `all`: every corruption's items at a severity pooled)"
+        )
+    else:
+        data = (
+            f"{n_report} ID report items and the report sets "
+            f"{', '.join(protocol.get('report_ood', []))}"
+        )
     lines = [
         f"# {kind} sweep",
         "",
@@ -106,14 +118,8 @@ def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
         "",
         f"Model: {setup.get('model', {}).get('name', '')}. Heads chosen on "
         f"{protocol.get('id_search_n')} ID search items and the search sets "
-        f"{', '.join(protocol.get('search_ood', []))}; every number on "
-        f"{protocol.get('id_report_n')} ID report items"
-        + (
-            f" and the report sets {', '.join(protocol.get('report_ood', []))}"
-            if kind != "corruption"
-            else ""
-        )
-        + ", with its 95% stratified-bootstrap interval. See README, Sweeps.",
+        f"{', '.join(protocol.get('search_ood', []))}; every number on {data}, with its 95% "
+        "stratified-bootstrap interval. See README, Sweeps.",
         "",
         _table(table),
         "",
