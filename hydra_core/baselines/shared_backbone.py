@@ -125,6 +125,15 @@ def deep_heads(
 TRAIN_TEXT_CACHE_KIND = "train-text-copy"
 
 
+def has_train_text_recipe(model_name: str) -> bool:
+    """True when Deep Ensembles (D) of this model can be :func:`train_text_ensemble` (its own
+    ``train-text`` recipe once per seed): ``minilm-sentiment`` alone; any other text model gets
+    fresh heads on its shared encoder (:func:`deep_heads`)."""
+    from hydra_core.zoo.minilm import NAME
+
+    return model_name == NAME
+
+
 def train_text_ensemble(
     model: nn.Module,
     seeds: Sequence[int],

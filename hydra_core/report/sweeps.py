@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
-from hydra_core.baselines.shared_backbone import DEEP_HEADS
+from hydra_core.baselines.shared_backbone import DEEP_HEADS, has_train_text_recipe
 from hydra_core.baselines.systems import SharedBackboneBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.data.corruptions import (
@@ -332,9 +332,7 @@ def _deep_ensemble(run: Pipeline, config: SweepConfig) -> tuple[System, int] | N
         return None
     modality = run.loaded.modality
     if modality.deep_ensemble == "shared-backbone":
-        from hydra_core.zoo.minilm import NAME
-
-        how = "train-text" if run.loaded.name == NAME else "heads"
+        how = "train-text" if has_train_text_recipe(run.loaded.name) else "heads"
         train = lambda: modality.load_id("train")  # noqa: E731
         deep = SharedBackboneBaseline(config.seeds, how, config.deep_heads, train_set=train)
         return deep, len(config.seeds)

@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from hydra_core.analysis.inputs import SearchInputs, search_inputs
-from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS
+from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS, has_train_text_recipe
 from hydra_core.baselines.systems import (
     MC_DROPOUT,
     MCDropoutBaseline,
@@ -592,12 +592,10 @@ def _training_row(system: str, tuned: TopFinetuned) -> dict:
 
 def _deep_kind(config: TextReportConfig, run: Pipeline) -> str | None:
     """How Deep Ensembles (D) is made for this model (see :class:`TextReportConfig`)."""
-    from hydra_core.zoo.minilm import NAME
-
     if config.deep not in ("train-text", "heads", None):
         raise ValueError(f"deep must be 'train-text', 'heads' or None, got {config.deep!r}")
-    if config.deep == "train-text" and run.loaded.name != NAME:
-        name = run.loaded.name
+    name = run.loaded.name
+    if config.deep == "train-text" and not has_train_text_recipe(name):
         run.log(f"{run.tag} {DEEP}: {name} has no train-text recipe; fresh heads instead")
         return "heads"
     return config.deep
