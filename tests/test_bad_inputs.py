@@ -630,6 +630,23 @@ def test_ctrl_c_while_starting_exits_130_without_a_traceback():
     assert done.stderr.strip() == "stopped while starting; nothing was done"
 
 
+def wait_for_handler(pid: int, signum: int, timeout: float = 60.0) -> None:
+    """Wait until process ``pid`` catches ``signum`` (its ``SigCgt`` in /proc; on a loaded
+    machine the interpreter's own start can take longer than a fixed sleep)."""
+    import time
+    from pathlib import Path
+
+    status, deadline = Path(f"/proc/{pid}/status"), time.monotonic() + timeout
+    while status.exists() and time.monotonic() < deadline:
+        caught = next(
+            (ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("SigCgt:")),
+            "0",
+        )
+        if int(caught, 16) >> (signum - 1) & 1:
+            return
+        time.sleep(0.01)
+
+
 def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path):
     import signal
     import subprocess
@@ -645,11 +662,46 @@ def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path
         stderr=subprocess.PIPE,
         text=True,
     )
+    wait_for_handler(started.pid, signal.SIGINT)  # before it, SIGINT kills without Python
     time.sleep(1.0)  # start-up (imports) takes longer: the signal lands in it, or just after
     started.send_signal(signal.SIGINT)
     _, err = started.communicate(timeout=120)
     assert started.returncode == 130, err
     assert "Traceback" not in err and err.strip().startswith("stopped")
+
+
+def test_sigterm_during_a_report_stops_it_as_ctrl_c_does_and_leaves_no_staging_folder(
+    tmp_path, checkpoint
+):
+    """``kill`` (or torchrun ending its workers) gets the clean-up Ctrl-C gets: the report's
+    staging folder is removed, the message says the work resumes, and the exit code is 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from hydra_core.cli import STOPPED
+
+    out = tmp_path / "report"
+    command = ["report", "--quick", "--model", checkpoint, "--ood", "noise", "--device", "cpu"]
+    started = subprocess.Popen(
+        [sys.executable, "-m", "hydra_core", *command, "--out", str(out)],
+        cwd=Path(__file__).parent.parent,
+        env={**__import__("os").environ, "HYDRA_LAB_CACHE": str(tmp_path / "cache")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".report.partial-*")) and started.poll() is None:
+        assert time.monotonic() < deadline, "the report made no staging folder in 120 s"
+        time.sleep(0.05)
+    started.send_signal(signal.SIGTERM)
+    _, err = started.communicate(timeout=120)
+    assert started.returncode == 143, err
+    assert "Traceback" not in err and err.strip().endswith(STOPPED)
+    assert not list(tmp_path.glob(".report.partial-*"))
 
 
 # --- cause 10: --arch-kwargs with num_classes ----------------------------------------------------

@@ -8,14 +8,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 import hydra_core.cli.options as options
 from hydra_core import distributed
 from hydra_core.cli.common import COMMANDS, global_options, warn
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, Terminated, raise_terminated
 
 # Importing a command module registers its commands, in this order in ``--help``.
 for _module in ("model", "text", "analysis", "heads", "masks", "hydra", "sweep", "export"):
@@ -47,7 +49,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 #: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
 DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble", "report")
 
-#: what Ctrl-C prints (exit code 130): searches save every step, so a rerun resumes
+#: what Ctrl-C (exit code 130) or SIGTERM (143) prints: searches save every step, so a rerun resumes
 STOPPED = "stopped; progress saved, run again to resume"
 
 #: errors that a user's input causes: ours (InputError is a ValueError) and the libraries' for
@@ -57,12 +59,15 @@ USER_ERRORS = (ValueError, OSError, RuntimeError)
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user error ends as one line on stderr and exit code 2 (``--debug`` shows
-    the traceback), Ctrl-C as a note that saved work resumes (exit code 130).
+    the traceback), Ctrl-C as a note that saved work resumes (exit code 130), SIGTERM the same
+    way (exit code 143, after the clean-up Ctrl-C gets: :class:`~hydra_core.errors.Terminated`).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) the commands of :data:`DISTRIBUTED_COMMANDS` run as
     one job over its processes; rank 0 alone writes and prints the results."""
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
-    started = False
+    started, on_term = False, None
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread
+        on_term = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         args = build_parser().parse_args(argv)
         warnings.showwarning = _one_line_warning
@@ -75,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         if distributed.launched():
             started = _start_distributed(args)
         return args.run(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if debug:
             raise
         print(STOPPED, file=sys.stderr)
-        return 130
+        return Terminated.exit_code if isinstance(stop, Terminated) else 130
     except USER_ERRORS as exc:
         if debug:
             raise
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if started:
             distributed.shutdown()
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
 
 
 def _start_distributed(args: argparse.Namespace) -> bool:
