@@ -1,11 +1,14 @@
-# Hydra Lab: `make run` starts the app, `make test` runs the tests; both set up .venv first.
+# Hydra Lab: `make run` starts the app, `make test` runs the tests (and builds the docs);
+# both set up .venv first. `make docs` builds the docs site into site/.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydra-setup
 PORT   ?= 8501
+# (the variable silences Material's banner about MkDocs 2, which is not a build warning)
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: setup run test test-unit test-e2e screenshots lint bench report clean-cache
+.PHONY: setup run test test-unit test-e2e docs screenshots lint bench report clean-cache
 
 setup: $(STAMP)
 	@scripts/system-packages.sh data
@@ -26,10 +29,16 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-data.txt pyproject.
 run: setup
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.headless true
 
-# Unit tests and the real-browser test (skipped, with its reason, where chromium cannot be installed).
+# The docs site, built strictly (a few seconds: a broken link or anchor fails CI), then the unit
+# tests and the real-browser test (skipped, with its reason, where chromium cannot be installed).
 test: setup
+	$(MKDOCS) build --strict
 	-@scripts/system-packages.sh browser
 	$(BIN)/python -m pytest -q -rs -m "not slow"
+
+# The docs site (mkdocs.yml: the pages under docs/) into site/; any warning fails the build.
+docs: setup
+	$(MKDOCS) build --strict
 
 test-unit: setup
 	$(BIN)/python -m pytest -q
@@ -38,7 +47,7 @@ test-e2e: setup
 	@scripts/system-packages.sh browser
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
-# The README's screenshots: the browser walk with larger sizes (a budget-24 search; ~10 min).
+# The docs' screenshots: the browser walk with larger sizes (a budget-24 search; ~10 min).
 screenshots: setup
 	@scripts/system-packages.sh browser
 	HYDRA_E2E_N_SEARCH=256 HYDRA_E2E_N_REPORT=1000 HYDRA_E2E_BUDGET=24 HYDRA_E2E_PAGE_TIMEOUT=900 \
