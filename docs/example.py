@@ -1,6 +1,7 @@
-"""The README's Python tour, runnable as it stands: `python docs/example.py` (about a minute on
-2 CPU cores; tests/test_readme.py runs it). Sizes are small so that it is quick; the defaults are
-larger."""
+"""The Python tour of docs/python.md (the README's example is a part of it), runnable as it
+stands: `python docs/example.py` (about a minute on 2 CPU cores; tests/test_docs.py runs it and
+checks that every line of those two blocks is here). Sizes are small so that it is quick; the
+defaults are larger."""
 
 import hydra_core as hc
 
