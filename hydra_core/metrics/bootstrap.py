@@ -48,11 +48,13 @@ no vectorised form.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from hydra_core.metrics._validation import (
     as_float64,
@@ -221,21 +223,46 @@ def two_level_interval(
     values: Sequence[float],
     replicates: Sequence[Any],
     *,
-    n_boot: int = 1000,
-    seed: Seed = 0,
     level: float = LEVEL,
 ) -> tuple[float, float, float]:
     """(mean, lo, hi) of a statistic measured in R repeats (seeds, search samples), each with its
-    item-level bootstrap replicates: a two-level (hierarchical) percentile bootstrap. Each of the
-    ``n_boot`` replicates draws R repeats with replacement, then, within each drawn repeat, one
-    of its item-level replicates (a resample of its items), and averages them. The interval so
-    carries the repeat-to-repeat variance as well as the item sampling; with one repeat it is
-    that repeat's item-level interval (up to the redraw of its replicates).
+    item-level bootstrap replicates: a Student t interval over the repeats whose variance adds the
+    item sampling that the repeats' spread does not hold (docs/intervals.md).
+
+    Model: repeat r measures d_r = mu + b_r + e_r, b_r the repeat's own randomness (variance
+    sigma_b^2, independent over repeats) and e_r the sampling of the items; when the repeats are
+    evaluated on the same items, the e_r are correlated (a shared part). The mean over repeats has
+    Var(mean) = sigma_b^2 / R + Var(mean of e_r). From the data:
+
+    - s^2: the sample variance of the R values. It estimates sigma_b^2 + i, where i is the part of
+      the item noise that differs between repeats (all of it for independent items, none of it for
+      one shared item sample and repeats that move together);
+    - v: the variance over b of the mean over repeats of the b-th replicates (replicates are
+      paired by index: the same resample of the same items in every repeat, as the evaluations
+      draw them); it estimates Var(mean of e_r), shared part included. Replicate arrays of
+      different lengths are taken as independent: v = mean w_r / R;
+    - i_hat = R / (R - 1) * (mean w_r - v), w_r the variance of repeat r's replicates: the mean
+      over b of the sample variance over repeats of the centred replicates, so it estimates i.
+
+    se^2 = max(s^2 - i_hat, 0) / R + v: the repeats' spread less the item noise already in it
+    (nothing counted twice), plus the item noise of the mean. With independent items this is
+    max(s^2, mean w_r) / R; with one shared item sample it is s^2 / R + v. The quantile is Student
+    t with Welch-Satterthwaite degrees of freedom df = (R - 1) * (se^2 / (s^2 / R))^2 (s^2 is the
+    only estimated part; df = R - 1 where the repeats' spread dominates, towards the normal where
+    the item noise does). The interval is mean +- t_{df, (1 + level) / 2} * se.
+
+    Simulated coverage (tests/test_bootstrap.py: repeats with a known mean, between-repeat
+    variance and shared or independent item noise) is 0.94-0.96 at R = 3, 5 and 10, where the
+    former percentile bootstrap over repeats covered 0.78 at R = 3 with shared items.
+
+    With one repeat it is that repeat's item-level percentile interval. (mean, NaN, NaN) when any
+    value or replicate is NaN, or when R > 1 and a repeat has fewer than 2 replicates.
 
     Args:
         values: (R,) the statistic in each repeat; its mean is the point value.
         replicates: R arrays, each the statistic on that repeat's item resamples.
     """
+    level = _check_level(level)
     point = np.asarray(values, dtype=np.float64)
     reps = [np.asarray(r, dtype=np.float64) for r in replicates]
     if point.ndim != 1 or len(point) == 0 or len(point) != len(reps):
@@ -246,18 +273,38 @@ def two_level_interval(
     if any(r.ndim != 1 or len(r) == 0 for r in reps):
         raise ValueError("every repeat needs a non-empty 1-D array of item-level replicates")
     nan = float("nan")
+    mean = float(point.mean())
     if np.isnan(point).any() or any(np.isnan(r).any() for r in reps):
-        return float(point.mean()), nan, nan
-    rng = np.random.default_rng(seed)
+        return mean, nan, nan
     r = len(point)
-    drawn = rng.integers(0, r, size=(n_boot, r))  # repeats, with replacement
-    sizes = np.array([len(x) for x in reps])
-    within = (rng.random((n_boot, r)) * sizes[drawn]).astype(np.int64)  # one replicate each
-    flat = np.concatenate(reps)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    samples = flat[offsets[drawn] + within].mean(axis=1)
-    lo, hi = percentile_interval(samples, level)
-    return float(point.mean()), lo, hi
+    if r == 1:
+        lo, hi = percentile_interval(reps[0], level)
+        return mean, lo, hi
+    if any(len(x) < 2 for x in reps):
+        return mean, nan, nan
+    se2, df = _repeat_variance(point, reps)
+    q = float(stats.t.ppf((1 + level) / 2, df)) if np.isfinite(df) else _normal_quantile(level)
+    half = q * math.sqrt(se2)
+    return mean, mean - half, mean + half
+
+
+def _normal_quantile(level: float) -> float:
+    return float(stats.norm.ppf((1 + level) / 2))
+
+
+def _repeat_variance(point: np.ndarray, reps: list[np.ndarray]) -> tuple[float, float]:
+    """(se^2, df) of :func:`two_level_interval` for R >= 2 repeats."""
+    r = len(point)
+    s2 = float(point.var(ddof=1))
+    w = float(np.mean([x.var(ddof=1) for x in reps]))
+    if len({len(x) for x in reps}) == 1:  # paired by index: the mean's replicates
+        v = float(np.mean([x - x.mean() for x in reps], axis=0).var(ddof=1))
+    else:
+        v = w / r
+    interaction = r / (r - 1) * max(w - v, 0.0)
+    se2 = max(s2 - interaction, 0.0) / r + v
+    df = math.inf if s2 == 0 else (r - 1) * (se2 / (s2 / r)) ** 2
+    return se2, df
 
 
 def _resampled(data: Sequence[Any], index: np.ndarray) -> list[Any]:
