@@ -276,35 +276,57 @@ def two_level_interval(
     mean = float(point.mean())
     if np.isnan(point).any() or any(np.isnan(r).any() for r in reps):
         return mean, nan, nan
-    r = len(point)
-    if r == 1:
+    if len(point) == 1:
         lo, hi = percentile_interval(reps[0], level)
         return mean, lo, hi
     if any(len(x) < 2 for x in reps):
         return mean, nan, nan
-    se2, df = _repeat_variance(point, reps)
-    q = float(stats.t.ppf((1 + level) / 2, df)) if np.isfinite(df) else _normal_quantile(level)
-    half = q * math.sqrt(se2)
-    return mean, mean - half, mean + half
+    item_var, item_between = item_variance_parts(reps)
+    lo, hi = repeat_interval(point, item_var, item_between, level)
+    return mean, lo, hi
 
 
-def _normal_quantile(level: float) -> float:
-    return float(stats.norm.ppf((1 + level) / 2))
-
-
-def _repeat_variance(point: np.ndarray, reps: list[np.ndarray]) -> tuple[float, float]:
-    """(se^2, df) of :func:`two_level_interval` for R >= 2 repeats."""
-    r = len(point)
-    s2 = float(point.var(ddof=1))
+def item_variance_parts(replicates: Sequence[Any]) -> tuple[float, float]:
+    """(v, i_hat) of :func:`two_level_interval` from R >= 2 repeats' item-level replicates: v the
+    item sampling variance of the mean over repeats, i_hat the part of the item noise that differs
+    between repeats (already in the repeats' spread). Stored beside the per-repeat values, they let
+    :func:`repeat_interval` recompute the interval without the replicates."""
+    reps = [np.asarray(x, dtype=np.float64) for x in replicates]
+    r = len(reps)
+    if r < 2 or any(x.ndim != 1 or len(x) < 2 for x in reps):
+        raise ValueError("item_variance_parts needs 2 or more repeats of 2 or more replicates each")
     w = float(np.mean([x.var(ddof=1) for x in reps]))
     if len({len(x) for x in reps}) == 1:  # paired by index: the mean's replicates
         v = float(np.mean([x - x.mean() for x in reps], axis=0).var(ddof=1))
     else:
         v = w / r
-    interaction = r / (r - 1) * max(w - v, 0.0)
-    se2 = max(s2 - interaction, 0.0) / r + v
+    return v, r / (r - 1) * max(w - v, 0.0)
+
+
+def repeat_interval(
+    values: Sequence[float], item_var: float, item_between: float, level: float = LEVEL
+) -> tuple[float, float]:
+    """(lo, hi) of :func:`two_level_interval` from the R >= 2 per-repeat values and the item parts
+    of :func:`item_variance_parts`: mean +- t_df * se, se^2 = max(s^2 - item_between, 0) / R +
+    item_var, df = (R - 1) * (se^2 / (s^2 / R))^2 (the normal quantile where s^2 = 0)."""
+    level = _check_level(level)
+    point = np.asarray(values, dtype=np.float64)
+    r = len(point)
+    if r < 2:
+        raise ValueError(f"repeat_interval needs 2 or more repeats, got {r}")
+    if np.isnan(point).any() or item_var != item_var or item_between != item_between:
+        return float("nan"), float("nan")
+    s2 = float(point.var(ddof=1))
+    se2 = max(s2 - item_between, 0.0) / r + item_var
     df = math.inf if s2 == 0 else (r - 1) * (se2 / (s2 / r)) ** 2
-    return se2, df
+    q = float(stats.t.ppf((1 + level) / 2, df)) if np.isfinite(df) else _normal_quantile(level)
+    half = q * math.sqrt(se2)
+    mean = float(point.mean())
+    return mean - half, mean + half
+
+
+def _normal_quantile(level: float) -> float:
+    return float(stats.norm.ppf((1 + level) / 2))
 
 
 def _resampled(data: Sequence[Any], index: np.ndarray) -> list[Any]:
