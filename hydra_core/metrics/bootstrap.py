@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from hydra_core.errors import InputError
 from hydra_core.metrics._validation import (
+    UndefinedMetricWarning,
     as_float64,
     check_classification,
     check_n_bins,
@@ -74,6 +77,17 @@ from hydra_core.metrics.ood import RECALL_LEVEL
 Seed = int | Sequence[int] | np.random.SeedSequence
 #: The confidence level of every reported interval.
 LEVEL = 0.95
+#: The fewest resamples an interval may come from: with B resamples the 2.5% and 97.5% quantiles
+#: lie (B - 1) x 2.5% positions inside the extremes, at least one position from B = 41 on, so that a
+#: single outlying resample cannot be a bound by itself; 50 rounds it up. Below it, the CLI's
+#: ``--boot`` and the app's resample controls refuse (:func:`check_n_boot`).
+MIN_BOOT = 50
+#: The fewest items a part of the data (the ID part; each OOD set) may hold for an interval: below
+#: it a resample can take only a handful of distinct values (2 items: 3), the percentile interval
+#: describes the resampling, not the population, and a metric of 1 item (AUROC 1, FPR@95 0) is
+#: certain only in appearance. Intervals touching such a part are NaN, with a warning, and so
+#: never "significant" (:func:`blank_small_parts`).
+MIN_ITEMS = 10
 #: Work on blocks of resamples of about this many (resample, image) cells, to bound memory.
 _BLOCK_CELLS = 1 << 20
 #: Resamples drawn per call of the random generator (fixed, so that a seed gives the same draws
@@ -97,6 +111,49 @@ class BootstrapConfig:
     def __post_init__(self) -> None:
         if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or self.n_boot < 1:
             raise ValueError(f"n_boot must be a positive integer, got {self.n_boot!r}")
+
+
+def check_n_boot(n_boot: int, option: str = "--boot") -> int:
+    """``n_boot`` when it is at least :data:`MIN_BOOT`; else one line naming ``option`` and the
+    minimum (an InputError, so the CLI exits 2)."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < MIN_BOOT:
+        raise InputError(
+            f"{option} {n_boot}: a 95% interval needs at least {MIN_BOOT} bootstrap resamples "
+            f"(1,000 recommended); use {option} {MIN_BOOT} or more"
+        )
+    return n_boot
+
+
+def blank_small_parts(
+    id_replicates: dict[str, np.ndarray],
+    ood_replicates: Sequence[dict[str, np.ndarray]],
+    n_id: int,
+    ood_sizes: Sequence[int],
+    names: Sequence[str] | None = None,
+) -> None:
+    """Set to NaN, in place, the resample values of every part with fewer than
+    :data:`MIN_ITEMS` items (an OOD set's metrics also use the ID part, so a small ID part blanks
+    them all), and warn once naming them: their intervals become NaN and are never significant.
+    The point values are left alone."""
+    blank_id = n_id < MIN_ITEMS
+    blanked = []
+    if blank_id:
+        blanked.append(f"the ID part ({n_id})")
+        for key in id_replicates:
+            id_replicates[key] = np.full_like(id_replicates[key], np.nan, dtype=np.float64)
+    for k, (reps, n) in enumerate(zip(ood_replicates, ood_sizes, strict=True)):
+        if blank_id or n < MIN_ITEMS:
+            if n < MIN_ITEMS:
+                blanked.append(f"{names[k] if names else f'OOD set {k + 1}'} ({n})")
+            for key in reps:
+                reps[key] = np.full_like(reps[key], np.nan, dtype=np.float64)
+    if blanked:
+        warnings.warn(
+            f"fewer than {MIN_ITEMS} items in {', '.join(blanked)}: no 95% interval (NaN) for "
+            "the metrics that use them, and none is marked significant; use more items",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
 
 
 # --- drawing resamples ---------------------------------------------------------------------------
@@ -124,6 +181,31 @@ def _index_blocks(strata: np.ndarray, n_boot: int, seed: Seed) -> Iterator[np.nd
         rows = min(_DRAW_ROWS, n_boot - first)
         offset = rng.integers(0, size, size=(rows, n))  # (rows, N) position within the stratum
         yield members[start + offset]
+
+
+def check_resampled(strata: Any, what: str = "search items") -> None:
+    """Refuse strata in which every stratum holds one item (every stratified resample is then the
+    sample itself: agreement between resamples would be certain by construction), and warn when
+    some items are alone in theirs (those items never vary)."""
+    strata = _check_strata(strata)
+    if len(strata) == 0:
+        return
+    _, stratum_of, sizes = np.unique(strata, return_inverse=True, return_counts=True)
+    alone = int((sizes[stratum_of] < 2).sum())
+    if alone == len(strata):
+        raise InputError(
+            f"every class and OOD set holds a single one of the {len(strata)} {what}: each "
+            "bootstrap resample would be the sample itself, so agreement between resamples would "
+            "say nothing; use more search samples"
+        )
+    if alone:
+        warnings.warn(
+            f"{alone} of {len(strata)} {what} are alone in their class or OOD set: resamples "
+            "cannot vary them, so agreement between resamples overstates stability; use more "
+            "search samples",
+            UndefinedMetricWarning,
+            stacklevel=2,
+        )
 
 
 def stratified_indices(strata: Any, *, n_boot: int = 1000, seed: Seed = 0) -> np.ndarray:

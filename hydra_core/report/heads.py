@@ -52,7 +52,7 @@ def evidence_table(
         cache=cache,
     )
     table = found.table.sort_values("agreed_rank")
-    return table.drop(columns=["frequency", "rank_frequency"]).reset_index(drop=True)
+    return table.drop(columns=["keep_frequency", "rank_keep_frequency"]).reset_index(drop=True)
 
 
 def _interval(row: pd.Series, key: str, signed: bool) -> str:
