@@ -100,3 +100,15 @@ def test_few_report_items_are_never_significant_through_the_cli(checkpoint, tmp_
         assert not head["detector_auroc_significant"] and not head["delta_accuracy_significant"]
     assert found["dense"]["auroc"]["ci95"] == [None, None]
     assert f"fewer than {MIN_ITEMS} items in the ID part" in captured.err
+
+
+def test_stability_over_classes_of_one_item_is_refused_through_the_cli(
+    checkpoint, tmp_path, capsys
+):
+    # 2 search samples per side: one ID class and one OOD set per item
+    data = ["--n-search", "2", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
+    argv = ["search", "--model", checkpoint, *data, "--budget", "2", "--stability", "3"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and "each bootstrap resample would be the sample itself" in err[0]
+    assert "--n-search" in err[0]

@@ -183,6 +183,10 @@ def _index_blocks(strata: np.ndarray, n_boot: int, seed: Seed) -> Iterator[np.nd
         yield members[start + offset]
 
 
+#: where a user asks for more search samples: the CLI option and the app's Setup control
+MORE_SEARCH = "--n-search; in the app, Setup's 'Search ... per set'"
+
+
 def check_resampled(strata: Any, what: str = "search items") -> None:
     """Refuse strata in which every stratum holds one item (every stratified resample is then the
     sample itself: agreement between resamples would be certain by construction), and warn when
@@ -196,13 +200,13 @@ def check_resampled(strata: Any, what: str = "search items") -> None:
         raise InputError(
             f"every class and OOD set holds a single one of the {len(strata)} {what}: each "
             "bootstrap resample would be the sample itself, so agreement between resamples would "
-            "say nothing; use more search samples"
+            f"say nothing; use more search samples ({MORE_SEARCH})"
         )
     if alone:
         warnings.warn(
             f"{alone} of {len(strata)} {what} are alone in their class or OOD set: resamples "
             "cannot vary them, so agreement between resamples overstates stability; use more "
-            "search samples",
+            f"search samples ({MORE_SEARCH})",
             UndefinedMetricWarning,
             stacklevel=2,
         )
