@@ -22,6 +22,14 @@ What is resampled, and why:
   values (numpy's default linear interpolation). The point value is the metric on the images
   themselves, not the mean of the resamples.
 
+Over repeats of an experiment (seeds, search samples) on the same items, :func:`two_level_interval`
+gives a Student t interval over the repeats that adds the items' sampling (docs/intervals.md), not a
+percentile bootstrap of the repeats, which cannot reach beyond the repeats' own range at R = 3.
+
+Minimum sizes: :data:`MIN_BOOT` resamples per interval (the CLI and the app refuse fewer,
+:func:`check_n_boot`) and :data:`MIN_ITEMS` items per part (fewer give NaN intervals with a warning,
+:func:`blank_small_parts`, so nothing is marked significant).
+
 How it is fast: a resample is stored as counts, ``counts[b, i]`` = how often image i is drawn in
 resample b (shape (B, N)). Every metric of the README's Metric conventions is a function of
 per-image values and these counts, so all B resamples are computed together and each set is sorted
