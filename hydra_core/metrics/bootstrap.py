@@ -26,9 +26,9 @@ Over repeats of an experiment (seeds, search samples) on the same items, :func:`
 gives a Student t interval over the repeats that adds the items' sampling (docs/intervals.md), not a
 percentile bootstrap of the repeats, which cannot reach beyond the repeats' own range at R = 3.
 
-Minimum sizes: :data:`MIN_BOOT` resamples per interval (the CLI and the app refuse fewer,
-:func:`check_n_boot`) and :data:`MIN_ITEMS` items per part (fewer give NaN intervals with a warning,
-:func:`blank_small_parts`, so nothing is marked significant).
+Minimum sizes: :data:`MIN_BOOT` resamples per interval (`heads --boot` and the Evidence page refuse
+fewer; :func:`check_n_boot` for other callers) and :data:`MIN_ITEMS` items per part (fewer give NaN
+intervals with a warning, :func:`blank_small_parts`, so nothing is marked significant).
 
 How it is fast: a resample is stored as counts, ``counts[b, i]`` = how often image i is drawn in
 resample b (shape (B, N)). Every metric of the README's Metric conventions is a function of
