@@ -35,6 +35,7 @@ from hydra_core.metrics.bootstrap import (
     LEVEL,
     BootstrapConfig,
     Resamples,
+    blank_small_parts,
     classification_replicates,
     mean_replicates,
     ood_replicates_per_set,
@@ -102,7 +103,8 @@ def format_intervals(frame: pd.DataFrame, *, digits: int = 4, signed: bool = Fal
     """A table for reading: each metric with ``_lo`` / ``_hi`` columns becomes one text column
     ``"v ± h"`` (h: half the interval's width; the percentile interval need not be symmetric, the
     exact bounds stay in the numeric table). ``signed`` (for differences): ``"+v ± h"``, and
-    ``" (n.s.)"`` where the interval contains 0. NaN shows as "–"."""
+    ``" (n.s.)"`` where the interval contains 0, ``" (no interval)"`` where it is NaN (too few
+    items). NaN shows as "–"."""
     out = frame.copy()
     sign = "+" if signed else ""
     for column in list(frame.columns):
@@ -119,6 +121,8 @@ def format_intervals(frame: pd.DataFrame, *, digits: int = 4, signed: bool = Fal
                 text += f" ± {(high - low) / 2:.{digits}f}"
                 if signed and low <= 0 <= high:
                     text += " (n.s.)"
+            elif signed:  # too few items or resamples: never read as significant
+                text += " (no interval)"
             cells.append(text)
         out[column] = cells
         out = out.drop(columns=[lo, hi])
@@ -331,6 +335,8 @@ class Evaluation:
             if arrays.diversity:
                 means = mean_replicates(np.column_stack(list(arrays.diversity.values())), c)
                 reps.update(zip(arrays.diversity, means.T, strict=True))
+        sizes, names = [len(s.logits) for s in self.ood], [s.name for s in self.ood]
+        blank_small_parts(id_reps, per_set, len(self.id.labels), sizes, names)  # NaN, warned
         out = {self.id.name: id_reps}
         out.update({s.name: reps for s, reps in zip(self.ood, per_set, strict=True)})
         for label, groups in AVERAGES.values():

@@ -24,6 +24,7 @@ from hydra_core.analysis.evidence import (
 )
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.data.images import take
+from hydra_core.metrics.bootstrap import MIN_BOOT
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import Context, disk_cache, results
 from hydra_ui.figures import head_heatmap
@@ -43,7 +44,7 @@ MAP_CHOICES = {
     "agreed rank": ("agreed_rank", "agreed rank (1 = most important)"),
     "ΔAUROC": ("delta_auroc", "ΔAUROC when ablated"),
     "detector AUROC": ("detector_auroc", "detector AUROC"),
-    "selection frequency": ("frequency", "selection frequency"),
+    "keep frequency": ("keep_frequency", "kept by share of resamples (higher = more important)"),
     "Δaccuracy": ("delta_accuracy", "Δaccuracy when ablated"),
 }
 
@@ -173,13 +174,14 @@ def evidence_section(context: Context, fit) -> None:
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
     c1, c2 = st.columns([1, 2])
-    n_boot = int(c1.number_input("Resamples", 50, 5000, 1000, step=50, disabled=running))
+    n_boot = int(c1.number_input("Resamples", MIN_BOOT, 5000, 1000, step=50, disabled=running))
     upload = c2.file_uploader(
         "Stability result (optional, JSON of format hydra-stability)",
         type=["json"],
         disabled=running,
-        help="Selection frequencies of heads over greedy searches on bootstrap resamples of the "
-        "search split; they join the evidence and the ranking",
+        help="Greedy searches on bootstrap resamples of the search split: the share of them that "
+        "kept each head (1 - the file's removal frequency) joins the evidence and the ranking, "
+        "higher = more important",
     )
     frequency = None
     if upload is not None:
@@ -187,8 +189,9 @@ def evidence_section(context: Context, fit) -> None:
     elif (found := page_stability()) is not None:  # the Stability section's last run
         frequency = found.frequency().numpy()
         st.caption(
-            f"Selection frequencies from the Stability run above ({found.resamples} resamples, "
-            f"greedy {found.objective}, {found.steps} steps); an uploaded file replaces them."
+            "Keep frequencies (1 - removal frequency) from the Stability run above "
+            f"({found.resamples} resamples, greedy {found.objective}, {found.steps} steps); an "
+            "uploaded file replaces them."
         )
     if st.button("Compute evidence", icon=":material/query_stats:", disabled=running):
         start_evidence(context, fit, n_boot, frequency)

@@ -19,7 +19,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
-from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
+from hydra_core.analysis.holdout import (
+    FEW_SAMPLES,
+    HeldOutCurve,
+    held_out_curve,
+    holdout_split,
+    jaccard_words,
+)
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
 from hydra_core.hydra import members
 from hydra_core.models.adapter import head_label, head_layout
@@ -56,17 +62,18 @@ class StabilityRun:
 def frequency_heatmap(
     found: StabilityResult, search: GreedyResult, towers: Towers = ()
 ) -> go.Figure:
-    """Selection frequency per head (share of resamples that removed it), the search's own removal
-    step in the hover box."""
-    freq = found.frequency().numpy()
-    step = np.full(freq.shape, "kept", dtype=object)
-    step[np.isnan(freq)] = ""
+    """Keep frequency per head (share of resamples whose search kept it: 1 - the removal
+    frequency; higher = more important, the convention of every ranking), the search's own
+    removal step in the hover box."""
+    keep = 1.0 - found.frequency().numpy()
+    step = np.full(keep.shape, "kept", dtype=object)
+    step[np.isnan(keep)] = ""
     for t, head in enumerate(search.order):
         step[head] = f"removed at step {t + 1}"
     fig = head_heatmap(
-        freq,
-        title=f"Removed within {found.steps} steps, share of {found.resamples} resamples",
-        value_name="frequency",
+        keep,
+        title=f"Kept through {found.steps} steps, share of {found.resamples} resamples",
+        value_name="keep frequency",
         hover={"this search": step},
         value_format=".2f",
         colorscale="Viridis",
@@ -159,13 +166,14 @@ def jaccard_figure(found: StabilityResult) -> go.Figure:
 
 
 def stable_table(found: StabilityResult, search: GreedyResult) -> list[dict]:
-    """Heads the search kept that at most 1 - STABLE_SHARE of the resamples removed (the stable
-    circuit), then those it removed that at least STABLE_SHARE removed."""
-    freq = found.frequency()
+    """Heads the search kept that at least STABLE_SHARE of the resamples kept (the stable
+    circuit), then those it removed that at most 1 - STABLE_SHARE kept; "kept by resamples" is
+    the keep frequency (higher = more important)."""
+    keep = 1.0 - found.frequency()
     removed, kept = found.stable_heads()
     order = {h: t + 1 for t, h in enumerate(search.order)}
     rows = [
-        {"head": head_label(*h), "this search": "kept", "removed by resamples": float(freq[h])}
+        {"head": head_label(*h), "this search": "kept", "kept by resamples": float(keep[h])}
         for h in kept
         if h not in order
     ]
@@ -173,7 +181,7 @@ def stable_table(found: StabilityResult, search: GreedyResult) -> list[dict]:
         {
             "head": head_label(*h),
             "this search": f"removed at step {order[h]}",
-            "removed by resamples": float(freq[h]),
+            "kept by resamples": float(keep[h]),
         }
         for h in removed
         if h in order
@@ -278,12 +286,13 @@ def stability_view(context, inputs, objective: str, budget: int) -> None:
         "Would these heads come out again on another sample, and where does the search start "
         "fitting its own? The search split is cut into a search part and a held-out part (every "
         "class and OOD search set within itself; no report set is used). The search runs on the "
-        "search part, its circuit is scored on the held-out part after every step (the step "
-        "where that peaks is the suggested budget), and the same search runs on B bootstrap "
-        "resamples of the search part: a head's frequency is the share of resamples that "
-        f"removed it. Heads kept by at least {STABLE_SHARE:.0%} of the resamples form the stable "
-        "circuit. Objective and budget are the search's above; a stopped run continues where it "
-        "stopped when run again."
+        "search part, its circuit is scored on the held-out part after every step (a smaller "
+        "budget is suggested only where the held-out peak beats the end beyond both 95% "
+        "intervals), and the same search runs on B bootstrap resamples of the search part: a "
+        "head's keep frequency is the share of resamples whose search kept it (higher = more "
+        f"important, as on every page). Heads kept by at least {STABLE_SHARE:.0%} of the "
+        "resamples form the stable circuit. Objective and budget are the search's above; a "
+        "stopped run continues where it stopped when run again."
     )
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
@@ -322,8 +331,8 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
     summary = found.summary()
     line = (
         f"**{found.resamples} resamples** of {run.n_id} ID + {run.n_ood} OOD search samples, "
-        f"budget {found.steps}: mean pairwise Jaccard of the removed sets "
-        f"**{summary['jaccard']:.2f}**, "
+        f"budget {found.steps}: "
+        f"{jaccard_words(summary['jaccard'], sum(found.num_heads), found.steps)}, "
         f"first removal agreed by {summary['first_step_agreement']:.0%}; "
         f"{summary['group_steps']} shared steps computed for {summary['independent_steps']}."
     )
@@ -334,11 +343,19 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
             f"On the held-out part ({curve.n_id} ID + {curve.n_ood} OOD) the objective peaks after "
             f"**{peak}** removal{'s' * (peak != 1)}"
         )
-        if curve.beyond_peak(search.steps):
+        suggested = curve.suggested_budget(search.steps)
+        if suggested is not None:
             st.warning(
-                text + f": the budget of {search.steps} goes past it; past the peak the "
-                "search fits its sample. Suggested budget: "
-                f"**{max(peak, 1)}**."
+                text + f", better than at the budget of {search.steps} beyond the interval "
+                f"(peak minus budget [{curve.peak_gain_lo[search.steps]:+.4f}, "
+                f"{curve.peak_gain_hi[search.steps]:+.4f}]): past the peak the search fits its "
+                f"sample. Suggested budget: **{suggested}**."
+            )
+        elif curve.beyond_peak(search.steps):
+            st.info(
+                text + f", but within the interval of the objective at the budget of "
+                f"{search.steps}: the held-out part cannot tell them apart, so no smaller budget "
+                "is suggested."
             )
         else:
             st.success(text + f", at or beyond the budget of {search.steps}.")

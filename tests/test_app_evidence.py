@@ -86,7 +86,7 @@ def test_evidence_table_and_map_match_hydra_core(app, checkpoint):
     text = f"{first.delta_auroc:+.4f} [{first.delta_auroc_lo:+.4f}, {first.delta_auroc_hi:+.4f}]"
     assert shown["ΔAUROC 95% CI"].iloc[0] == text
     assert shown["ΔAUROC ✱"].iloc[0] == ("✱" if first.delta_auroc_significant else "")
-    assert "selection frequency" not in shown.columns  # no stability result given
+    assert "keep frequency" not in shown.columns  # no stability result given
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}) for c in app.get("plotly_chart")]
     assert {"text": "agreed rank per head (yellow = most important)"} in titles
     # a head picked (a row of the table, a cell of the map) opens on the Representations page
@@ -125,7 +125,9 @@ def test_a_stability_file_joins_the_evidence(app, checkpoint, monkeypatch):
     shown = _table(app)
     as_array = np.array([[np.nan if v is None else v for v in r] for r in frequency])
     expected = _expected(checkpoint, 50, as_array).table.sort_values("agreed_rank")
-    np.testing.assert_allclose(shown["selection frequency"], expected["frequency"])
+    np.testing.assert_allclose(shown["keep frequency"], expected["keep_frequency"])
+    kept = dict(zip(shown["head"], shown["keep frequency"], strict=True))
+    assert kept["L1H0"] == 0.0 and kept["L0H2"] == 1.0  # removed by every resample / by none
     np.testing.assert_allclose(shown["mean rank"], expected["mean_rank"])
 
 

@@ -65,10 +65,16 @@ def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F8
     assert run.curve.held_out == pytest.approx(curve.held_out)
 
     shown = figures(app)
-    freq = next(f for f in shown if f.layout.title.text.startswith("Removed within 3 steps"))
-    np.testing.assert_allclose(array(freq.data[0].z), found.frequency().numpy())
+    freq = next(f for f in shown if f.layout.title.text.startswith("Kept through 3 steps"))
+    np.testing.assert_allclose(array(freq.data[0].z), 1 - found.frequency().numpy())
     assert any(f.layout.title.text.endswith("search part vs held out") for f in shown)
-    peak_message = [m.value for m in (*app.warning, *app.success) if "held-out part" in m.value]
+    messages = (*app.warning, *app.success, *app.info)
+    peak_message = [m.value for m in messages if "held-out part" in m.value]
+    suggested = run.curve.suggested_budget(run.search.steps)
+    assert any(f"Suggested budget: **{suggested}**" in m for m in peak_message) == (
+        suggested is not None
+    )
+    assert any("for two random sets of 3 of" in m.value for m in app.markdown)
     assert peak_message and f"after **{curve.peak}**" in peak_message[0]
 
 
@@ -84,11 +90,11 @@ def test_figures_from_results():
 
     fig = frequency_heatmap(found, Search())
     z = array(fig.data[0].z)
-    assert z[0, 0] == 1.0 and z[1, 1] == pytest.approx(2 / 3) and z[0, 1] == 0.0
+    assert z[0, 0] == 0.0 and z[1, 1] == pytest.approx(1 / 3) and z[0, 1] == 1.0
     agreement = jaccard_figure(found)
     assert list(agreement.data[1].y) == pytest.approx([1.0, 2 / 3])
     rows = stable_table(found, Search())
-    assert {"head": "L0H0", "this search": "removed at step 1", "removed by resamples": 1.0} in rows
+    assert {"head": "L0H0", "this search": "removed at step 1", "kept by resamples": 0.0} in rows
     assert all(r["this search"] == "kept" for r in rows if r["head"] != "L0H0")
 
     class Curve:
@@ -154,4 +160,5 @@ def test_evidence_takes_the_frequencies_of_the_stability_run(app):  # noqa: F811
     app.run()
     finish_job(app, "evidence")
     found = app.session_state["results"]["jobs"]["evidence"].result
-    np.testing.assert_array_equal(found.map("frequency"), run.stability.frequency().numpy())
+    keep = 1 - run.stability.frequency().numpy()
+    np.testing.assert_array_equal(found.map("keep_frequency"), keep)

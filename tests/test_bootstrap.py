@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from hydra_core import metrics
 from hydra_core.evaluate import Evaluation, SetPredictions, compare
@@ -343,35 +344,101 @@ def test_bad_input_raises_a_named_error(call, match):
 # --- two levels: repeats, then items -----------------------------------------------------------
 
 
-def test_two_level_interval_is_repeats_then_items_transcribed():
+def _old_percentile_over_repeats(values, reps, rng, n_boot=400):
+    """The former two_level_interval (kept here as the documented contrast): draw R repeats with
+    replacement, one item replicate within each, and take the 2.5% and 97.5% percentiles."""
+    r = len(values)
+    drawn = rng.integers(0, r, size=(n_boot, r))
+    within = rng.integers(0, reps.shape[1], size=(n_boot, r))
+    return tuple(np.quantile(reps[drawn, within].mean(axis=1), [0.025, 0.975]))
+
+
+def _simulated_coverage(r, sigma_between, sigma_shared, sigma_own, n_sims, seed):
+    """Coverage of the true mean (0) by two_level_interval and by the old percentile method.
+
+    Each simulated experiment: R repeats d_r = b_r + e + e_r (b_r ~ N(0, sigma_between^2) the
+    repeat's own randomness, e ~ N(0, sigma_shared^2) the items all repeats share, e_r ~ N(0,
+    sigma_own^2) item noise that differs between repeats), each with 200 item-level replicates
+    d_r + e* + e_r*, the e* paired over repeats (the same resample of the same items)."""
+    rng = np.random.default_rng(seed)
+    new = old = 0
+    for _ in range(n_sims):
+        d = (
+            rng.normal(0, sigma_between, r)
+            + rng.normal(0, sigma_shared)
+            + rng.normal(0, sigma_own, r)
+        )
+        reps = (
+            d[:, None]
+            + rng.normal(0, sigma_shared, 200)[None, :]
+            + rng.normal(0, sigma_own, (r, 200))
+        )
+        _, lo, hi = two_level_interval(d, list(reps))
+        new += lo <= 0 <= hi
+        if r == 3:
+            lo, hi = _old_percentile_over_repeats(d, reps, rng)
+            old += lo <= 0 <= hi
+    return new / n_sims, old / n_sims
+
+
+@pytest.mark.parametrize(
+    ("design", "old_at_most"),
+    [
+        # the reports' design: one report sample shared by all repeats, seeds that move the result
+        ({"sigma_between": 1.0, "sigma_shared": 1.0, "sigma_own": 0.3}, 0.85),
+        # independent items per repeat: the repeats' spread already holds the item noise (the old
+        # method measured 0.928-0.934 here: short, but within noise of the bound below)
+        ({"sigma_between": 1.0, "sigma_shared": 0.0, "sigma_own": 1.0}, 0.95),
+    ],
+    ids=["shared-items", "independent-items"],
+)
+def test_two_level_interval_covers_95_percent_at_3_5_and_10_repeats(design, old_at_most):
+    n_sims = 1000  # coverage to about +-0.007 (one standard error)
+    for r, seed in ((3, 1), (5, 2), (10, 3)):
+        coverage, old = _simulated_coverage(r, **design, n_sims=n_sims, seed=seed)
+        assert 0.93 <= coverage <= 0.97, (r, coverage)
+        if r == 3:  # the contrast: percentiles of the repeats cannot reach past their range
+            assert old <= old_at_most, old
+
+
+def test_two_level_interval_is_the_formula_transcribed():
     rng = np.random.default_rng(5)
-    values = [0.1, 0.4, -0.2]
-    reps = [v + 0.05 * rng.standard_normal(200 + 10 * i) for i, v in enumerate(values)]
-    mean, lo, hi = two_level_interval(values, reps, n_boot=500, seed=3)
-    # a plain transcription: per replicate, draw the repeats, then one replicate within each
-    g = np.random.default_rng(3)
-    drawn = g.integers(0, 3, size=(500, 3))
-    u = g.random((500, 3))
-    samples = [
-        np.mean([reps[r][int(u[b, j] * len(reps[r]))] for j, r in enumerate(drawn[b])])
-        for b in range(500)
-    ]
-    assert mean == pytest.approx(np.mean(values))
-    assert (lo, hi) == pytest.approx(tuple(np.quantile(samples, [0.025, 0.975])))
-
-
-def test_two_level_interval_carries_the_repeat_variance():
-    rng = np.random.default_rng(0)
-    # three repeats whose items each give a tight interval, but which disagree with each other
-    values = [1.0, 3.0, 5.0]
-    reps = [v + 0.01 * rng.standard_normal(1000) for v in values]
+    values = np.array([1.78, -0.57, 0.83])
+    reps = [v + 0.05 * rng.standard_normal(300) for v in values]
     mean, lo, hi = two_level_interval(values, reps)
-    assert mean == pytest.approx(3.0)
-    assert lo < 2.0 and hi > 4.0  # the spread of the repeats, not the 0.01 of the items
-    # with one repeat it is that repeat's item-level interval
-    _, lo1, hi1 = two_level_interval([1.0], [reps[0]], n_boot=4000)
-    ref = np.quantile(reps[0], [0.025, 0.975])
-    assert lo1 == pytest.approx(ref[0], abs=0.005) and hi1 == pytest.approx(ref[1], abs=0.005)
+    s2 = values.var(ddof=1)
+    w = np.mean([x.var(ddof=1) for x in reps])
+    v = np.mean([x - x.mean() for x in reps], axis=0).var(ddof=1)
+    se2 = max(s2 - 3 / 2 * (w - v), 0) / 3 + v
+    df = 2 * (se2 / (s2 / 3)) ** 2
+    half = stats.t.ppf(0.975, df) * np.sqrt(se2)
+    assert mean == pytest.approx(values.mean())
+    assert (lo, hi) == pytest.approx((mean - half, mean + half))
+    # the issue's example: the repeats' spread dominates, so it is the Student t interval (+-2.93)
+    assert half == pytest.approx(stats.t.ppf(0.975, 2) * values.std(ddof=1) / np.sqrt(3), rel=0.01)
+    assert half == pytest.approx(2.93, abs=0.01)
+
+
+def test_two_level_interval_adds_the_shared_item_noise():
+    # three repeats that agree, on one shared item sample whose replicates move together: the
+    # repeats' spread is ~0, but the items' sampling is not, and the interval keeps it
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(1000)
+    values = [2.0, 2.001, 1.999]
+    reps = [v + shared for v in values]
+    mean, lo, hi = two_level_interval(values, reps)
+    assert (hi - lo) / 2 == pytest.approx(1.96 * shared.std(ddof=1), rel=0.02)
+    # independent item noise of the same size: the repeats' mean halves... by sqrt(R)
+    own = [v + rng.standard_normal(1000) for v in values]
+    _, lo2, hi2 = two_level_interval(values, own)
+    assert (hi2 - lo2) < (hi - lo)
+
+
+def test_two_level_interval_with_one_repeat_is_its_item_interval():
+    reps = np.random.default_rng(1).standard_normal(500)
+    mean, lo, hi = two_level_interval([0.1], [reps])
+    assert mean == 0.1
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])))
 
 
 def test_two_level_interval_refuses_bad_input_and_passes_nan():
@@ -380,4 +447,7 @@ def test_two_level_interval_refuses_bad_input_and_passes_nan():
     with pytest.raises(ValueError, match="non-empty"):
         two_level_interval([1.0], [np.ones(0)])
     mean, lo, hi = two_level_interval([1.0, np.nan], [np.ones(3), np.ones(3)])
-    assert np.isnan(lo) and np.isnan(hi)
+    assert mean != mean and np.isnan(lo) and np.isnan(hi)
+    # a repeat with one replicate has no item variance: no interval
+    mean, lo, hi = two_level_interval([1.0, 2.0], [np.ones(1), np.ones(1)])
+    assert mean == 1.5 and np.isnan(lo) and np.isnan(hi)

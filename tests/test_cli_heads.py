@@ -14,6 +14,7 @@ from hydra_core.analysis.evidence import head_evidence
 from hydra_core.cli import main
 from hydra_core.cli.common import load_for_cli
 from hydra_core.cli.heads import CSV_COLUMNS
+from hydra_core.metrics.bootstrap import MIN_BOOT
 from hydra_core.outputs import MANIFEST
 from tests.test_cli_text import text_setup  # noqa: F401 (a fixture)
 
@@ -58,36 +59,37 @@ def _check_against_library(out, argv, boot, frequency=None) -> dict:
 
 def test_heads_writes_csv_json_and_prints_json(checkpoint, tmp_path, capsys):
     out = tmp_path / "heads"
-    argv = ["heads", "--model", checkpoint, *DATA, "--boot", "30", "--out", str(out), "--json"]
+    argv = ["heads", "--model", checkpoint, *DATA, "--boot", "50", "--out", str(out), "--json"]
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
-    saved = _check_against_library(out, argv, 30)
+    saved = _check_against_library(out, argv, 50)
     assert printed == saved
     assert printed["format"] == "hydra-heads" and len(printed["heads"]) == 8  # 2 x 4 heads
-    assert printed["ood_sets"] == ["mnist", "noise"] and printed["bootstrap"]["n_boot"] == 30
+    assert printed["ood_sets"] == ["mnist", "noise"] and printed["bootstrap"]["n_boot"] == 50
     first = printed["heads"][0]
     assert first["agreed_rank"] == 1 and len(first["delta_auroc_ci95"]) == 2
-    assert first["frequency"] is None and printed["model"]["heads"] == 4
+    assert first["keep_frequency"] is None and printed["model"]["heads"] == 4
 
     # a stability file joins its frequencies; the same folder takes the same model again
     stability = tmp_path / "stability.json"
     frequency = [[0.1, 0.9, 0.0, 0.5], [1.0, 0.2, 0.3, None]]
     stability.write_text(json.dumps({"format": "hydra-stability", "frequency": frequency}))
-    argv = ["heads", "--model", checkpoint, *DATA, "--boot", "30", "--out", str(out)]
+    argv = ["heads", "--model", checkpoint, *DATA, "--boot", "50", "--out", str(out)]
     assert main([*argv, "--stability", str(stability)]) == 0
     shown = capsys.readouterr().out
     assert "rank  head" in shown and "wrote" in shown
     as_array = np.array([[np.nan if v is None else v for v in r] for r in frequency])
-    saved = _check_against_library(out, argv, 30, as_array)
-    assert {h["label"]: h["frequency"] for h in saved["heads"]}["L1H0"] == 1.0
+    saved = _check_against_library(out, argv, 50, as_array)
+    kept = {h["label"]: h["keep_frequency"] for h in saved["heads"]}
+    assert kept["L1H0"] == 0.0 and kept["L0H2"] == 1.0  # removed by every resample / by none
 
 
 def test_heads_on_a_text_model(text_setup, tmp_path, capsys):  # noqa: F811
     _, args = text_setup
     out = tmp_path / "heads"
-    argv = ["heads", *args, "--n-search", "30", "--boot", "20", "--out", str(out)]
+    argv = ["heads", *args, "--n-search", "30", "--boot", "50", "--out", str(out)]
     assert main(argv) == 0
-    saved = _check_against_library(out, argv, 20)
+    saved = _check_against_library(out, argv, 50)
     assert len(saved["heads"]) == 8  # the tiny BERT: 2 x 4
     assert all(h["detector_auroc"] is not None for h in saved["heads"])
 
@@ -112,9 +114,19 @@ def test_bad_stability_files_end_in_one_line(checkpoint, tmp_path, capsys, conte
     assert not out.exists()  # refused before the output folder is claimed
 
 
+@pytest.mark.parametrize("boot", ["0", "1", "49"])
+def test_too_few_resamples_are_refused_in_one_line(checkpoint, tmp_path, boot, capsys):
+    out = tmp_path / "heads"
+    assert main(["heads", "--model", checkpoint, *DATA, "--boot", boot, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--boot: must be at least {MIN_BOOT} for a 95% interval" in err
+    assert not out.exists()
+
+
 def test_bad_boot_and_a_foreign_folder(checkpoint, tmp_path, capsys):
     assert main(["heads", "--model", checkpoint, *DATA, "--boot", "0"]) == 2
-    assert "--boot: must be at least 1" in capsys.readouterr().err
+    assert f"--boot: must be at least {MIN_BOOT}" in capsys.readouterr().err
     (tmp_path / "mine.txt").write_text("not a run's")
     assert main(["heads", "--model", checkpoint, *DATA, "--out", str(tmp_path)]) == 2
     assert "--overwrite" in capsys.readouterr().err

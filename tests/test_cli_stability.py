@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from hydra_core.analysis.greedy import greedy_circuit
-from hydra_core.analysis.holdout import holdout_split
+from hydra_core.analysis.holdout import chance_jaccard, holdout_split
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.analysis.stability import StabilityResult, greedy_stability
 from hydra_core.cli import main
@@ -36,13 +36,19 @@ def test_holdout_and_stability_files_and_json(checkpoint, tmp_path, capsys):
     curve = pd.read_csv(out / "holdout_avg.csv")
     assert len(curve) == 4 and curve["held_out"].tolist() == pytest.approx(holdout["held_out"])
     assert holdout["peak"] == int(curve["held_out"].idxmax())
-    assert holdout["suggested_budget"] == max(holdout["peak"], 1)
+    peak, end = holdout["peak"], 3
+    beats = end > peak and holdout["peak_gain_lo"][end] > 0  # beyond the paired interval only
+    assert holdout["peak_beats_budget"] == beats
+    assert holdout["suggested_budget"] == (max(peak, 1) if beats else None)
+    assert stability["jaccard_chance"] == pytest.approx(chance_jaccard(8, 3))
+    assert "for two random sets of 3 of 8 heads" in captured.err
     assert stability["resamples"] == 3 and 0 <= stability["jaccard"] <= 1
     saved = json.loads((out / "stability_avg.json").read_text())
     assert saved["holdout"] == {"fraction": 0.25, "seed": 2}
     result = StabilityResult.from_dict(saved)
     heads = pd.read_csv(out / "stability_avg_heads.csv")
-    assert len(heads) == 8 and heads["frequency"].is_monotonic_decreasing
+    assert len(heads) == 8 and heads["removal_frequency"].is_monotonic_decreasing
+    assert (heads["keep_frequency"] == 1 - heads["removal_frequency"]).all()
     assert heads["search_step"].notna().sum() == 3
 
     # the same numbers from the library, on the same split of the same search data

@@ -56,13 +56,13 @@ def _case(kind: str):
     """(model, fit_x, fit_y, report_id_x, report_id_y, report_ood) in float64."""
     if kind == "image":
         model = make_tiny_vit(depth=2, num_heads=3).double()
-        data = [_images(14, 1), _images(16, 2), _images(9, 3, 1.5), _images(7, 4, -1.0)]
+        data = [_images(14, 1), _images(16, 2), _images(11, 3, 1.5), _images(10, 4, -1.0)]
     elif kind == "text":
         model = make_tiny_text("bert").double()
-        data = [_texts(14, 1), _texts(16, 2), _texts(9, 3), _texts(7, 4)]
+        data = [_texts(14, 1), _texts(16, 2), _texts(11, 3), _texts(10, 4)]
     else:  # OpenCLIP zero-shot, image and text towers in one layout
         model = make_tiny_zero_shot(towers="both").double()
-        data = [clip_images(n, seed=s).double() for n, s in ((14, 1), (16, 2), (9, 3), (7, 4))]
+        data = [clip_images(n, seed=s).double() for n, s in ((14, 1), (16, 2), (11, 3), (10, 4))]
         data[2] = 1.5 * data[2] + 0.5
     classes = 3 if kind == "text" else 5
     fit_y = torch.arange(len(data[0])) % classes
@@ -230,24 +230,64 @@ def test_ranking_rule():
         _table(
             delta_auroc=[-0.10, 0.02, -0.03, 0.0],  # a drop = important: ranks 1, 4, 2, 3
             detector_auroc=[0.90, 0.55, 0.70, math.nan],  # highest first: 1, 3, 2, -
-            frequency=[0.1, 0.9, 0.5, 0.5],  # highest first: 4, 1, 2.5, 2.5
+            keep_frequency=[0.1, 0.9, 0.5, 0.5],  # highest first: 4, 1, 2.5, 2.5
         )
     )
     assert table["rank_delta_auroc"].tolist() == [1, 4, 2, 3]
     assert table["rank_detector_auroc"].tolist()[:3] == [1, 3, 2]
-    assert table["rank_frequency"].tolist() == [4, 1, 2.5, 2.5]
+    assert table["rank_keep_frequency"].tolist() == [4, 1, 2.5, 2.5]
     assert table["mean_rank"].tolist() == pytest.approx([2, 8 / 3, 6.5 / 3, 2.75])
     assert table["agreed_rank"].tolist() == [1, 3, 2, 4]
     assert table["disagreement"].tolist() == [3, 3, 0.5, 0.5]
     assert table["disagrees"].tolist() == [
-        "selection frequency",
-        "selection frequency",  # |1 - 8/3| = 1.67 > |4 - 8/3|, |3 - 8/3|
-        "selection frequency",
+        "keep frequency",
+        "keep frequency",  # |1 - 8/3| = 1.67 > |4 - 8/3|, |3 - 8/3|
+        "keep frequency",
         "ΔAUROC",  # a tie of distances goes to the first column
     ]
     agreeing = rank_heads(_table(delta_auroc=[-0.2, -0.1], detector_auroc=[0.9, 0.6]))
     assert agreeing["disagreement"].tolist() == [0, 0]
     assert agreeing["disagrees"].tolist() == ["", ""]
+
+
+#: each ranked column's meaning, in the direction that makes a head more important
+MORE_IMPORTANT = {
+    "delta_auroc": -0.05,  # ablating it drops the AUROC: the model needs it
+    "detector_auroc": 0.9,  # its own output separates OOD
+    "keep_frequency": 1.0,  # no stability resample removed it
+}
+LESS_IMPORTANT = {"delta_auroc": 0.0, "detector_auroc": 0.5, "keep_frequency": 0.0}
+
+
+@pytest.mark.parametrize("key", sorted(MORE_IMPORTANT))
+def test_each_ranked_column_ranks_the_more_important_head_first(key):
+    """Ties every ranked column's direction to its meaning: two heads equal on every other
+    column, the one that matters more by this column ranks first (higher = more important)."""
+    assert {c.key for c in COLUMNS if c.ranked} == set(MORE_IMPORTANT)
+    columns = {k: [LESS_IMPORTANT[k]] * 2 for k in MORE_IMPORTANT}
+    columns[key] = [LESS_IMPORTANT[key], MORE_IMPORTANT[key]]
+    table = rank_heads(_table(**columns))
+    assert table["agreed_rank"].tolist() == [2, 1]
+    assert table[f"rank_{key}"].tolist() == [2, 1]
+
+
+def test_a_head_no_resample_removes_ranks_above_one_every_resample_removes(tmp_path):
+    """The stability file holds removal frequencies: removed by no resample (0) is kept by all,
+    and ranks above a head every resample removed (1), all else equal."""
+    removal = np.array([1.0, 0.0])  # L0H0 removed by every resample, L0H1 by none
+    frame = _table(delta_auroc=[-0.02, -0.02], detector_auroc=[0.7, 0.7])
+    frame["keep_frequency"] = 1.0 - removal
+    ranked = rank_heads(frame).set_index("label")
+    assert ranked.loc["L0H1", "agreed_rank"] == 1 and ranked.loc["L0H0", "agreed_rank"] == 2
+    # and through head_evidence: the removal map of a stability file becomes keep frequency
+    model, fit_x, fit_y, x, y, ood = _case("image")
+    layout = head_layout(model)
+    removal = np.zeros(layout.shape)
+    removal[0, 0] = 1.0
+    with_freq = head_evidence(model, fit_x, fit_y, x, y, ood, n_boot=10, frequency=removal)
+    kept = with_freq.table.set_index("label")
+    assert kept.loc["L0H0", "keep_frequency"] == 0.0 and kept.loc["L0H1", "keep_frequency"] == 1.0
+    assert kept["rank_keep_frequency"].idxmax() == "L0H0"  # the last of the keep ranks
 
 
 def test_frequency_joins_the_ranking_and_maps(tmp_path):
@@ -260,15 +300,16 @@ def test_frequency_joins_the_ranking_and_maps(tmp_path):
     )
     read = read_stability(path, layout)
     found = head_evidence(model, fit_x, fit_y, x, y, ood, n_boot=10, frequency=read)
-    got = found.map("frequency")
-    assert np.isnan(got[0, 2]) and got[1, 0] == 1.0 and got[0, 1] == 0.5
-    assert found.table.set_index("label").loc["L1H0", "rank_frequency"] == 1
-    assert "frequency" in [c.key for c in found.columns()]
+    got = found.map("keep_frequency")  # 1 - the file's removal frequency
+    assert np.isnan(got[0, 2]) and got[1, 0] == 0.0 and got[0, 1] == 0.5 and got[0, 0] == 1.0
+    ranks = found.table.set_index("label")["rank_keep_frequency"]
+    assert ranks["L0H0"] == 1 and ranks["L1H0"] == 5  # kept by all first, removed by all last
+    assert "keep_frequency" in [c.key for c in found.columns()]
     data = found.to_json()
-    assert data["heads"][0]["agreed_rank"] == 1 and "rank_frequency" in data["heads"][0]
+    assert data["heads"][0]["agreed_rank"] == 1 and "rank_keep_frequency" in data["heads"][0]
     assert json.loads(json.dumps(data)) == data  # JSON-safe: NaN as null
     without = head_evidence(model, fit_x, fit_y, x, y, ood, n_boot=10)
-    assert "frequency" not in [c.key for c in without.columns()]
+    assert "keep_frequency" not in [c.key for c in without.columns()]
 
 
 @pytest.mark.parametrize(

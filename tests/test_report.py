@@ -115,7 +115,7 @@ def test_stability_of_the_circuits(report_dir):
     """Each circuit's stability and held-out curve equal the library's on the same data, and the
     held-out items are search-role items the search never used."""
     from hydra_core.analysis.greedy import greedy_circuit
-    from hydra_core.analysis.holdout import held_out_curve
+    from hydra_core.analysis.holdout import chance_jaccard, held_out_curve
     from hydra_core.analysis.inputs import search_inputs
     from hydra_core.analysis.stability import greedy_stability
     from hydra_core.data.benchmark import default_benchmark
@@ -152,6 +152,10 @@ def test_stability_of_the_circuits(report_dir):
         assert row["held_out_dense"] == pytest.approx(curve.held_out[0])
         assert row["held_out_peak"] == curve.peak
         assert bool(row["beyond_peak"]) == (circuit.steps > curve.peak)
+        assert bool(row["peak_beats_budget"]) == curve.peak_beats(circuit.steps)
+        assert row["jaccard_chance"] == pytest.approx(
+            chance_jaccard(sum(found.num_heads), circuit.steps)
+        )
         assert row["held_out_at_budget_lo"] <= row["held_out_at_budget"]
 
 

@@ -14,23 +14,25 @@ Per head (one row of :attr:`HeadEvidence.table`):
   :func:`~hydra_core.analysis.representations.regularised_covariance`). Means and covariance are
   **fitted on the search split** (its ID part), the AUROC is **scored on the report split** (ID vs
   each report OOD set, averaged). 0.5 = the head's output tells nothing about OOD.
-- ``frequency`` (optional): how often a greedy search on a bootstrap resample of the search split
-  removed the head within its budget (a ``hydra-stability`` file; no interval: it is itself a
-  resampling result).
+- ``keep_frequency`` (optional): the share of greedy searches on bootstrap resamples of the search
+  split that **kept** the head within their budget, 1 minus the removal frequency a
+  ``hydra-stability`` file holds (the search removes the heads it judges least useful, so a head
+  no resample removes has keep frequency 1). No interval: it is itself a resampling result.
 
 Intervals: the project's stratified bootstrap (:mod:`hydra_core.metrics.bootstrap`: ID resampled
 within each true class, each OOD set within itself; the same resamples for every head and the
 dense model). ``*_significant`` marks an interval that excludes the null value (0 for the Δ
 columns, 0.5 for the detector).
 
-Ranking (the rule, :func:`rank_heads`): each ranked column becomes ranks over the heads, 1 = most
-important: the largest drop of AUROC when ablated (``delta_auroc`` ascending), the highest detector
-AUROC, the highest selection frequency; ties share their mean rank. A head's ``mean_rank`` is the
-mean of its ranks over the columns it has (a head without a detector, a text tower's, has two);
-``agreed_rank`` orders the heads by it (ties: lowest layer, then head). ``disagreement`` is the
-spread of the head's ranks (largest minus smallest): 0 when every column puts it at the same place;
-``disagrees`` names the column furthest from the mean rank. Δaccuracy is shown, not ranked: the
-question is OOD separation.
+Ranking (the rule, :func:`rank_heads`), one convention: 1 = most important, each column read in
+its direction of importance (:attr:`Column.important_first`): the largest drop of AUROC when
+ablated (``delta_auroc`` ascending: a negative Δ means the model needs the head), the highest
+detector AUROC, the highest keep frequency; ties share their mean rank. A head's ``mean_rank`` is
+the mean of its ranks over the columns it has (a head without a detector, a text tower's, has
+two); ``agreed_rank`` orders the heads by it (ties: lowest layer, then head). ``disagreement``
+is the spread of the head's ranks (largest minus smallest): 0 when every column puts it at the
+same place; ``disagrees`` names the column furthest from the mean rank. Δaccuracy is shown, not
+ranked: the question is OOD separation.
 
 The single-head ablations are the fast candidate evaluation the greedy search uses (one greedy
 step's worth: each head alone, only the layers after it recomputed), exact against a full forward
@@ -61,8 +63,10 @@ from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
 from hydra_core.metrics.bootstrap import (
     LEVEL,
+    MIN_ITEMS,
     BootstrapConfig,
     Resamples,
+    blank_small_parts,
     mean_replicates,
     ood_replicates_per_set,
     percentile_interval,
@@ -121,13 +125,14 @@ COLUMNS = (
         "shared covariance fitted on the search split, scored on the report split); 0.5 = chance",
     ),
     Column(
-        "frequency",
-        "selection frequency",
+        "keep_frequency",
+        "keep frequency",
         None,
         True,
         True,
-        "share of bootstrap resamples of the search split whose greedy search removed this head "
-        "within its budget (a stability file; no interval)",
+        "share of bootstrap resamples of the search split whose greedy search kept this head "
+        "within its budget (1 - the stability file's removal frequency; higher = more important; "
+        "no interval)",
     ),
 )
 COLUMN = {c.key: c for c in COLUMNS}
@@ -287,8 +292,10 @@ class HeadEvidence:
         return out
 
     def columns(self) -> tuple[Column, ...]:
-        """The evidence columns this result has (frequency only when it was given)."""
-        return tuple(c for c in COLUMNS if self.table[c.key].notna().any() or c.key != "frequency")
+        """The evidence columns this result has (keep frequency only when it was given)."""
+        return tuple(
+            c for c in COLUMNS if self.table[c.key].notna().any() or c.key != "keep_frequency"
+        )
 
     def top(self, k: int = 10) -> pd.DataFrame:
         """The ``k`` heads of best agreed rank."""
@@ -322,7 +329,7 @@ class HeadEvidence:
             heads.append(entry)
         return {
             "format": "hydra-heads",
-            "version": 1,
+            "version": 2,
             "dense": {
                 k: {"value": number(v), "ci95": [number(lo), number(hi)]}
                 for k, (v, lo, hi) in self.dense.items()
@@ -340,10 +347,12 @@ class HeadEvidence:
 
 #: the ranking rule in one sentence (JSON, page note, report)
 RANKING_RULE = (
-    "each ranked column (ΔAUROC: largest drop first; detector AUROC: highest first; frequency: "
-    "highest first) becomes ranks 1..n, ties sharing their mean rank; a head's mean rank is the "
-    "mean over the columns it has, the agreed rank orders the heads by it; disagreement = largest "
-    "minus smallest of its ranks, 'disagrees' names the column furthest from its mean rank"
+    "higher = more important: each ranked column (ΔAUROC: largest drop first; detector AUROC: "
+    "highest first; keep frequency, the share of stability resamples that kept the head: highest "
+    "first) becomes ranks 1..n (1 = most important), ties sharing their mean rank; a head's mean "
+    "rank is the mean over the columns it has, the agreed rank orders the heads by it; "
+    "disagreement = largest minus smallest of its ranks, 'disagrees' names the column furthest "
+    "from its mean rank"
 )
 
 
@@ -474,7 +483,9 @@ def head_evidence(
         model: any model of a supported family, in eval mode.
         fit_x, fit_y: the ID search part (inputs, classes): the detectors are fitted on it.
         report_id_x, report_id_y: the ID report part; report_ood: each report OOD set's inputs.
-        frequency: optional (L, H) selection frequencies in [0, 1] (:func:`read_stability`).
+        frequency: optional (L, H) removal frequencies in [0, 1] of a stability file
+            (:func:`read_stability`: the share of resamples that removed each head); the table
+            shows their complement, ``keep_frequency``.
         n_boot, seed: the bootstrap (:class:`~hydra_core.metrics.bootstrap.BootstrapConfig`);
             the same seed and report data give the reports' resamples.
         shrinkage: the detectors' covariance regularisation (``regularised_covariance``).
@@ -549,13 +560,22 @@ def head_evidence(
         "layer": [la for la, _ in present],
         "head": [h for _, h in present],
     }
+    # fewer than MIN_ITEMS items in a part: NaN intervals (never significant), with a warning;
+    # accuracy uses the ID part, every AUROC the ID part and each OOD set (their mean)
+    id_part, ood_parts = {"accuracy": acc_reps}, [{} for _ in sizes]
+    blank_small_parts(id_part, ood_parts, len(report_id_x), sizes, names)
+    acc_reps = id_part["accuracy"]
+    if len(report_id_x) < MIN_ITEMS or min(sizes, default=0) < MIN_ITEMS:
+        roc_reps, dense_reps, det_reps = (
+            np.full_like(r, np.nan) for r in (roc_reps, dense_reps, det_reps)
+        )
     _interval_columns(table, "delta_auroc", roc_value - dense_auroc, roc_reps - dense_reps, 0.0)
     _interval_columns(
         table, "delta_accuracy", acc_value[1:] - acc_value[0], acc_reps[1:] - acc_reps[0], 0.0
     )
     _interval_columns(table, "detector_auroc", det_value, det_reps, 0.5)
-    table["frequency"] = (
-        [freq[la, h] for la, h in present] if freq is not None else [math.nan] * len(present)
+    table["keep_frequency"] = (  # the stability file holds the share that REMOVED the head
+        [1.0 - freq[la, h] for la, h in present] if freq is not None else [math.nan] * len(present)
     )
     frame = rank_heads(pd.DataFrame(table))
     return HeadEvidence(

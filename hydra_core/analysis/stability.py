@@ -55,7 +55,7 @@ from hydra_core.analysis.greedy import (
 )
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
-from hydra_core.metrics.bootstrap import stratified_indices
+from hydra_core.metrics.bootstrap import check_resampled, stratified_indices
 from hydra_core.models.adapter import head_label, model_and_inputs
 from hydra_core.types import Head
 
@@ -88,6 +88,7 @@ class Resamples:
         n_id = len(id_y)
         strata = [f"id:{int(y)}" for y in id_y.cpu().tolist()]
         strata += [f"ood:{name}" for name in ood_strata]
+        check_resampled(np.array(strata))  # classes of one item: every resample the same
         index = stratified_indices(np.array(strata), n_boot=resamples, seed=seed)
         return cls(index[:, :n_id], index[:, n_id:] - n_id, seed)
 

@@ -33,10 +33,10 @@ CSV_COLUMNS = (
         for key in ("delta_auroc", "delta_accuracy", "detector_auroc")
         for suffix in ("", "_lo", "_hi", "_significant")
     ),
-    "frequency",
+    "keep_frequency",
     "rank_delta_auroc",
     "rank_detector_auroc",
-    "rank_frequency",
+    "rank_keep_frequency",
     "mean_rank",
     "agreed_rank",
     "disagreement",
@@ -50,7 +50,7 @@ def _heads_arguments(p: argparse.ArgumentParser) -> None:
     add_output_arguments(p, "results/heads")
     p.add_argument(
         "--boot",
-        type=options.positive_int,
+        type=options.boot,
         default=1000,
         help="bootstrap resamples of the report data per interval (default: %(default)s)",
     )
@@ -61,8 +61,9 @@ def _heads_arguments(p: argparse.ArgumentParser) -> None:
         "--stability",
         default=None,
         metavar="PATH",
-        help="a stability result (JSON, format hydra-stability) of this model: its selection "
-        "frequencies join the evidence and the ranking",
+        help="a stability result (JSON, format hydra-stability) of this model: the share of its "
+        "resamples that kept each head (1 - removal frequency) joins the evidence and the "
+        "ranking, higher = more important",
     )
     p.add_argument(
         "--json",
@@ -75,7 +76,7 @@ def _heads_arguments(p: argparse.ArgumentParser) -> None:
 @command("heads", _heads_arguments)
 def _heads(args: argparse.Namespace) -> int:
     """Per-head evidence with 95% intervals: ΔAUROC/Δaccuracy ablated, own-output detector AUROC,
-    selection frequency; the heads ranked by the evidence that agrees."""
+    keep frequency (1 - its removal frequency); the heads ranked by the evidence that agrees."""
     from hydra_core.analysis.evidence import head_evidence, read_stability
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
@@ -135,12 +136,13 @@ def _summary(found) -> str:
         f"dense: accuracy {acc:.4f} [{acc_lo:.4f}, {acc_hi:.4f}], AUROC {roc:.4f} "
         f"[{roc_lo:.4f}, {roc_hi:.4f}] ({found.n_boot} resamples; * = interval excludes "
         "0, or 0.5 for the detector)",
-        "rank  head     ΔAUROC [95% CI]               detector AUROC [95% CI]     freq  spread",
+        "rank  head     ΔAUROC [95% CI]               detector AUROC [95% CI]     kept  spread",
     ]
     for row in found.top(10).itertuples():
         ablated = _cell(row, "delta_auroc", signed=True)
         detector = _cell(row, "detector_auroc", signed=False)
-        frequency = "" if row.frequency != row.frequency else f"{row.frequency:.2f}"
+        kept = row.keep_frequency
+        frequency = "" if kept != kept else f"{kept:.2f}"
         lines.append(
             f"{row.agreed_rank:>4}  {row.label:<7} {ablated}  {detector}  {frequency:>4}  "
             f"{row.disagreement:>6.1f}"

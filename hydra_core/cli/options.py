@@ -56,6 +56,22 @@ non_negative_int = at_least(0)
 seed = at_least(0)
 
 
+def boot(text: str) -> int:
+    """Bootstrap resamples per interval (``--boot``): at least
+    :data:`~hydra_core.metrics.bootstrap.MIN_BOOT`, below which a "95%" interval is not one."""
+    from hydra_core.metrics.bootstrap import MIN_BOOT
+
+    value = _number(text, int)
+    if value < MIN_BOOT:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_BOOT} for a 95% interval (1,000 recommended), got {value}"
+        )
+    return value
+
+
+boot.__name__ = "resamples"
+
+
 def positive_float(text: str) -> float:
     """A float above 0 (a learning rate, epochs of fine-tuning)."""
     value = _number(text, float)

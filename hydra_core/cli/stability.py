@@ -19,7 +19,14 @@ import torch
 
 import hydra_core.cli.options as options
 from hydra_core import distributed
-from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
+from hydra_core.analysis.holdout import (
+    FEW_SAMPLES,
+    HeldOutCurve,
+    chance_jaccard,
+    held_out_curve,
+    holdout_split,
+    jaccard_words,
+)
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
 from hydra_core.cli.common import read_result_file, shows_progress, warn, write_json
 from hydra_core.models.adapter import head_label, head_layout
@@ -110,10 +117,18 @@ def write_holdout(model, result, data: SearchData, out: Path, log) -> HeldOutCur
         f"{curve.held_out_hi[peak]:.4f}])",
         file=log,
     )
-    if curve.beyond_peak(result.steps):
+    suggested = curve.suggested_budget(result.steps)
+    if suggested is not None:
+        gain = f"[{curve.peak_gain_lo[result.steps]:+.4f}, {curve.peak_gain_hi[result.steps]:+.4f}]"
         print(
-            f"the budget ({result.steps}) goes past the held-out peak: suggested --budget "
-            f"{max(peak, 1)}",
+            f"the budget ({result.steps}) goes past the held-out peak, which beats it beyond the "
+            f"interval (peak minus budget {gain}): suggested --budget {suggested}",
+            file=log,
+        )
+    elif curve.beyond_peak(result.steps):
+        print(
+            f"the held-out peak is within the interval of the budget's ({result.steps}) "
+            "objective: no smaller budget is suggested",
             file=log,
         )
     return curve
@@ -163,10 +178,11 @@ def run_stability(args, model, data: SearchData, result, cache, out: Path, ident
     removed = result.order[: args.budget]
     freq = found.frequency()
     share = sum(float(freq[h]) for h in removed) / max(len(removed), 1)
+    agreement = jaccard_words(found.jaccard(), sum(found.num_heads), found.steps)
     print(
-        f"stability over {found.resamples} resamples: mean pairwise Jaccard "
-        f"{found.jaccard():.3f}; the search's removals come out again in {share:.0%} of "
-        f"resamples on average; first step agreed by {found.agreement()[0][1]:.0%} "
+        f"stability over {found.resamples} resamples: {agreement}; the search's removals come "
+        f"out again in {share:.0%} of resamples on average; first step agreed by "
+        f"{found.agreement()[0][1]:.0%} "
         f"({found.group_steps} group steps for {found.resamples * found.steps} resample steps)",
         file=log,
     )
@@ -174,8 +190,10 @@ def run_stability(args, model, data: SearchData, result, cache, out: Path, ident
 
 
 def heads_frame(found: StabilityResult, result) -> pd.DataFrame:
-    """One row per head: its selection frequency, the step the search removed it at, and
-    whether it is stably removed or kept (:data:`STABLE_SHARE`), most often removed first."""
+    """One row per head: the share of resamples that removed it (``removal_frequency``) and that
+    kept it (``keep_frequency``, higher = more important, the convention of every ranking), the
+    step the search removed it at, and whether it is stably removed or kept
+    (:data:`STABLE_SHARE`), most often removed first."""
     freq = found.frequency()
     step = {h: t + 1 for t, h in enumerate(result.order)}
     rows = []
@@ -187,7 +205,8 @@ def heads_frame(found: StabilityResult, result) -> pd.DataFrame:
                     "head": head_label(layer, h),
                     "layer": layer,
                     "head_index": h,
-                    "frequency": f,
+                    "removal_frequency": f,
+                    "keep_frequency": 1.0 - f,
                     "search_step": step.get((layer, h)),
                     "stable": "removed"
                     if f >= STABLE_SHARE - 1e-12
@@ -198,7 +217,9 @@ def heads_frame(found: StabilityResult, result) -> pd.DataFrame:
             )
     frame = pd.DataFrame(rows)
     frame["search_step"] = frame["search_step"].astype("Int64")
-    return frame.sort_values(["frequency", "layer", "head_index"], ascending=[False, True, True])
+    return frame.sort_values(
+        ["removal_frequency", "layer", "head_index"], ascending=[False, True, True]
+    )
 
 
 def json_summary(curve: HeldOutCurve | None, found: StabilityResult | None, result) -> dict:
@@ -207,13 +228,15 @@ def json_summary(curve: HeldOutCurve | None, found: StabilityResult | None, resu
     if curve is not None:
         extra["holdout"] = {
             **curve.to_dict(),
-            "suggested_budget": max(curve.peak, 1),
+            "suggested_budget": curve.suggested_budget(result.steps),
             "beyond_peak": curve.beyond_peak(result.steps),
+            "peak_beats_budget": curve.peak_beats(result.steps),
         }
     if found is not None:
         freq = found.frequency()
         extra["stability"] = {
             **found.summary(),
+            "jaccard_chance": chance_jaccard(sum(found.num_heads), found.steps),
             "search_removals_frequency": {head_label(*h): float(freq[h]) for h in result.order},
             "jaccard_curve": found.jaccard_curve(),
             "agreement": [[head_label(*h), share] for h, share in found.agreement()],

@@ -52,7 +52,7 @@ from hydra_core.evaluate import (
     probabilities,
 )
 from hydra_core.hydra.cost import VitShape, cost_table, formula_params
-from hydra_core.metrics.bootstrap import BootstrapConfig, two_level_interval
+from hydra_core.metrics.bootstrap import two_level_interval
 from hydra_core.models.adapter import UnsupportedModelError, head_layout
 from hydra_core.types import Progress, StageProgress
 
@@ -484,14 +484,12 @@ def repeated_difference(
     b: str,
     metric: str,
     set: str | None = None,
-    *,
-    bootstrap: BootstrapConfig | None = None,
 ) -> Difference:
     """metric(a) - metric(b) over repeats of an experiment (each repeat with its own seeds and
     search sample, the same report items or not): the mean of the repeats' paired differences,
-    with a two-level bootstrap interval (repeats, then report items within each repeat;
-    :func:`~hydra_core.metrics.bootstrap.two_level_interval`), so that the interval carries the
-    variance of everything that was random, not only the items. Arguments as
+    with a two-level interval (a Student t interval over the repeats that adds the report items'
+    sampling; :func:`~hydra_core.metrics.bootstrap.two_level_interval`), so that the interval
+    carries the variance of everything that was random, not only the items. Arguments as
     :meth:`SystemsReport.difference`; every report must hold both systems."""
     if not reports:
         raise ValueError("no repeats: pass one SystemsReport per repeat")
@@ -499,10 +497,7 @@ def repeated_difference(
     if missing:
         raise KeyError(f"repeats {missing} lack {a!r} or {b!r}")
     found = [r.difference_replicates(a, b, metric, set) for r in reports]
-    config = bootstrap or BootstrapConfig()
-    value, lo, hi = two_level_interval(
-        [v for v, _ in found], [reps for _, reps in found], n_boot=config.n_boot, seed=config.seed
-    )
+    value, lo, hi = two_level_interval([v for v, _ in found], [reps for _, reps in found])
     return Difference(value, lo, hi)
 
 

@@ -10,15 +10,13 @@ and :func:`verdict` says whether they agree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from hydra_core.evaluate import interval_columns
 from hydra_core.hydra.systems import SUMMARY_METRICS, SystemsReport, repeated_difference
-
-if TYPE_CHECKING:
-    pass
+from hydra_core.metrics.bootstrap import item_variance_parts, repeat_interval
 
 CIRCAVG = "CircAvg"
 
@@ -31,25 +29,125 @@ def paired_claim(
     the paper's difference; NaN and "–" when the run lacks either system.
 
     ``systems``: one run, or the repeats of a run (a list): then the difference is the mean over
-    the repeats and its interval a two-level bootstrap (repeats, then items;
-    :func:`~hydra_core.hydra.systems.repeated_difference`), so a verdict survives the seeds or
-    is not issued."""
+    the repeats and its interval a Student t interval over the repeats that adds the items'
+    sampling (:func:`~hydra_core.metrics.bootstrap.two_level_interval`), so a verdict survives
+    the seeds or is not issued. Also returned, so that the verdict can be recomputed from the
+    file alone (:func:`recomputed_claim`): ``repeats``, the per-repeat paired differences joined
+    by ``;``, and ``item_var`` / ``item_between``, the item parts of the interval
+    (:func:`~hydra_core.metrics.bootstrap.item_variance_parts`; with one repeat, its replicates'
+    variance and NaN), in the same scale."""
     nan = float("nan")
     repeats = [systems] if isinstance(systems, SystemsReport) else list(systems)
     if any(a not in r.info or b not in r.info for r in repeats) or a == b:
-        return {"value": nan, "lo": nan, "hi": nan, "verdict": "–"}
+        return dict(_BLANK)
     metric, which = claim_metric(column)
     if isinstance(systems, SystemsReport):
         d = systems.difference(a, b, metric, which)
     else:
         d = repeated_difference(repeats, a, b, metric, which)
+    found = [r.difference_replicates(a, b, metric, which) for r in repeats]
+    replicates = [reps for _, reps in found]
     scale = 100 if metric in PERCENT else 1
+    if len(found) > 1 and all(len(x) > 1 for x in replicates):
+        item_var, item_between = item_variance_parts(replicates)
+    else:
+        item_var, item_between = float(np.var(replicates[0], ddof=1)), nan
     return {
         "value": scale * d.value,
         "lo": scale * d.lo,
         "hi": scale * d.hi,
         "verdict": verdict(paper, d.value, d.lo, d.hi),
+        "repeats": ";".join(repr(float(scale * v)) for v, _ in found),
+        "item_var": scale**2 * item_var,
+        "item_between": scale**2 * item_between,
     }
+
+
+#: the parts of a claim written per form, after the form's prefix (the value has none)
+CLAIM_PARTS = ("", "_lo", "_hi", "_verdict", "_repeats", "_item_var", "_item_between")
+
+
+def claim_columns(
+    systems: SystemsReport | Sequence[SystemsReport],
+    a: str,
+    b: str,
+    column: str,
+    paper: float,
+    prefix: str,
+) -> dict[str, float | str]:
+    """:func:`paired_claim` as the columns ``prefix`` + :data:`CLAIM_PARTS`; a statement over all
+    OOD sets (``all_auroc``, ``all_fpr95``, ...) is also judged on the near and the far sets apart
+    (the same paper difference), as ``prefix_near`` + parts and ``prefix_far`` + parts, blank for
+    other statements."""
+    group, _, metric = column.partition("_")
+    apart = group == "all" and f"near_{metric}" in SUMMARY_METRICS
+    out: dict[str, float | str] = {}
+    for tag, col in (("", column), ("_near", f"near_{metric}"), ("_far", f"far_{metric}")):
+        found = paired_claim(systems, a, b, col, paper) if tag == "" or apart else _BLANK
+        out.update({f"{prefix}{tag}{part}": found[key] for part, key in _KEYS_OF.items()})
+    return out
+
+
+_KEYS_OF = dict(
+    zip(
+        CLAIM_PARTS,
+        ("value", "lo", "hi", "verdict", "repeats", "item_var", "item_between"),
+        strict=True,
+    )
+)
+_BLANK = {
+    "value": float("nan"),
+    "lo": float("nan"),
+    "hi": float("nan"),
+    "verdict": "–",
+    "repeats": "",
+    "item_var": float("nan"),
+    "item_between": float("nan"),
+}
+
+
+def recomputed_claim(
+    paper: float, repeats: str, item_var: float, item_between: float
+) -> dict[str, float | str]:
+    """A claim's value, interval and verdict recomputed from its row of ``paper_claims.csv``
+    alone (the columns ``*_repeats``, ``*_item_var``, ``*_item_between`` of
+    :func:`claim_columns`): with 2 or more repeats exactly the interval the report wrote
+    (:func:`~hydra_core.metrics.bootstrap.repeat_interval`); with one, the normal approximation
+    value +- 1.96 sqrt(item_var) of the written percentile interval."""
+    nan = float("nan")
+    text = "" if repeats != repeats else str(repeats)
+    values = [float(v) for v in text.split(";") if v]
+    if not values:
+        return {"value": nan, "lo": nan, "hi": nan, "verdict": "–"}
+    value = float(np.mean(values))
+    if len(values) == 1:
+        half = 1.959963984540054 * float(np.sqrt(item_var))
+        lo, hi = value - half, value + half
+    else:
+        lo, hi = repeat_interval(values, float(item_var), float(item_between))
+    return {"value": value, "lo": lo, "hi": hi, "verdict": verdict(paper, value, lo, hi)}
+
+
+#: the repeat-level interval in one sentence, for the reports' Markdown
+INTERVAL_METHOD = (
+    "Over repeats, an interval is a Student t interval on the repeats' paired differences, its "
+    "variance the repeats' spread (less the item noise already in it) over R plus the report "
+    "items' sampling variance of the mean, with Satterthwaite degrees of freedom (95% coverage "
+    "at 3, 5 and 10 repeats in simulation; docs/intervals.md); `paper_claims.csv` carries each "
+    "statement's per-repeat differences and item parts, so every verdict can be recomputed."
+)
+
+
+def near_far_verdicts(claims: pd.DataFrame, prefix: str) -> list[str]:
+    """Per row, "near: V / far: V" for a statement over all OOD sets (:func:`claim_columns`
+    judged it on the near and far sets apart), "–" for the others."""
+    near, far = f"{prefix}_near_verdict", f"{prefix}_far_verdict"
+    if near not in claims or far not in claims:
+        return ["–"] * len(claims)
+    return [
+        "–" if n == "–" and f == "–" else f"near: {n} / far: {f}"
+        for n, f in zip(claims[near], claims[far], strict=True)
+    ]
 
 
 #: summary columns shown in percent

@@ -52,7 +52,7 @@ def evidence_table(
         cache=cache,
     )
     table = found.table.sort_values("agreed_rank")
-    return table.drop(columns=["frequency", "rank_frequency"]).reset_index(drop=True)
+    return table.drop(columns=["keep_frequency", "rank_keep_frequency"]).reset_index(drop=True)
 
 
 def _interval(row: pd.Series, key: str, signed: bool) -> str:
@@ -76,9 +76,9 @@ def heads_section(table: pd.DataFrame | None, k: int = TOP) -> list[str]:
         f"0, or 0.5 for the detector). **ΔAUROC**: {COLUMN['delta_auroc'].meaning}. "
         f"**Δaccuracy**: {COLUMN['delta_accuracy'].meaning}. **Detector AUROC**: "
         f"{COLUMN['detector_auroc'].meaning}. Ranking: {RANKING_RULE}. heads.csv lists every "
-        "head. Selection frequencies are not ranked here: the report's resamples are per "
-        "circuit (see Stability of the circuits); `heads --stability FILE` adds those of a "
-        "search's stability run.",
+        "head. Keep frequencies (the share of stability resamples that kept a head) are not "
+        "ranked here: the report's resamples are per circuit (see Stability of the circuits); "
+        "`heads --stability FILE` adds those of a search's stability run.",
         "",
         "| rank | head | ΔAUROC | Δaccuracy | detector AUROC | mean rank | disagreement |",
         "|---|---|---|---|---|---|---|",

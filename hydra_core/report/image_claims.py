@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from hydra_core.hydra.systems import SystemsReport
-from hydra_core.report.claims import paired_claim, paper_rows
+from hydra_core.report.claims import claim_columns, paper_rows
 from hydra_core.report.tables import HYDRA_CIRC_FT, HYDRA_TAYLOR_FT, fused
 
 #: The paper's Table 1, ImageNet-1K (ViT-B/16): accuracy and OOD metrics in percent, OOD averaged
@@ -73,7 +73,9 @@ def paper_table1() -> pd.DataFrame:
 def image_claims(repeats: Sequence[SystemsReport]) -> pd.DataFrame:
     """One row per statement: the paper's difference, ours (mean over ``repeats``, in points for
     accuracy and OOD metrics) with its two-level 95% interval, and the verdict ("–" where a
-    system is missing from the run, e.g. Deep Ensembles without trained copies)."""
+    system is missing from the run, e.g. Deep Ensembles without trained copies); the per-repeat
+    differences and item parts that recompute it, and a statement over all OOD sets judged on
+    the near and the far sets too (:func:`~hydra_core.report.claims.claim_columns`)."""
     paper = paper_table1()
     rows = []
     for system, reference in PAIRS:
@@ -81,7 +83,7 @@ def image_claims(repeats: Sequence[SystemsReport]) -> pd.DataFrame:
             difference = round(paper.loc[system, column] - paper.loc[reference, column], 4)
             if difference == 0:
                 continue
-            ours = paired_claim(repeats, OURS[system], OURS[reference], column, difference)
+            ours = claim_columns(repeats, OURS[system], OURS[reference], column, difference, "ours")
             rising = "raises" if difference > 0 else "lowers"
             rows.append(
                 {
@@ -90,10 +92,7 @@ def image_claims(repeats: Sequence[SystemsReport]) -> pd.DataFrame:
                     "reference": OURS[reference],
                     "metric": column,
                     "paper_difference": difference,
-                    "ours": ours["value"],
-                    "ours_lo": ours["lo"],
-                    "ours_hi": ours["hi"],
-                    "verdict": ours["verdict"],
+                    **ours,
                 }
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).rename(columns={"ours_verdict": "verdict"})

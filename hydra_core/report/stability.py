@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from hydra_core.analysis.greedy import GreedyResult
-from hydra_core.analysis.holdout import held_out_curve
+from hydra_core.analysis.holdout import chance_jaccard, held_out_curve
 from hydra_core.analysis.stability import STABLE_SHARE, greedy_stability
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.data.images import take
@@ -32,6 +32,7 @@ COLUMNS = (
     "budget",
     "resamples",
     "jaccard",
+    "jaccard_chance",
     "removed_frequency_mean",
     "removed_frequency_min",
     "stably_removed",
@@ -45,6 +46,7 @@ COLUMNS = (
     "held_out_at_peak_lo",
     "held_out_at_peak_hi",
     "beyond_peak",
+    "peak_beats_budget",
     "held_out_n_id",
     "held_out_n_ood",
     "group_steps",
@@ -159,6 +161,7 @@ def circuit_stability(
                 "budget": end,
                 "resamples": resamples,
                 "jaccard": found.jaccard(),
+                "jaccard_chance": chance_jaccard(sum(found.num_heads), found.steps),
                 "removed_frequency_mean": sum(removed) / len(removed) if removed else math.nan,
                 "removed_frequency_min": min(removed, default=math.nan),
                 "stably_removed": sum(f >= STABLE_SHARE - 1e-12 for f in removed),
@@ -172,6 +175,7 @@ def circuit_stability(
                 "held_out_at_peak_lo": curve.held_out_lo[peak],
                 "held_out_at_peak_hi": curve.held_out_hi[peak],
                 "beyond_peak": curve.beyond_peak(end),
+                "peak_beats_budget": curve.peak_beats(end),
                 "held_out_n_id": curve.n_id,
                 "held_out_n_ood": curve.n_ood,
                 "group_steps": found.group_steps,
@@ -185,27 +189,43 @@ def stability_section(table: pd.DataFrame | None, markdown_table) -> list[str]:
     """The report's section for ``stability.csv`` (none when the run skipped it)."""
     if table is None or table.empty:
         return []
-    beyond = table.loc[table["beyond_peak"].astype(bool), "circuit"].tolist()
-    verdict = (
-        "Every circuit's budget is at or before its held-out peak."
-        if not beyond
-        else f"{', '.join(beyond)} go{'es' * (len(beyond) == 1)} past the held-out peak: "
-        "their last removals raised the objective on the search sample and not on held-out "
-        "samples of the same sets."
-    )
+    if "peak_beats_budget" in table:
+        beyond = table.loc[table["peak_beats_budget"].astype(bool), "circuit"].tolist()
+        verdict = (
+            "No circuit's held-out peak beats its budget beyond the 95% interval of their paired "
+            "difference, so no smaller budget is suggested."
+            if not beyond
+            else f"{', '.join(beyond)} go{'es' * (len(beyond) == 1)} past a held-out peak that "
+            "beats the budget beyond the interval: their last removals raised the objective on "
+            "the search sample and lowered it on held-out samples of the same sets."
+        )
+    else:  # a table written before the paired interval: the point values only
+        beyond = table.loc[table["beyond_peak"].astype(bool), "circuit"].tolist()
+        verdict = (
+            "Every circuit's budget is at or before its held-out peak."
+            if not beyond
+            else f"{', '.join(beyond)} go{'es' * (len(beyond) == 1)} past the held-out peak "
+            "(point values; no interval of the difference in this table)."
+        )
     shown = table[
         [
-            "circuit",
-            "budget",
-            "jaccard",
-            "removed_frequency_mean",
-            "removed_frequency_min",
-            "stably_removed",
-            "held_out_dense",
-            "held_out_at_budget",
-            "held_out_peak",
-            "held_out_at_peak",
-            "beyond_peak",
+            c
+            for c in [
+                "circuit",
+                "budget",
+                "jaccard",
+                "jaccard_chance",
+                "removed_frequency_mean",
+                "removed_frequency_min",
+                "stably_removed",
+                "held_out_dense",
+                "held_out_at_budget",
+                "held_out_peak",
+                "held_out_at_peak",
+                "beyond_peak",
+                "peak_beats_budget",
+            ]
+            if c in table
         ]
     ]
     n = table.iloc[0]
@@ -214,7 +234,8 @@ def stability_section(table: pd.DataFrame | None, markdown_table) -> list[str]:
         "",
         f"Each circuit's search repeated on {int(n['resamples'])} bootstrap resamples of its "
         "search data (ID within class, each OOD search set within itself): `jaccard` is the mean "
-        "pairwise Jaccard of the resamples' removed sets; `removed_frequency_*` the share of "
+        "pairwise Jaccard of the resamples' removed sets, `jaccard_chance` that of two random "
+        "sets of the same size from the same heads; `removed_frequency_*` the share of "
         "resamples that removed each of the circuit's heads (mean, and its least stable head); "
         f"`stably_removed` how many of its heads at least {STABLE_SHARE:.0%} of them removed. "
         f"`held_out_*`: the objective on {int(n['held_out_n_id'])} ID + "

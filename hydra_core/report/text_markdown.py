@@ -11,7 +11,9 @@ import pandas as pd
 
 from hydra_core.report.claims import (
     CIRCAVG,
+    INTERVAL_METHOD,
     PERCENT,
+    near_far_verdicts,
     paper_frame,
     signed,
     verdict_counts,
@@ -369,6 +371,7 @@ def _claims_section(
                 for _, r in claims.iterrows()
             ],
             "verdict (fine-tuned)": claims["fine_tuned_verdict"],
+            "fine-tuned, near / far OOD": near_far_verdicts(claims, "fine_tuned"),
         }
     )
     return [
@@ -480,8 +483,9 @@ def _repeats_sentence(repeats: pd.DataFrame | None) -> list[str]:
     return [
         f"Over {n} repeats (each with its own search subsample and three searches, pruning seeds "
         "and fine-tuning seed; the report sentences stay): each difference is the mean of the "
-        "repeats' paired differences, its interval a two-level bootstrap (repeats, then "
-        "sentences), so a verdict holds across the seeds or is not issued. Every repeat's rows "
-        "are in `repeats.csv`.",
+        "repeats' paired differences, its interval over repeats and sentences, so a verdict "
+        f"holds across the seeds or is not issued. {INTERVAL_METHOD} A statement over all OOD "
+        "sets is judged on the near and the far sets apart too. Every repeat's rows are in "
+        "`repeats.csv`.",
         "",
     ]

@@ -12,7 +12,7 @@ from hydra_core.baselines.shared_backbone import DEEP
 from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.hydra.systems import SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts
-from hydra_core.report.claims import CIRCAVG, paired_claim, paper_rows, pick
+from hydra_core.report.claims import CIRCAVG, claim_columns, paper_rows, pick
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -234,7 +234,9 @@ def _claims(systems: SystemsReport | Sequence[SystemsReport]) -> pd.DataFrame:
     """Each of the paper's statements (:data:`CLAIMS`) against our paired difference, for the
     zero-shot and the fine-tuned form of pruned systems: the paper's difference, ours with its
     95% interval, and a verdict; over repeats (a list), the mean difference and its two-level
-    interval (:func:`~hydra_core.report.claims.paired_claim`)."""
+    interval, the per-repeat differences (``zero_shot_repeats``, ``fine_tuned_repeats``) and the
+    item parts that recompute it, and the near and far sets apart for a statement over all OOD
+    sets (:func:`~hydra_core.report.claims.claim_columns`)."""
     numbers = paper_table2().set_index("system")
     rows = []
     for claim, system, reference, column in CLAIMS:
@@ -242,8 +244,6 @@ def _claims(systems: SystemsReport | Sequence[SystemsReport]) -> pd.DataFrame:
         row = {"claim": claim, "metric": column, "paper_difference": round(paper, 4)}
         for form, position in (("zero_shot", 0), ("fine_tuned", 1)):
             a, b = OURS[system][position], OURS[reference][position]
-            ours = paired_claim(systems, a, b, column, paper)
-            row.update({form: ours["value"], f"{form}_lo": ours["lo"], f"{form}_hi": ours["hi"]})
-            row[f"{form}_verdict"] = ours["verdict"]
+            row.update(claim_columns(systems, a, b, column, paper, form))
         rows.append(row)
     return pd.DataFrame(rows)

@@ -57,7 +57,8 @@ from hydra_core.models.zero_shot import (
     declares_random_weights,
 )
 from hydra_core.report.claims import (
-    paired_claim,
+    claim_columns,
+    near_far_verdicts,
     paper_frame,
     pick,
     signed,
@@ -377,11 +378,9 @@ def _claims(systems: SystemsReport) -> pd.DataFrame:
     for claim, system, reference, column in CLAIMS:
         paper = float(numbers.loc[system, column] - numbers.loc[reference, column])
         row = {"claim": claim, "metric": column, "paper_difference": round(paper, 4)}
-        ours = paired_claim(systems, OURS[system], OURS[reference], column, paper)
-        row.update(ours=ours["value"], ours_lo=ours["lo"], ours_hi=ours["hi"])
-        row["verdict"] = ours["verdict"]
+        row.update(claim_columns(systems, OURS[system], OURS[reference], column, paper, "ours"))
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).rename(columns={"ours_verdict": "verdict"})
 
 
 # --- Markdown -------------------------------------------------------------------------------------
@@ -513,6 +512,7 @@ def _claims_shown(claims: pd.DataFrame) -> pd.DataFrame:
                 for _, r in claims.iterrows()
             ],
             "verdict": claims["verdict"],
+            "verdict, near / far OOD": near_far_verdicts(claims, "ours"),
         }
     )
 
