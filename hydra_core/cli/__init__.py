@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         on_term = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         args = build_parser().parse_args(argv)
+        options.refuse_ignored(args)  # contradictions and an absent --device, before any work
         warnings.showwarning = _one_line_warning
         if args.cache_dir:
             os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,9 @@ from hydra_core.cli.common import (
     load_for_cli,
     progress_bar,
     stage_bars,
+    write_csv,
+    write_json,
+    write_output,
 )
 from hydra_core.errors import InputError
 
@@ -271,19 +273,19 @@ def _hydra(args: argparse.Namespace) -> int:
         return 0
     for name, reason in report.setup["skipped"].items():
         print(f"note: {name} left out: {reason}", file=sys.stderr)
-    report.table().to_csv(out / "systems_table.csv", index=False)
+    write_csv(out / "systems_table.csv", report.table(), index=False)
     summary = report.summary()
-    summary.to_csv(out / "summary.csv", index=False)
-    report.cost.to_csv(out / "cost.csv")
+    write_csv(out / "summary.csv", summary, index=False)
+    write_csv(out / "cost.csv", report.cost)
     made_for = {"model": identity, "data": data_identity(benchmark)}
-    (out / "systems.json").write_text(json.dumps({**made_for, **report.to_json()}, indent=1))
-    fused = report.info[report.find(args.label, "fused")].models[0]
-    save_hydra(
-        fused.cpu(),
+    write_json(out / "systems.json", {**made_for, **report.to_json()})
+    fused = report.info[report.find(args.label, "fused")].models[0].cpu()
+    preprocess = describe(loaded.preprocess)
+    write_output(
         out / "hydra.safetensors",
-        preprocess=describe(loaded.preprocess),
-        source=loaded.name,
-        classes=loaded.classes,
+        lambda tmp: save_hydra(
+            fused, tmp, preprocess=preprocess, source=loaded.name, classes=loaded.classes
+        ),
     )
     columns = [
         "system",
