@@ -102,6 +102,8 @@ def claim_folder(
     overwrite: bool = False,
     option: str = "--out",
     reads: Mapping | None = None,
+    options: Mapping | None = None,
+    record: bool = True,
 ) -> Path:
     """Make ``folder`` the output of this run, or refuse it (InputError) when it holds the results
     of another: another model, the same command on other data, or files no run claims; unless
@@ -115,11 +117,19 @@ def claim_folder(
         overwrite: replace another run's results (the user said ``--overwrite``).
         option: the option that named the folder, for messages.
         reads: the command's inputs (option -> path), never written onto (:func:`check_place`).
+        options: every option that changes the results (its name as the user gives it ->
+            value): part of the run's identity, so that the same command with other options
+            (``sweep --points 2`` into a sweep of other points) is refused, not taken as a
+            resume, naming the option that differs.
+        record: write the manifest now (False: only check; the caller records the run when its
+            files are in place, so that a run that fails leaves no folder holding only the
+            manifest).
     """
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{option} {folder} is a file; give a folder (it is created if missing)")
     check_place(folder, option=option, reads=reads)
+    record_now = record
     record, files = _read_manifest(folder), _results(folder)
     again = "choose another " + option + " (a new folder), or pass --overwrite to replace them"
     if files and not overwrite:
@@ -142,12 +152,77 @@ def claim_folder(
                 f"{', '.join(earlier.get('sets', []))}, fingerprint {earlier.get('fingerprint')}; "
                 f"now {', '.join(data.get('sets', []))}, {data.get('fingerprint')}); {again}"
             )
+        before = (record.get("options") or {}).get(command)
+        now = _plain(options) if options is not None else None
+        if before is not None and now is not None and before != now:
+            name = next(k for k in sorted({*before, *now}) if before.get(k) != now.get(k))
+            raise InputError(
+                f"{folder} holds {command} results made with {name} {_shown(before.get(name))}, "
+                f"not {_shown(now.get(name))} (other options are another run, not a resume); "
+                f"{again}"
+            )
+    if not record_now:
+        return folder
     if record is None or not same_model(record.get("model"), model):
         record = {"format": FORMAT, "model": model, "data": {}}
     record["data"] = {**record.get("data", {}), command: data}
+    if options is not None:
+        record["options"] = {**(record.get("options") or {}), command: _plain(options)}
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    if created:
+        _CREATED.append(folder)
     atomic_write(folder / MANIFEST, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
     return folder
+
+
+#: folders :func:`claim_folder` created in this process (see :func:`release_unfinished`)
+_CREATED: list[Path] = []
+
+
+def _plain(options: Mapping) -> dict:
+    """``options`` as JSON gives them back (tuples as lists), to compare with a manifest's."""
+    return json.loads(json.dumps(dict(options), default=str))
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "not given"
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "(none)"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def release_unfinished() -> list[Path]:
+    """Remove the folders this process created with :func:`claim_folder` that hold nothing but
+    the manifest (a command refused or failed after claiming its folder): a failed run leaves
+    no folder behind. Returns the folders removed."""
+    removed = []
+    while _CREATED:
+        folder = _CREATED.pop()
+        try:
+            if [p.name for p in folder.iterdir()] == [MANIFEST]:
+                (folder / MANIFEST).unlink()
+                folder.rmdir()
+                removed.append(folder)
+        except OSError:
+            continue
+    return removed
+
+
+def forget_created() -> None:
+    """The folders claimed so far hold finished results: :func:`release_unfinished` keeps them."""
+    _CREATED.clear()
+
+
+def leftover_staging(folder: str | Path) -> list[Path]:
+    """The staging folders (``.<name>.partial-*``) beside ``folder`` that a report or sweep into
+    it left when it was killed (a run still going has one too)."""
+    folder = Path(folder).expanduser()
+    parent = folder.parent if folder.parent.is_dir() else None
+    if parent is None:
+        return []
+    return sorted(p for p in parent.glob(f".{folder.name}.partial-*") if p.is_dir())
 
 
 def _inside(path: Path, folder: Path) -> bool:

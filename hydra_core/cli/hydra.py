@@ -190,6 +190,8 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         help="MC Dropout at this rate in every dropout module (post hoc: for a model trained "
         "without dropout, such as the default ViT); default: the model's own dropout",
     )
+    for option in ("--mc-passes", "--mc-dropout-rate"):
+        options.only_with(p, option, "--baselines mc-dropout", _with_mc_dropout)
     p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     p.add_argument(
@@ -211,6 +213,10 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         help="untimed rounds of every system before the timed ones (default: %(default)s)",
     )
     add_output_arguments(p, "results/hydra")
+
+
+def _with_mc_dropout(args: argparse.Namespace) -> bool:
+    return "mc-dropout" in (args.baselines or [])
 
 
 @command("hydra", _hydra_arguments)

@@ -75,7 +75,14 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         "--objective",
         default="avg",
         choices=("acc", "ood", "avg"),
-        help="greedy objective of the circuit ranking (default: %(default)s)",
+        help="greedy objective of the circuit ranking (default: %(default)s; a stability "
+        "ranking has its file's objective)",
+    )
+    options.only_with(
+        p,
+        "--objective",
+        "--strategy circuit or identical-circuit, or seed-sampling of --ranking-source greedy",
+        _greedy_ranking,
     )
     p.add_argument(
         "--ranking-source",
@@ -113,6 +120,15 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
     add_masks_export(p)  # `masks export --to nnsight|plain`
 
 
+def _greedy_ranking(args: argparse.Namespace) -> bool:
+    """Whether the members come from the greedy ranking of --objective."""
+    if args.ranking_source == "stability":
+        return False  # the ranking is the stability file's, of its own objective
+    if args.strategy in ("circuit", "identical-circuit"):
+        return True
+    return args.strategy == "seed-sampling" and args.ranking_source == "greedy"
+
+
 @command("masks", _masks_arguments)
 def _masks(args: argparse.Namespace) -> int:
     """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
@@ -141,14 +157,17 @@ def _masks(args: argparse.Namespace) -> int:
     overlap = member_overlap(members)
     print("kept heads per layer:")
     print(overlap["per_layer"].to_string())
-    print("\nJaccard similarity of kept heads:")
-    print(overlap["jaccard"].round(3).to_string())
-    print(
-        f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
-        f"{len(overlap['kept_by_all'])} heads kept by every member, "
-        f"{len(overlap['kept_by_any'])} by at least one"
-    )
-    print(f"wrote {out} ({len(members)} members)")
+    if len(members) < 2:
+        print(f"\none member keeps {len(overlap['kept_by_all'])} heads (overlap needs two members)")
+    else:
+        print("\nJaccard similarity of kept heads:")
+        print(overlap["jaccard"].round(3).to_string())
+        print(
+            f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
+            f"{len(overlap['kept_by_all'])} heads kept by every member, "
+            f"{len(overlap['kept_by_any'])} by at least one"
+        )
+    print(f"wrote {out} ({len(members)} member{'s' if len(members) != 1 else ''})")
     return 0
 
 

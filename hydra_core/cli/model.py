@@ -54,8 +54,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_output_arguments(
         p,
-        "results/train/vit_seed<seed>.safetensors; the shipped checkpoint only when named, with "
-        "--overwrite",
+        "results/train/vit_seed<seed>.safetensors; never the shipped checkpoint",
         what="safetensors checkpoint",
     )
 

@@ -79,7 +79,7 @@ def _train_text_arguments(p: argparse.ArgumentParser) -> None:
         "--output",
         default=None,
         help="the safetensors asset to write (default: results/train-text/<base>_seed<seed>."
-        "safetensors; the shipped hydra_core/assets/ files only when named, with --overwrite)",
+        "safetensors; never a shipped hydra_core/assets/ file)",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace --output when it exists already"

@@ -50,7 +50,8 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import SystemsReport
-from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline
+from hydra_core.outputs import write_output
+from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline, run_options
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
 from hydra_core.training.top import TopFinetuneConfig
 from hydra_core.types import Log, StageProgress
@@ -361,8 +362,16 @@ def run_sweep(
     if config.task not in TASK_MODELS:
         raise InputError(f"task must be one of {', '.join(TASK_MODELS)}, got {config.task!r}")
     out = Path(out) if out is not None else DEFAULT_SWEEP_OUT / kind
+    points = {"layers": {"removed_per_layer": "--points"}, "members": {"members": "--points"}}
     run = Pipeline(
-        out, cache, config.device, progress, log, overwrite=overwrite, command=f"sweep {kind}"
+        out,
+        cache,
+        config.device,
+        progress,
+        log,
+        overwrite=overwrite,
+        command=f"sweep {kind}",
+        options=run_options(config, points.get(kind)),
     )
     run.load(lambda: _load(config))
     table, systems = SWEEP_FUNCTIONS[kind](run, config)
@@ -375,8 +384,8 @@ def run_sweep(
     setup = run.setup(config.task, budgets(run, config), seeds, {})
     setup = run.finish({**setup, "sweep": kind, "config": _config_json(config)})
     figure = plot_sweep(kind, table, setup)
-    figure.savefig(run.out / f"{kind}.png", dpi=120)
-    figure.savefig(run.out / f"{kind}.svg")
+    write_output(run.out / f"{kind}.png", lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
+    write_output(run.out / f"{kind}.svg", lambda tmp: figure.savefig(tmp, format="svg"))
     run.write(
         {kind: table}, setup, systems, lambda tables, s: markdown_sweep(kind, tables[kind], s)
     )
