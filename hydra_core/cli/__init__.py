@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import hydra_core.cli.options as options
-from hydra_core import distributed
+from hydra_core import distributed, errors
 from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError, Terminated, raise_terminated
 
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         if distributed.launched():
             started = _start_distributed(args)
-        code = args.run(args)
+        with errors.surface("cli"):  # messages name this command's options
+            code = args.run(args)
         finished = code == 0
         return code
     except KeyboardInterrupt as stop:

@@ -36,7 +36,7 @@ import torch
 
 from hydra_core import distributed
 from hydra_core.cache import DiskCache
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import nest_intervals, resolve_device
 from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
 from hydra_core.hydra.members import (
@@ -102,8 +102,8 @@ class Budgets:
             per_layer = max(1, round(layout.max_heads / 3))
         if not 0 < per_layer < min(layout.num_heads):
             raise ValueError(
-                f"removed_per_layer must be between 1 and "
-                f"{min(layout.num_heads) - 1}, got {per_layer}"
+                f"{choice('removed_per_layer')} must be between 1 and "
+                f"{min(layout.num_heads) - 1} for this model, got {per_layer}"
             )
         budget = per_layer * layout.num_layers
         pool = round(config.pool_fraction * layout.total_heads)

@@ -182,7 +182,15 @@ def run_report(
         )
 
     def loader():
-        return load_model(config.model), benchmark_of(config.n_search)
+        from hydra_core.models.modality import IMAGE_MODALITY
+
+        loaded = load_model(config.model)
+        if loaded.modality is not IMAGE_MODALITY:  # --task image with a model of other input
+            raise InputError(
+                f"--task image (the default) needs an image classifier; {config.model!r} takes "
+                f"{loaded.modality.name}: pass --task {loaded.modality.name}"
+            )
+        return loaded, benchmark_of(config.n_search)
 
     run.load(loader)
     loaded, benchmark, layout = run.loaded, run.benchmark, run.layout

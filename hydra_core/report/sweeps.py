@@ -32,7 +32,7 @@ from hydra_core.data.corruptions import (
     corrupt_set,
     corruptions_for,
 )
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import Evaluation, SetPredictions
 from hydra_core.hydra.experiment import (
     DeepEnsemble,
@@ -171,8 +171,9 @@ def layers_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, Syst
     counts = [r for r in config.removed_per_layer if 0 < r < min(layout.num_heads)]
     if not counts:
         raise InputError(
-            f"no point of removed_per_layer {config.removed_per_layer} leaves a head in every "
-            f"layer of this model ({min(layout.num_heads)} heads per layer)"
+            f"no point of {choice('points')} {' '.join(map(str, config.removed_per_layer))} "
+            f"leaves a head in every layer of this model ({min(layout.num_heads)} heads per "
+            f"layer): ask for fewer than {min(layout.num_heads)} heads removed per layer"
         )
     dropped = sorted(set(config.removed_per_layer) - set(counts))
     if dropped:
@@ -397,6 +398,11 @@ def _load(config: SweepConfig) -> tuple:
     from hydra_core.zoo.registry import load_model
 
     loaded = load_model(config.model_source())
+    if loaded.modality.name != config.task:  # --model contradicts --task: say so, never guess
+        raise InputError(
+            f"--model {config.model_source()} takes {loaded.modality.name}, but --task is "
+            f"{config.task}: pass --task {loaded.modality.name}"
+        )
     benchmark = loaded.modality.benchmark(
         n_search=config.n_search, n_report=config.n_report, image_format=loaded.image_format
     )
