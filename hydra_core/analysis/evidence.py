@@ -411,10 +411,13 @@ def check_frequency(frequency: torch.Tensor | np.ndarray, layout: HeadLayout) ->
     return array
 
 
-def read_stability(path: str | Path, layout: HeadLayout, **made_for) -> np.ndarray:
+def read_stability(
+    path: str | Path, layout: HeadLayout, *, name: str | None = None, **made_for
+) -> np.ndarray:
     """The (L, H) selection frequencies of a ``hydra-stability`` file (the stability search's
     result), checked against the model's head layout (and, with ``made_for``, its model and
-    data: see :func:`stability_frequency`); an InputError names what is wrong."""
+    data: see :func:`stability_frequency`); an InputError names what is wrong (``name``: how
+    messages name the file, its path by default)."""
     path = Path(path)
     try:
         text = path.read_bytes()
@@ -422,7 +425,7 @@ def read_stability(path: str | Path, layout: HeadLayout, **made_for) -> np.ndarr
         raise InputError(f"{path} does not exist; give a stability result (JSON)") from None
     except OSError as exc:
         raise InputError(f"{path} is not a stability result ({exc})") from None
-    return stability_frequency(text, layout, name=str(path), **made_for)
+    return stability_frequency(text, layout, name=name or str(path), **made_for)
 
 
 def stability_frequency(

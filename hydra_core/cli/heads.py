@@ -90,6 +90,7 @@ def _heads(args: argparse.Namespace) -> int:
         frequency = read_stability(
             args.stability,
             head_layout(loaded.model),
+            name=f"--stability {args.stability}",
             model=loaded.identity(),
             data=data_identity(benchmark, "search"),
             hint=SAME_DATA,
