@@ -2,13 +2,12 @@
 
 import streamlit as st
 
-from hydra_core.errors import set_surface
+from hydra_core.errors import surface
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.zero_shot import declares_random_weights
 from hydra_ui.context import device_label, get_config
 
 st.set_page_config(page_title="Hydra Lab", page_icon=":material/hub:", layout="wide")
-set_surface("app")  # messages name the pages' controls, not the command line's options
 
 PAGES = [
     st.Page("pages/1_setup.py", title="Setup", icon="⚙️", default=True),
@@ -31,4 +30,5 @@ with st.sidebar:
         )
     except RuntimeError as exc:
         st.warning(str(exc))
-navigation.run()
+with surface("app"):  # messages name the pages' controls, not the command line's options
+    navigation.run()

@@ -7,11 +7,13 @@ traceback for it. It is a ``ValueError``, so code that caught bad values before 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 
 #: where the user meets the messages: "python" (the library), "cli" (``hydra_core.cli.main``
-#: sets it for a command's run), "app" (the pages set it)
-_SURFACE = ["python"]
+#: sets it for a command's run), "app" (the pages' run and their background jobs); a context
+#: variable, so that each thread (an app job, a test) has its own
+_SURFACE: contextvars.ContextVar[str] = contextvars.ContextVar("hydra_surface", default="python")
 
 #: the choices messages offer, by the library's name -> how each surface names it: the command
 #: line's option, the app's control (None: the app has none), the Python keyword
@@ -43,16 +45,11 @@ CHOICES = {
 @contextlib.contextmanager
 def surface(name: str) -> Iterator[None]:
     """Messages raised inside speak to ``name``'s user (``"cli"``, ``"app"``, ``"python"``)."""
-    _SURFACE.append(name)
+    token = _SURFACE.set(name)
     try:
         yield
     finally:
-        _SURFACE.pop()
-
-
-def set_surface(name: str) -> None:
-    """Make ``name`` the surface from now on (the app, whose pages run as scripts)."""
-    _SURFACE[0] = name
+        _SURFACE.reset(token)
 
 
 def choice(name: str) -> str:
@@ -61,7 +58,7 @@ def choice(name: str) -> str:
     command line's option, said to be one. A message that offers a choice builds it with this, so
     that it names an option or a control the user actually has."""
     cli, app, python = CHOICES[name]
-    where = _SURFACE[-1]
+    where = _SURFACE.get()
     if where == "cli":
         return cli
     if where == "app":

@@ -451,9 +451,12 @@ def test_a_killed_runs_staging_folder_is_named_by_the_next_run(tmp_path, monkeyp
     config = sweeps.SweepConfig.quick(model=checkpoint, device="cpu", n_search=8, n_report=8)
     with pytest.raises(RuntimeError, match="stop here"):
         sweeps.run_sweep("layers", config, tmp_path / "sweep", log=lines.append)
+    with pytest.raises(RuntimeError, match="stop here"):  # a folder whose parent is new too
+        sweeps.run_sweep("layers", config, tmp_path / "new" / "sweep", log=lambda *_: None)
     notes = [line for line in lines if "partial" in line]
     assert len(notes) == 1 and str(left) in notes[0] and "can be deleted" in notes[0]
     assert not (tmp_path / "sweep").exists()  # a failed run leaves no folder
+    assert not (tmp_path / "new" / "sweep").exists()
 
 
 def _fail(run, config):

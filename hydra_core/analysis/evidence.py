@@ -454,11 +454,7 @@ def stability_frequency(
         raise InputError(f"{name} is not a stability result ({exc})") from None
     if not isinstance(data_found, dict) or data_found.get("format") != STABILITY_FORMAT:
         raise InputError(f'{name} is not a stability result (no "format": "{STABILITY_FORMAT}")')
-    if model is not None:
-        note = check_source(data_found, model, data, name, hint)
-        if note and warn is not None:
-            warn(note)
-    data = data_found
+    data, made_for = data_found, data
     rows = data.get("frequency")
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
         raise InputError(f"{name} holds no frequency map (a list of layers, each a list of heads)")
@@ -469,9 +465,14 @@ def stability_frequency(
     except (TypeError, ValueError):
         raise InputError(f"{name}: the frequency map holds a value that is not a number") from None
     try:
-        return check_frequency(array.reshape(len(rows), -1), layout)
+        frequency = check_frequency(array.reshape(len(rows), -1), layout)
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
+    if model is not None:  # the shape fits: now whose model and data it is
+        note = check_source(data, model, made_for, name, hint)
+        if note and warn is not None:
+            warn(note)
+    return frequency
 
 
 # --- all together -----------------------------------------------------------------------------

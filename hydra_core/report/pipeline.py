@@ -228,6 +228,7 @@ class Pipeline:
                 "results and can be deleted"
             )
         # the run's files go here until all are written (removed at exit if the run stops)
+        self.final.parent.mkdir(parents=True, exist_ok=True)  # the folder itself comes last
         staging = tempfile.mkdtemp(prefix=f".{self.final.name}.partial-", dir=self.final.parent)
         self.out = Path(staging)
         atexit.register(shutil.rmtree, self.out, ignore_errors=True)

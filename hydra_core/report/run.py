@@ -185,7 +185,7 @@ def run_report(
         from hydra_core.models.modality import IMAGE_MODALITY
 
         loaded = load_model(config.model)
-        if loaded.modality is not IMAGE_MODALITY:  # --task image with a model of other input
+        if loaded.modality is not IMAGE_MODALITY:
             raise InputError(
                 f"--task image (the default) needs an image classifier; {config.model!r} takes "
                 f"{loaded.modality.name}: pass --task {loaded.modality.name}"
