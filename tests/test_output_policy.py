@@ -672,3 +672,80 @@ def test_ctrl_c_before_any_work_does_not_claim_progress_was_saved():
     from hydra_core.cli import STOPPED
 
     assert "progress saved" not in STOPPED and "nothing is saved" in STOPPED
+
+
+# --- the app: long texts on every page, another model's stability upload -----------------------
+
+
+PAGES = [
+    "pages/1_setup.py", "pages/2_headmap.py", "pages/3_importance.py",
+    "pages/4_representations.py", "pages/5_masks.py", "pages/6_hydra.py",
+]  # fmt: skip
+
+
+def test_every_page_takes_texts_longer_than_the_models_positions(tmp_path, monkeypatch):
+    import pandas as pd
+    from streamlit.testing.v1 import AppTest
+
+    from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+    from tests.conftest import WORDS, save_tiny_folder
+
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()
+    save_tiny_folder(tmp_path / "model", ("negative", "positive"))  # 40 positions
+    long = " ".join(WORDS[5:] * 10)  # far more than 40 tokens
+    rows = [{"text": f"{WORDS[5 + i % 20]} {long} {i}", "label": ["negative", "positive"][i % 2]}
+            for i in range(40)]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "id.csv", index=False)
+    for name, offset in (("far", 100), ("search", 200)):
+        texts = [{"text": f"{long} {offset + i}"} for i in range(30)]
+        pd.DataFrame(texts).to_csv(tmp_path / f"{name}.csv", index=False)
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = SetupConfig(
+        model=str(tmp_path / "model"),
+        id_source=str(tmp_path / "id.csv"),
+        ood_sources=(f"far: {tmp_path / 'far.csv'}", f"search: {tmp_path / 'search.csv'}"),
+        ood=(),
+        search_ood=(),
+        n_search=8,
+        n_report=8,
+        device="cpu",
+    )
+    at.run()
+    for page in PAGES:
+        at.switch_page(page)
+        at.run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+
+
+def test_the_evidence_upload_refuses_another_models_file_of_the_same_shape(
+    checkpoint, tmp_path, monkeypatch
+):
+    from streamlit.delta_generator import DeltaGenerator
+    from streamlit.testing.v1 import AppTest
+
+    from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()
+    other = load_model(write_tiny_checkpoint(tmp_path / "other.safetensors", seed=1))
+    path = _stability_file(tmp_path / "stability.json", other.identity())
+
+    class Upload:
+        name = "stability.json"
+
+        def getvalue(self) -> bytes:
+            return path.read_bytes()
+
+    monkeypatch.setattr(DeltaGenerator, "file_uploader", lambda *a, **k: Upload())
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = SetupConfig(
+        model=checkpoint, ood=("noise",), n_search=16, n_report=16, device="cpu"
+    )
+    at.run()
+    at.switch_page("pages/2_headmap.py")
+    at.run()
+    errors = [e.value for e in at.error]
+    assert any("stability.json was made for" in e and "not the loaded model" in e for e in errors)
+    assert not at.exception

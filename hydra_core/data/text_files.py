@@ -73,6 +73,13 @@ def _read_rows(path: Path) -> tuple[list[tuple[str, dict]], set[str]]:
             ) from None
         finally:
             csv.field_size_limit(limit)
+        for where, row in rows[-1:]:  # an open quote reads the rest of the file as one field
+            runs_on = any(isinstance(v, str) and "\n" in v for v in row.values())
+            if runs_on and any(v is None for v in row.values()):
+                raise InputError(
+                    f"{path}: {where}: a quote opened there is never closed, so the rest of the "
+                    "file reads as one text; check its quoting"
+                )
         columns = {(c or "").strip() for c in reader.fieldnames or ()}
         rows = [(where, {(k or "").strip(): v for k, v in row.items()}) for where, row in rows]
         return rows, columns
