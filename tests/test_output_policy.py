@@ -28,7 +28,7 @@ from hydra_core.paths import ASSETS_DIR, PACKAGE_DIR
 from hydra_core.zoo.registry import load_model
 from tests.conftest import write_tiny_checkpoint
 from tests.test_bad_inputs import one_error_line, run
-from tests.test_bad_inputs_text import snapshot
+from tests.test_bad_inputs_text import sentences, snapshot
 
 DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
 ROOT = PACKAGE_DIR.parent
@@ -694,11 +694,12 @@ def test_every_page_takes_texts_longer_than_the_models_positions(tmp_path, monke
     disk_cache.clear()
     save_tiny_folder(tmp_path / "model", ("negative", "positive"))  # 40 positions
     long = " ".join(WORDS[5:] * 10)  # far more than 40 tokens
-    rows = [{"text": f"{WORDS[5 + i % 20]} {long} {i}", "label": ["negative", "positive"][i % 2]}
-            for i in range(40)]  # fmt: skip
+    first = sentences(100)  # distinct beginnings, then far more than 40 tokens
+    rows = [{"text": f"{t} {long}", "label": ["negative", "positive"][i % 2]}
+            for i, t in enumerate(first[:40])]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "id.csv", index=False)
-    for name, offset in (("far", 100), ("search", 200)):
-        texts = [{"text": f"{long} {offset + i}"} for i in range(30)]
+    for name, offset in (("far", 40), ("search", 70)):
+        texts = [{"text": f"{t} {long}"} for t in first[offset : offset + 30]]
         pd.DataFrame(texts).to_csv(tmp_path / f"{name}.csv", index=False)
     at = AppTest.from_file("../app.py", default_timeout=180)
     at.session_state[CONFIG_KEY] = SetupConfig(
@@ -707,8 +708,8 @@ def test_every_page_takes_texts_longer_than_the_models_positions(tmp_path, monke
         ood_sources=(f"far: {tmp_path / 'far.csv'}", f"search: {tmp_path / 'search.csv'}"),
         ood=(),
         search_ood=(),
-        n_search=8,
-        n_report=8,
+        n_search=16,
+        n_report=16,
         device="cpu",
     )
     at.run()
