@@ -30,10 +30,11 @@ CHOICES = {
     ),
     "removed_per_layer": (
         "--removed-per-layer",
-        None,
+        "the Masks page's 'r: heads removed per layer'",
         "removed_per_layer",
     ),
     "points": ("--points", "the sweep's points", "removed_per_layer"),
+    "budget": ("--budget", "the Masks page's 'B: heads to prune'", "budget"),
     "n_search": (
         "--n-search",
         "the Setup page's 'Search ... per set'",

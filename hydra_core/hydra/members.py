@@ -616,7 +616,7 @@ def _budget(budget: int, layout: HeadLayout) -> int:
     total = layout.total_heads
     if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < total:
         raise ValueError(
-            f"budget must be between 1 and {total - 1} (the model has {total} heads; "
-            f"a member keeps at least one), got {budget!r}"
+            f"{choice('budget')} must be between 1 and {total - 1} (the model has {total} "
+            f"heads; a member keeps at least one), got {budget!r}"
         )
     return budget
