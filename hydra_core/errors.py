@@ -34,6 +34,11 @@ CHOICES = {
         "removed_per_layer",
     ),
     "points": ("--points", "the sweep's points", "removed_per_layer"),
+    "data_files": (
+        "--id-file / --ood-file",
+        "the Setup page's data fields",
+        "text_file_benchmark(id_file=..., ood_files=...)",
+    ),
     "budget": ("--budget", "the Masks page's 'B: heads to prune'", "budget"),
     "n_search": (
         "--n-search",

@@ -259,7 +259,9 @@ def check_place(path: str | Path, *, option: str = "--out", reads: Mapping | Non
             continue
         source = Path(given).expanduser()
         same = resolved == source.resolve() or _same_file(path, source)
-        within = source.is_dir() and path.exists() and _inside(resolved, source.resolve())
+        # a file that is there inside an input folder is part of that input (a model folder's
+        # config.json, an image of a data folder); a new file or a folder beside them is not
+        within = source.is_dir() and path.is_file() and _inside(resolved, source.resolve())
         if same or within:
             raise InputError(
                 f"{option} {path} is {'' if same else 'inside '}the {name} this command reads; "

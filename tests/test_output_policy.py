@@ -95,6 +95,13 @@ def test_the_policy_refuses_each_bad_target_in_one_line(tmp_path):
     for given in (existing, link, tmp_path / "folder" / ".." / "there.json"):
         with pytest.raises(InputError, match="the --masks this command reads"):
             check_output(given, overwrite=True, reads={"--masks": str(existing)})
+    data = tmp_path / "images"
+    (data / "cat").mkdir(parents=True)
+    (data / "cat" / "a.png").write_bytes(b"png")
+    with pytest.raises(InputError, match="is inside the --id-folder this command reads"):
+        check_output(data / "cat" / "a.png", overwrite=True, reads={"--id-folder": str(data)})
+    beside = data / "cat" / "new.json"  # a new file beside an input's files is no input
+    assert check_output(beside, reads={"--id-folder": str(data)}) == beside
     assert check_output(existing, overwrite=True) == existing
     assert check_output(tmp_path / "new" / "deep" / "x.json") == tmp_path / "new/deep/x.json"
     assert not (tmp_path / "new").exists()  # checking writes nothing

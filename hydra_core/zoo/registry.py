@@ -24,7 +24,7 @@ from torch import nn
 
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.hub import from_hub
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
@@ -456,8 +456,8 @@ NOT_MODELS = {
     ".json": "a JSON file (a mask file, a result, or a Hugging Face config.json: give its folder)",
     ".onnx": "an ONNX file (Hydra Lab writes them for other tools; load the safetensors file or "
     "the model it was exported from)",
-    ".csv": "a CSV file (data: --id-file / --ood-file)",
-    ".jsonl": "a JSONL file (data: --id-file / --ood-file)",
+    ".csv": "a CSV file (texts are data: {data_files})",
+    ".jsonl": "a JSONL file (texts are data: {data_files})",
     ".py": "a Python file (a module masks export wrote for nnsight)",
 }
 
@@ -778,8 +778,10 @@ def load_model(
         if not path.is_file():
             raise InputError(f"checkpoint file {path} does not exist")
         if path.suffix.lower() in NOT_MODELS:  # named by what it is, not as a bad checkpoint
+            data_files = choice("data_files")
             raise InputError(
-                f"{path} is {NOT_MODELS[path.suffix.lower()]}, not a model: give a checkpoint "
+                f"{path} is {NOT_MODELS[path.suffix.lower()].format(data_files=data_files)}, "
+                "not a model: give a checkpoint "
                 f"file ({', '.join(CHECKPOINT_SUFFIXES)}), a Hugging Face model folder, or a "
                 "named model such as 'default'"
             )
