@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from hydra_core.errors import surface
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.zero_shot import declares_random_weights
 from hydra_ui.context import device_label, get_config
@@ -29,4 +30,5 @@ with st.sidebar:
         )
     except RuntimeError as exc:
         st.warning(str(exc))
-navigation.run()
+with surface("app"):  # messages name the pages' controls, not the command line's options
+    navigation.run()

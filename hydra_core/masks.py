@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.files import atomic_write
 from hydra_core.models.adapter import HeadLayout, as_keep_mask, head_label
 from hydra_core.outputs import describe_towers
@@ -239,12 +239,19 @@ def masks_from_json(
             f"{model.get('heads')} heads ({model.get('name')!r}); the loaded model has "
             f"{layout.num_layers} x {layout.max_heads}"
         )
+    if identity and not allow_other_weights and not model.get("weights"):
+        raise MaskFileError(
+            f"the mask file names no weights fingerprint (written by hand or by another tool), "
+            f"so nothing shows it was made for {identity.get('name')!r} (weights "
+            f"{identity.get('weights')}); make the masks with this model, or accept the file as "
+            f"it is with {choice('allow_other_weights')}"
+        )
     if identity and not allow_other_weights and model.get("weights") != identity.get("weights"):
         raise MaskFileError(
             f"the masks were made for {model.get('name')!r} with weights {model.get('weights')}; "
             f"the loaded model {identity.get('name')!r} has weights {identity.get('weights')} "
             "(same shape, other weights): use masks made for this model, or accept them anyway "
-            "(--allow-other-weights; Masks page: 'Accept masks made for other weights')"
+            f"with {choice('allow_other_weights')}"
         )
     raw = data.get("members")
     if not isinstance(raw, list) or not raw:

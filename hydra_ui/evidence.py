@@ -26,6 +26,7 @@ from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.data.images import take
 from hydra_core.metrics.bootstrap import MIN_BOOT
 from hydra_core.models.adapter import head_label, head_layout
+from hydra_core.outputs import data_identity
 from hydra_ui.context import Context, disk_cache, results
 from hydra_ui.figures import head_heatmap
 from hydra_ui.jobs import staged_progress, start_job
@@ -185,7 +186,16 @@ def evidence_section(context: Context, fit) -> None:
     )
     frequency = None
     if upload is not None:
-        frequency = stability_frequency(upload.getvalue(), layout, name=upload.name)
+        frequency = stability_frequency(  # another model's or other data's file is refused
+            upload.getvalue(),
+            layout,
+            name=upload.name,
+            model=context.loaded.identity(),
+            data=data_identity(context.benchmark, "search"),
+            hint="upload the stability result of a search on this page's data (the Setup "
+            "page's sample sizes and OOD sets), or run Stability above",
+            warn=st.warning,
+        )
     elif (found := page_stability()) is not None:  # the Stability section's last run
         frequency = found.frequency().numpy()
         st.caption(

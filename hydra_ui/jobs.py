@@ -9,6 +9,7 @@ tested directly.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,7 +55,11 @@ class Job:
         self._timed: list[tuple[float, float]] = []  # (seconds, size) of the steps timed here
         self._steps_done = 0
         self._last = self.started  # when the latest step ended
-        self._thread = threading.Thread(target=self._run, name=f"hydra-job-{name}", daemon=True)
+        # the job's messages speak to the app's user, as the page that started it does
+        run = contextvars.copy_context().run
+        self._thread = threading.Thread(
+            target=lambda: run(self._run), name=f"hydra-job-{name}", daemon=True
+        )
 
     def _run(self) -> None:
         try:

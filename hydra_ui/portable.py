@@ -91,9 +91,9 @@ def onnx_bytes(hydra: nn.Module, loaded, member_names: list[str]) -> tuple[bytes
     }
     description = {k: v for k, v in description.items() if v is not None}
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "hydra.onnx"
-        written = export_onnx(hydra, path, description=description)
-        data = path.read_bytes()
+        tmp = Path(folder) / "hydra.onnx"  # a download: the file lives in memory, not on disk
+        written = export_onnx(hydra, tmp, description=description)
+        data = tmp.read_bytes()
 
     def shapes(entries: dict) -> str:
         return ", ".join(f"`{n}` ({', '.join(map(str, s))})" for n, s in entries.items())

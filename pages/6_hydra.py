@@ -162,15 +162,15 @@ def fused_file(hydra, loaded) -> bytes:
     """The fused model as a safetensors file: `load_model` evaluates it like its source (a text
     model's file names the source's tokenizer, which it loads again)."""
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "hydra.safetensors"
+        tmp = Path(folder) / "hydra.safetensors"  # a download: the bytes, not a file on disk
         save_hydra(
             hydra,
-            path,
+            tmp,
             preprocess=describe(loaded.preprocess),
             source=loaded.name,
             classes=loaded.classes,
         )
-        return path.read_bytes()
+        return tmp.read_bytes()
 
 
 def baseline_choices(context, running: bool, train_split: bool) -> list:

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from hydra_core.cli import main
+from hydra_core.cli import STOPPED, main
 from hydra_core.errors import InputError
 from hydra_core.zoo.default import save_checkpoint
 from hydra_core.zoo.registry import load_model
@@ -138,7 +138,7 @@ def test_ctrl_c_says_progress_is_saved(monkeypatch, capsys, checkpoint):
     monkeypatch.setattr(hydra_core.evaluate, "evaluate_model", interrupted)
     code, err = run(capsys, "eval", "--model", checkpoint, *DATA)
     assert code == 130
-    assert err.strip() == "stopped; progress saved, run again to resume"
+    assert err.strip() == STOPPED
 
 
 # --- a ViT of one's own configuration, loaded both ways -----------------------------------------

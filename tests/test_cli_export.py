@@ -128,7 +128,10 @@ def test_masks_export_for_nnsight_and_as_plain_json(checkpoint, tmp_path, capsys
     plain = tmp_path / "plain.json"
     assert main([*argv, "--to", "plain", "--out", str(plain)]) == 0
     assert json.loads(plain.read_text())["keep01"] == {"0": [0, 1], "1": [0, 1]}
-    assert main([*argv, "--to", "plain", "--member", "1", "--out", str(plain)]) == 0
+    again = ["--to", "plain", "--member", "1", "--out", str(plain)]
+    assert main([*argv, *again]) == 2  # the file is there: replaced only with --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*argv, *again, "--overwrite"]) == 0
     assert json.loads(plain.read_text()) == {"0": [0, 1], "1": [0, 1]}
     capsys.readouterr()
     module = tmp_path / "results" / "masks" / "my_masks_nnsight.py"

@@ -174,6 +174,8 @@ NAME_COMPARISONS_ALLOWED = {
     "is a text task (Table 2): it refuses a model of another modality",
     ("hydra_core/cli/hydra.py", 'if args.task == "text":'): "a report's name (--task text), "
     "not a model's modality",
+    ("hydra_core/report/run.py", "if loaded.modality is not IMAGE_MODALITY:"): "the image "
+    "report is an image task (Table 1): it refuses a model of another modality",
 }
 
 

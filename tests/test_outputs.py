@@ -103,9 +103,10 @@ def test_training_writes_a_fresh_file_by_default_and_never_replaces_one_unasked(
     line = one_error_line(err)
     assert code == 2 and f"{option} {written} exists already" in line and "--overwrite" in line
     assert (tmp_path / written).read_bytes() == first
-    for asset in shipped:  # a shipped file is replaced only when named and --overwrite is given
-        code, err = run(capsys, command, option, str(asset))
-        assert code == 2 and "exists already" in one_error_line(err)
+    for asset in shipped:  # a shipped file is never replaced, even with --overwrite
+        for more in ([], ["--overwrite"]):
+            code, err = run(capsys, command, option, str(asset), *more)
+            assert code == 2 and "inside the installed Hydra Lab package" in one_error_line(err)
     code, err = run(capsys, command, "--seed", "3", "--overwrite")
     assert code == 0, err
 

@@ -493,7 +493,7 @@ def test_jsonl_files(tmp_path):
         ("unk.csv", "text,label\nx,meh\n", {"classes": ["a", "b"]}, "'meh' are not among"),
         ("bad.jsonl", '{"text": "x"}\n[1, 2]\n', {}, "line 2: not a JSON object"),
         ("latin.csv", "text,label\ncaf\xe9,1\n".encode("latin-1"), {}, "not UTF-8 text"),
-        ("quote.csv", 'text,label\n"x' + "y" * 200_000 + '",1\n', {}, "not a readable CSV file"),
+        ("quote.csv", 'text,label\n"x' + "y" * 200_000 + ",1\nz,0\n", {}, "is never closed"),
     ],
 )
 def test_text_file_errors_are_one_line_naming_the_file(

@@ -420,9 +420,13 @@ def check_frequency(frequency: torch.Tensor | np.ndarray, layout: HeadLayout) ->
     return array
 
 
-def read_stability(path: str | Path, layout: HeadLayout) -> np.ndarray:
+def read_stability(
+    path: str | Path, layout: HeadLayout, *, name: str | None = None, **made_for
+) -> np.ndarray:
     """The (L, H) selection frequencies of a ``hydra-stability`` file (the stability search's
-    result), checked against the model's head layout; an InputError names what is wrong."""
+    result), checked against the model's head layout (and, with ``made_for``, its model and
+    data: see :func:`stability_frequency`); an InputError names what is wrong (``name``: how
+    messages name the file, its path by default)."""
     path = Path(path)
     try:
         text = path.read_bytes()
@@ -430,18 +434,36 @@ def read_stability(path: str | Path, layout: HeadLayout) -> np.ndarray:
         raise InputError(f"{path} does not exist; give a stability result (JSON)") from None
     except OSError as exc:
         raise InputError(f"{path} is not a stability result ({exc})") from None
-    return stability_frequency(text, layout, name=str(path))
+    return stability_frequency(text, layout, name=name or str(path), **made_for)
 
 
-def stability_frequency(text: str | bytes, layout: HeadLayout, *, name: str) -> np.ndarray:
+def stability_frequency(
+    text: str | bytes,
+    layout: HeadLayout,
+    *,
+    name: str,
+    model: dict | None = None,
+    data: dict | None = None,
+    hint: str = "give a stability result of this model and data",
+    warn=None,
+) -> np.ndarray:
     """The (L, H) selection frequencies of a stability result given as its JSON text (an uploaded
-    file's bytes), checked against the model; ``name`` names it in the messages."""
+    file's bytes), checked against the model; ``name`` names it in the messages.
+
+    With ``model`` (the loaded model's identity) the file's provenance is checked as every
+    reader of another run's file checks it (:func:`~hydra_core.outputs.check_source`): another
+    model's file is refused even when its shape matches, one computed on other search data
+    (``data``, this run's search data identity) too, ``hint`` saying what to do; a file that
+    names no model goes to ``warn``."""
+    from hydra_core.outputs import check_source
+
     try:
-        data = json.loads(text)
+        data_found = json.loads(text)
     except ValueError as exc:
         raise InputError(f"{name} is not a stability result ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != STABILITY_FORMAT:
+    if not isinstance(data_found, dict) or data_found.get("format") != STABILITY_FORMAT:
         raise InputError(f'{name} is not a stability result (no "format": "{STABILITY_FORMAT}")')
+    data, made_for = data_found, data
     rows = data.get("frequency")
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
         raise InputError(f"{name} holds no frequency map (a list of layers, each a list of heads)")
@@ -452,9 +474,14 @@ def stability_frequency(text: str | bytes, layout: HeadLayout, *, name: str) -> 
     except (TypeError, ValueError):
         raise InputError(f"{name}: the frequency map holds a value that is not a number") from None
     try:
-        return check_frequency(array.reshape(len(rows), -1), layout)
+        frequency = check_frequency(array.reshape(len(rows), -1), layout)
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
+    if model is not None:  # the shape fits: now whose model and data it is
+        note = check_source(data, model, made_for, name, hint)
+        if note and warn is not None:
+            warn(note)
+    return frequency
 
 
 # --- all together -----------------------------------------------------------------------------

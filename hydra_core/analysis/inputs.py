@@ -62,7 +62,9 @@ def search_inputs(preprocess, benchmark: Benchmark, *, n_ood: int | None = None)
     """
     n_id = len(benchmark.id_search)
     smallest = min(len(s) for s in benchmark.ood_search)
-    n_ood = n_ood or min(n_id, smallest * len(benchmark.ood_search))
+    sets = len(benchmark.ood_search)
+    # at least one item of every OOD search set, however few ID items are searched on
+    n_ood = n_ood or max(min(n_id, smallest * sets), min(sets, smallest * sets))
     return SearchInputs(
         id_x=preprocess(benchmark.id_search.inputs),
         id_y=benchmark.id_search.labels,

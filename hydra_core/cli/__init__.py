@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import hydra_core.cli.options as options
-from hydra_core import distributed
+from hydra_core import distributed, errors
 from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError, Terminated, raise_terminated
 
@@ -49,8 +49,12 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 #: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
 DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble", "report")
 
-#: what Ctrl-C (exit code 130) or SIGTERM (143) prints: searches save every step, so a rerun resumes
-STOPPED = "stopped; progress saved, run again to resume"
+#: what Ctrl-C (exit code 130) or SIGTERM (143) prints: searches save every step and training every
+#: epoch, so a rerun goes on from there; a run stopped before its first step saved nothing yet
+STOPPED = (
+    "stopped; run the same command again to go on from the last saved step or epoch (nothing is "
+    "saved before the first one)"
+)
 
 #: errors that a user's input causes: ours (InputError is a ValueError) and the libraries' for
 #: unreadable files, impossible devices and the like; shown as one line, not a traceback
@@ -64,12 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) the commands of :data:`DISTRIBUTED_COMMANDS` run as
     one job over its processes; rank 0 alone writes and prints the results."""
+    from hydra_core import outputs
+
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
-    started, on_term = False, None
+    started, on_term, finished = False, None, False
+    outputs.forget_created()
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread
         on_term = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         args = build_parser().parse_args(argv)
+        options.refuse_ignored(args)  # contradictions and an absent --device, before any work
         warnings.showwarning = _one_line_warning
         if args.cache_dir:
             os.environ["HYDRA_LAB_CACHE"] = str(Path(args.cache_dir).expanduser())
@@ -79,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         if distributed.launched():
             started = _start_distributed(args)
-        return args.run(args)
+        with errors.surface("cli"):  # messages name this command's options
+            code = args.run(args)
+        finished = code == 0
+        return code
     except KeyboardInterrupt as stop:
         if debug:
             raise
@@ -93,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {lines[0]}{hint}", file=sys.stderr)
         return 2
     finally:
+        if not finished:  # a refused, failed or stopped run leaves no folder of a manifest alone
+            outputs.release_unfinished()
+        outputs.forget_created()
         if started:
             distributed.shutdown()
         if on_term is not None:

@@ -27,7 +27,9 @@ from hydra_core.cli.common import (
     read_result_file,
     shows_progress,
     warn_near_chance,
+    write_csv,
     write_json,
+    write_output,
 )
 from hydra_core.cli.stability import (
     add_stability_arguments,
@@ -162,22 +164,21 @@ def _search(args: argparse.Namespace) -> int:
             "auroc": result.auroc,
         }
     )
-    steps.to_csv(out / f"{stem}_steps.csv", index=False)
-    pd.DataFrame(
+    write_csv(out / f"{stem}_steps.csv", steps, index=False)
+    ranking = pd.DataFrame(
         {
             "rank": range(1, len(result.ranking()) + 1),
             "head": [head_label(*h) for h in result.ranking()],
         }
-    ).to_csv(out / f"{stem}_ranking.csv", index=False)
+    )
+    write_csv(out / f"{stem}_ranking.csv", ranking, index=False)
     circuit = MemberMask(
         f"Circ{args.objective.capitalize()}-{result.steps}",
         f"greedy {args.objective}, {result.steps} heads removed",
         result.keep_mask(),
     )
-    save_masks(
-        out / f"{stem}_masks.json",
-        [circuit],
-        loaded.identity(),
+    write_output(
+        out / f"{stem}_masks.json", lambda tmp: save_masks(tmp, [circuit], loaded.identity())
     )
     summary = sys.stderr if args.json else sys.stdout  # --json: stdout holds the JSON alone
     print(
@@ -258,9 +259,9 @@ def _importance(args: argparse.Namespace) -> int:
     warn_near_chance(args, loaded, found.base_accuracy)
     for criterion in found.criteria:
         frame = head_map_frame(torch.from_numpy(criterion.importance))
-        frame.to_csv(out / f"{criterion.file_stem}.csv")
+        write_csv(out / f"{criterion.file_stem}.csv", frame)
     correlations = found.spearman()
-    correlations.to_csv(out / "spearman.csv")
+    write_csv(out / "spearman.csv", correlations)
     write_json(
         out / "importance.json",
         {
@@ -367,11 +368,11 @@ def _represent(args: argparse.Namespace) -> int:
             centroid_distances(id_feats, ood_feats[name], layers=[layer]).assign(ood_set=name)
         )
     distances = pd.concat(tables, ignore_index=True)
-    distances.to_csv(out / f"distances_layer{layer}.csv", index=False)
+    write_csv(out / f"distances_layer{layer}.csv", distances, index=False)
     projection = project_features(
         id_feats, ood_feats, heads=heads, method=args.method, layers=[layer]
     )
-    projection.to_csv(out / f"{args.method}_layer{layer}.csv", index=False)
+    write_csv(out / f"{args.method}_layer{layer}.csv", projection, index=False)
     written = [f"distances_layer{layer}.csv", f"{args.method}_layer{layer}.csv"]
     if member is not None:
         table5 = distance_table_dense_vs_circuit(
@@ -382,7 +383,7 @@ def _represent(args: argparse.Namespace) -> int:
             layer=layer,
             batch_size=args.batch_size,
         )
-        table5.to_csv(out / "dense_vs_circuit.csv", index=False)
+        write_csv(out / "dense_vs_circuit.csv", table5, index=False)
         written.append("dense_vs_circuit.csv")
         print(table5.round(3).to_string(index=False))
     summary = distances.groupby("ood_set")[["euclidean", "mahalanobis"]].mean()

@@ -382,22 +382,63 @@ def prepare(
     return loaded, benchmark, inputs.to(device), DiskCache(), out
 
 
+#: options that name where a command writes (or its cache), never one of its inputs
+OUTPUT_OPTIONS = ("out", "onnx", "output", "cache_dir")
+
+
+def input_paths(args: argparse.Namespace) -> dict[str, str]:
+    """Every file or folder the command's options name that exists (``--model``, ``--masks``,
+    ``--stability``, ``--id-folder``, ...): the inputs the output policy never writes onto
+    (:func:`hydra_core.outputs.check_output`), by the option that names each."""
+    found = {}
+    for name, value in vars(args).items():
+        if name in OUTPUT_OPTIONS or name.startswith("_"):
+            continue
+        for given in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(given, str) and given and Path(given).expanduser().exists():
+                found.setdefault(f"--{name.replace('_', '-')}", given)
+    return found
+
+
 def claim_output(args: argparse.Namespace, out: Path, loaded, data: dict) -> None:
     """Refuse an output folder that holds another run's results, unless --overwrite (see
     :mod:`hydra_core.outputs`); create it and record this run."""
     from hydra_core.outputs import claim_folder
 
     claim_folder(
-        out, model=loaded.identity(), data=data, command=args.command, overwrite=args.overwrite
+        out,
+        model=loaded.identity(),
+        data=data,
+        command=args.command,
+        overwrite=args.overwrite,
+        reads=input_paths(args),
     )
 
 
-def read_result_file(path: str, loaded, option: str, what: str, hint: str, parse: Callable):
-    """A result file a command wrote (JSON), read for ``loaded``: ``parse(data)`` of it, another
-    model's refused (:func:`~hydra_core.outputs.check_made_for`; a file naming no model is
-    warned about), anything unreadable one line naming ``option`` and the file, ``hint`` saying
-    what to give."""
-    from hydra_core.outputs import check_made_for
+#: what to do when a result file was computed on other data than this run's
+SAME_DATA = (
+    "give the same --n-search, --ood, --search-ood, --protocol and folders as the run that wrote "
+    "it, or run that command again on this data"
+)
+
+
+def read_result_file(
+    path: str,
+    loaded,
+    option: str,
+    what: str,
+    hint: str,
+    parse: Callable,
+    data: dict | None = None,
+):
+    """A result file a command wrote (JSON), read for ``loaded`` (and, given ``data``, this
+    run's data identity): ``parse(data)`` of it, another model's or other data's refused
+    (:func:`~hydra_core.outputs.check_source`; a file naming no model is warned about),
+    anything unreadable one line naming ``option`` and the file, ``hint`` saying what to
+    give."""
+    from hydra_core.outputs import check_source
+
+    identity = data
 
     try:
         data = json.loads(Path(path).read_text())
@@ -407,7 +448,8 @@ def read_result_file(path: str, loaded, option: str, what: str, hint: str, parse
         raise InputError(f"{option} {path} is not {what} ({exc})") from None
     if not isinstance(data, dict):
         raise InputError(f"{option} {path} is not {what} (a JSON object)")
-    if note := check_made_for(data.get("model"), loaded.identity(), f"{option} {path}"):
+    where = f"{option} {path}"
+    if note := check_source(data, loaded.identity(), identity, where, SAME_DATA):
         warn(note)
     try:
         return parse(data)
@@ -416,7 +458,24 @@ def read_result_file(path: str, loaded, option: str, what: str, hint: str, parse
 
 
 def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2))
+    """``data`` as JSON at ``path``, through the output policy's atomic write."""
+    from hydra_core.outputs import write_json as write
+
+    write(path, data)
+
+
+def write_output(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` then an atomic rename to ``path`` (the output policy's last step)."""
+    from hydra_core.outputs import write_output as written
+
+    written(path, write)
+
+
+def write_csv(path: Path, frame, **kwargs) -> None:
+    """``frame`` as CSV at ``path``, through the output policy's atomic write."""
+    from hydra_core.outputs import write_csv as write
+
+    write(path, frame, **kwargs)
 
 
 def add_output_arguments(p: argparse.ArgumentParser, default: str, what: str = "folder") -> None:

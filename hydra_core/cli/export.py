@@ -5,10 +5,18 @@ JSON)."""
 from __future__ import annotations
 
 import argparse
+import keyword
 import re
 from pathlib import Path
 
-from hydra_core.cli.common import add_model_arguments, command, global_options, zero_shot_options
+import hydra_core.cli.options as options
+from hydra_core.cli.common import (
+    add_model_arguments,
+    command,
+    global_options,
+    input_paths,
+    zero_shot_options,
+)
 from hydra_core.errors import InputError
 
 
@@ -80,11 +88,57 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "fine-tuned or not; needs no --model",
     )
     p.add_argument("--onnx", required=True, metavar="OUT.onnx", help="the ONNX file to write")
+    _overwrite_argument(p, "--onnx")
     p.add_argument(
         "--no-check",
         action="store_true",
         help="skip running the graph under onnxruntime against the torch model",
     )
+    for option in ("--model", "--arch", "--arch-kwargs", "--classes"):
+        options.only_with(p, option, "--masks (a saved --hydra carries its model)", _from_masks)
+
+
+def _from_masks(args: argparse.Namespace) -> bool:
+    return not args.hydra
+
+
+def _overwrite_argument(p: argparse.ArgumentParser, option: str) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace the file {option} names when it exists already (refused otherwise)",
+    )
+
+
+def _check_output(args: argparse.Namespace, path: str | Path, option: str) -> Path:
+    """The output policy (:func:`hydra_core.outputs.check_output`) for ``path``, before any work:
+    never an input of the command, a shipped file, an unwritable place, nor (without
+    --overwrite) an existing file."""
+    from hydra_core.outputs import check_output
+
+    return check_output(path, overwrite=args.overwrite, option=option, reads=input_paths(args))
+
+
+def module_name(stem: str) -> str:
+    """A valid Python module name close to ``stem`` (``my-masks`` -> ``my_masks``, ``2026`` ->
+    ``masks_2026``)."""
+    name = re.sub(r"\W", "_", stem) or "masks"
+    if name[0].isdigit():
+        name = f"masks_{name}"
+    return f"{name}_masks" if keyword.iskeyword(name) else name
+
+
+def _check_module_file(path: Path, option: str = "--out") -> str:
+    """The module name of the nnsight file ``path``, refused (one line with the fix) when
+    ``import <name>`` could not import it: a name that is not a Python identifier, or no .py."""
+    stem = path.stem
+    if path.suffix != ".py" or not stem.isidentifier() or keyword.iskeyword(stem):
+        fixed = path.with_name(f"{module_name(stem)}.py")
+        raise InputError(
+            f"{option} {path}: a module for nnsight must be a .py file whose name Python can "
+            f"import (letters, digits and _, not starting with a digit); use {option} {fixed}"
+        )
+    return stem
 
 
 @command("export", _export_arguments)
@@ -93,8 +147,10 @@ def _export(args: argparse.Namespace) -> int:
     from hydra_core.export.onnx import export_onnx, export_pruned_onnx
     from hydra_core.hydra.fused import fuse_members
     from hydra_core.models.preprocess import describe
+    from hydra_core.outputs import write_output
     from hydra_core.zoo.registry import load_model
 
+    out = _check_output(args, args.onnx, "--onnx")  # before the model loads
     if args.hydra:
         if args.member is not None:
             raise InputError("--member picks a member of --masks; a saved Hydra is exported whole")
@@ -124,14 +180,20 @@ def _export(args: argparse.Namespace) -> int:
         "members": names,
     }
     description = {k: v for k, v in description.items() if v is not None}
-    out = Path(args.onnx)
-    out.parent.mkdir(parents=True, exist_ok=True)
     check = not args.no_check
-    if hydra is None:
-        keep = members[0].keep
-        written = export_pruned_onnx(loaded.model, keep, out, description=description, check=check)
-    else:
-        written = export_onnx(hydra, out, description=description, check=check)
+    done = []
+
+    def write(tmp: Path) -> None:  # the checked run of onnxruntime reads the file written
+        if hydra is None:
+            keep = members[0].keep
+            done.append(
+                export_pruned_onnx(loaded.model, keep, tmp, description=description, check=check)
+            )
+        else:
+            done.append(export_onnx(hydra, tmp, description=description, check=check))
+
+    write_output(out, write)
+    written = done[0]
 
     def shapes(entries: dict) -> str:
         return ", ".join(f"{n} ({', '.join(map(str, s))})" for n, s in entries.items())
@@ -167,28 +229,30 @@ def add_masks_export(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--out",
         default=None,
-        help="the file to write (default: results/masks/<mask file>_nnsight.py or _plain.json)",
+        help="the file to write (default: results/masks/<mask file>_nnsight.py or _plain.json; "
+        "for nnsight a .py file whose name Python can import)",
     )
+    _overwrite_argument(e, "--out")
     e.set_defaults(run=_masks_export)
 
 
 def _masks_export(args: argparse.Namespace) -> int:
     """Write a mask file's members for nnsight or as plain JSON."""
     from hydra_core.export.masks import nnsight_module, plain_masks_text
+    from hydra_core.outputs import write_text
 
+    stem = module_name(Path(args.masks).stem)
+    suffix = "_nnsight.py" if args.to == "nnsight" else "_plain.json"
+    out = _check_output(args, args.out or f"results/masks/{stem}{suffix}", "--out")
+    module = _check_module_file(out) if args.to == "nnsight" else None
     loaded = _loaded_model(args)
     members = _members(args, loaded)
-    stem = re.sub(r"\W", "_", Path(args.masks).stem)
-    suffix = "_nnsight.py" if args.to == "nnsight" else "_plain.json"
-    out = Path(args.out or f"results/masks/{stem}{suffix}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     count = f"{len(members)} member{'s' if len(members) > 1 else ''}"
     if args.to == "plain":
-        out.write_text(plain_masks_text(members))
+        write_text(out, plain_masks_text(members))
         print(f"wrote {out}: {count}, {{layer: [heads kept]}}")
         return 0
-    module = re.sub(r"\W", "_", out.stem)
-    out.write_text(nnsight_module(members, loaded.model, loaded.identity(), module=module))
+    write_text(out, nnsight_module(members, loaded.model, loaded.identity(), module=module))
     print(
         f"wrote {out}: {count} for nnsight; inside `with model.trace(...)`, "
         f"`{module}.apply(model, {members[0].name!r})` switches that member's dropped heads off"

@@ -11,6 +11,7 @@ from pathlib import Path
 import hydra_core.cli.options as options
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
+    SAME_DATA,
     add_data_arguments,
     add_model_arguments,
     add_output_arguments,
@@ -18,7 +19,9 @@ from hydra_core.cli.common import (
     command,
     load_for_cli,
     stage_bars,
+    warn,
     warn_near_chance,
+    write_csv,
     write_json,
 )
 from hydra_core.outputs import data_identity
@@ -85,7 +88,15 @@ def _heads(args: argparse.Namespace) -> int:
     loaded, benchmark = load_for_cli(args)
     frequency = None
     if args.stability:  # another model's file is refused before any work
-        frequency = read_stability(args.stability, head_layout(loaded.model))
+        frequency = read_stability(
+            args.stability,
+            head_layout(loaded.model),
+            name=f"--stability {args.stability}",
+            model=loaded.identity(),
+            data=data_identity(benchmark, "search"),
+            hint=SAME_DATA,
+            warn=warn,
+        )
     device = resolve_device(args.device)
     loaded.model.to(device)
     out = Path(args.out or "results/heads")
@@ -115,7 +126,7 @@ def _heads(args: argparse.Namespace) -> int:
     )
     warn_near_chance(args, loaded, found.dense["accuracy"][0])
     columns = [c for c in CSV_COLUMNS if c in found.table]
-    found.table.sort_values("agreed_rank")[columns].to_csv(out / "heads.csv", index=False)
+    write_csv(out / "heads.csv", found.table.sort_values("agreed_rank")[columns], index=False)
     data = {
         **found.to_json(),
         "model": loaded.identity(),

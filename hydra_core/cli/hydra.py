@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,9 @@ from hydra_core.cli.common import (
     load_for_cli,
     progress_bar,
     stage_bars,
+    write_csv,
+    write_json,
+    write_output,
 )
 from hydra_core.errors import InputError
 
@@ -188,6 +190,8 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         help="MC Dropout at this rate in every dropout module (post hoc: for a model trained "
         "without dropout, such as the default ViT); default: the model's own dropout",
     )
+    for option in ("--mc-passes", "--mc-dropout-rate"):
+        options.only_with(p, option, "--baselines mc-dropout", _with_mc_dropout)
     p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     p.add_argument(
@@ -209,6 +213,10 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         help="untimed rounds of every system before the timed ones (default: %(default)s)",
     )
     add_output_arguments(p, "results/hydra")
+
+
+def _with_mc_dropout(args: argparse.Namespace) -> bool:
+    return "mc-dropout" in (args.baselines or [])
 
 
 @command("hydra", _hydra_arguments)
@@ -271,19 +279,19 @@ def _hydra(args: argparse.Namespace) -> int:
         return 0
     for name, reason in report.setup["skipped"].items():
         print(f"note: {name} left out: {reason}", file=sys.stderr)
-    report.table().to_csv(out / "systems_table.csv", index=False)
+    write_csv(out / "systems_table.csv", report.table(), index=False)
     summary = report.summary()
-    summary.to_csv(out / "summary.csv", index=False)
-    report.cost.to_csv(out / "cost.csv")
+    write_csv(out / "summary.csv", summary, index=False)
+    write_csv(out / "cost.csv", report.cost)
     made_for = {"model": identity, "data": data_identity(benchmark)}
-    (out / "systems.json").write_text(json.dumps({**made_for, **report.to_json()}, indent=1))
-    fused = report.info[report.find(args.label, "fused")].models[0]
-    save_hydra(
-        fused.cpu(),
+    write_json(out / "systems.json", {**made_for, **report.to_json()})
+    fused = report.info[report.find(args.label, "fused")].models[0].cpu()
+    preprocess = describe(loaded.preprocess)
+    write_output(
         out / "hydra.safetensors",
-        preprocess=describe(loaded.preprocess),
-        source=loaded.name,
-        classes=loaded.classes,
+        lambda tmp: save_hydra(
+            fused, tmp, preprocess=preprocess, source=loaded.name, classes=loaded.classes
+        ),
     )
     columns = [
         "system",

@@ -12,10 +12,13 @@ from hydra_core.cli.common import (
     add_model_arguments,
     add_output_arguments,
     command,
+    input_paths,
     load_for_cli,
     prepare,
     progress_bar,
+    write_csv,
     write_json,
+    write_output,
 )
 from hydra_core.models.adapter import head_label, head_layout
 
@@ -72,7 +75,14 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         "--objective",
         default="avg",
         choices=("acc", "ood", "avg"),
-        help="greedy objective of the circuit ranking (default: %(default)s)",
+        help="greedy objective of the circuit ranking (default: %(default)s; a stability "
+        "ranking has its file's objective)",
+    )
+    options.only_with(
+        p,
+        "--objective",
+        "--strategy circuit or identical-circuit, or seed-sampling of --ranking-source greedy",
+        _greedy_ranking,
     )
     p.add_argument(
         "--ranking-source",
@@ -110,6 +120,15 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
     add_masks_export(p)  # `masks export --to nnsight|plain`
 
 
+def _greedy_ranking(args: argparse.Namespace) -> bool:
+    """Whether the members come from the greedy ranking of --objective."""
+    if args.ranking_source == "stability":
+        return False  # the ranking is the stability file's, of its own objective
+    if args.strategy in ("circuit", "identical-circuit"):
+        return True
+    return args.strategy == "seed-sampling" and args.ranking_source == "greedy"
+
+
 @command("masks", _masks_arguments)
 def _masks(args: argparse.Namespace) -> int:
     """Build M ensemble member masks (seed sampling, circuit, Taylor, CAHP), write a mask file."""
@@ -117,28 +136,38 @@ def _masks(args: argparse.Namespace) -> int:
     from hydra_core.evaluate import resolve_device
     from hydra_core.hydra.members import member_overlap, search_provenance
     from hydra_core.masks import save_masks
-    from hydra_core.outputs import check_result_file
+    from hydra_core.outputs import check_result_file, data_identity
 
     loaded, benchmark = load_for_cli(args)
     out = check_result_file(  # another model's mask file is refused before any search
-        args.out or "results/masks/members.json", model=loaded.identity(), overwrite=args.overwrite
+        args.out or "results/masks/members.json",
+        model=loaded.identity(),
+        overwrite=args.overwrite,
+        reads=input_paths(args),
     )
     device = resolve_device(args.device)
     loaded.model.to(device)
     inputs = search_inputs(loaded.preprocess, benchmark).to(device)
-    members = _build_members(args, loaded, inputs, search_provenance(benchmark, inputs))
-    save_masks(out, members, loaded.identity())
+    search = {
+        **search_provenance(benchmark, inputs),
+        "data": data_identity(benchmark, "search"),
+    }
+    members = _build_members(args, loaded, inputs, search)
+    write_output(out, lambda tmp: save_masks(tmp, members, loaded.identity()))
     overlap = member_overlap(members)
     print("kept heads per layer:")
     print(overlap["per_layer"].to_string())
-    print("\nJaccard similarity of kept heads:")
-    print(overlap["jaccard"].round(3).to_string())
-    print(
-        f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
-        f"{len(overlap['kept_by_all'])} heads kept by every member, "
-        f"{len(overlap['kept_by_any'])} by at least one"
-    )
-    print(f"wrote {out} ({len(members)} members)")
+    if len(members) < 2:
+        print(f"\none member keeps {len(overlap['kept_by_all'])} heads (overlap needs two members)")
+    else:
+        print("\nJaccard similarity of kept heads:")
+        print(overlap["jaccard"].round(3).to_string())
+        print(
+            f"\nmean pairwise Jaccard {overlap['mean_pairwise_jaccard']:.3f}; "
+            f"{len(overlap['kept_by_all'])} heads kept by every member, "
+            f"{len(overlap['kept_by_any'])} by at least one"
+        )
+    print(f"wrote {out} ({len(members)} member{'s' if len(members) != 1 else ''})")
     return 0
 
 
@@ -158,7 +187,9 @@ def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
         raise ValueError(
             f"--ranking-source stability is for seed-sampling and circuit, not {args.strategy}"
         )
-    found, tiebreak = read_stability_result(args.stability, loaded)
+    found, tiebreak, made_on = read_stability_result(
+        args.stability, loaded, data=search.get("data")
+    )
     pool = args.pool or 2 * args.budget
     reach = args.budget if args.strategy == "circuit" else max(args.budget, pool)
     if reach > found.steps:
@@ -169,7 +200,11 @@ def _stable_ranking(args: argparse.Namespace, loaded, search: dict):
             f"{asked} reach past the {found.steps} removals the resamples of {args.stability} "
             f"made; run search --stability with --budget {reach}, or ask for fewer"
         )
-    return stable_ranking(found, tiebreak, search)
+    # the ranking's data is the stability file's, copied from it: never this run's sample sizes
+    made = {"id": {"n": found.n_id}, "ood_pooled": found.n_ood, "from": args.stability}
+    if made_on:
+        made["data"] = made_on
+    return stable_ranking(found, tiebreak, made)
 
 
 def _build_members(
@@ -403,7 +438,7 @@ def _cahp(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=progress_bar(f"CAHP {args.variant}"),
     )
-    result.curve.to_csv(out / "cahp_curve.csv", index=False)
+    write_csv(out / "cahp_curve.csv", result.curve, index=False)
     write_json(
         out / "cahp.json",
         {
@@ -420,7 +455,7 @@ def _cahp(args: argparse.Namespace) -> int:
         },
     )
     member = MemberMask(f"CAHP-{int(result.keep.sum())}", result.describe(), result.keep)
-    save_masks(out / "cahp_masks.json", [member], loaded.identity())
+    write_output(out / "cahp_masks.json", lambda tmp: save_masks(tmp, [member], loaded.identity()))
     print(
         f"{result.describe()} (of {layout.total_heads} heads); wrote cahp_curve.csv, cahp.json, "
         f"cahp_masks.json to {out}"

@@ -54,8 +54,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_output_arguments(
         p,
-        "results/train/vit_seed<seed>.safetensors; the shipped checkpoint only when named, with "
-        "--overwrite",
+        "results/train/vit_seed<seed>.safetensors; never the shipped checkpoint",
         what="safetensors checkpoint",
     )
 
@@ -65,11 +64,11 @@ def _train(args: argparse.Namespace) -> int:
     """Train the default ViT architecture on Fashion-MNIST (reproduces the shipped checkpoint)."""
     from tqdm import tqdm
 
-    from hydra_core.outputs import check_new_file
+    from hydra_core.outputs import check_output, write_output
     from hydra_core.training.trainer import resume_path
     from hydra_core.zoo.default import TrainConfig, VitConfig, save_checkpoint, train_vit
 
-    out = check_new_file(
+    out = check_output(
         args.out or f"results/train/vit_seed{args.seed}.safetensors", overwrite=args.overwrite
     )  # refused before training, not after
     cfg = TrainConfig(
@@ -91,7 +90,12 @@ def _train(args: argparse.Namespace) -> int:
     bar.close()
     from dataclasses import asdict
 
-    save_checkpoint(model, out, VitConfig(), train_config=asdict(cfg), summary=summary)
+    write_output(
+        out,
+        lambda tmp: save_checkpoint(
+            model, tmp, VitConfig(), train_config=asdict(cfg), summary=summary
+        ),
+    )
     resume.unlink(missing_ok=True)
     print(f"wrote {out} (test accuracy {summary['test_accuracy']:.4f})")
     return 0

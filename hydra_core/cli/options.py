@@ -132,3 +132,49 @@ def folder(text: str) -> str:
     if not os.access(above, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{above} is not writable; give a folder you can write")
     return text
+
+
+# --- options that other options make meaningless ------------------------------------------------
+
+
+def only_with(p: argparse.ArgumentParser, option: str, needs: str, when) -> None:
+    """Declare that ``option`` of the command ``p`` is read only when ``when(args)`` holds
+    (``needs`` says what the user adds for that, e.g. ``--baselines mc-dropout``): a value
+    other than its default given otherwise is refused by :func:`refuse_ignored` in one line,
+    never silently ignored."""
+    dest = option.lstrip("-").replace("-", "_")
+    rules = list(p.get_default("_only_with") or [])
+    rules.append((option, dest, p.get_default(dest), needs, when))
+    p.set_defaults(_only_with=rules)
+
+
+def refuse_ignored(args: argparse.Namespace) -> None:
+    """Refuse (InputError, one line) every option given where the command would ignore it
+    (declared with :func:`only_with`), and a ``--device`` this machine does not have: the
+    command would otherwise run on another device without a word."""
+    for option, dest, default, needs, when in getattr(args, "_only_with", None) or []:
+        if getattr(args, dest, default) != default and not when(args):
+            raise InputError(
+                f"{option} is read only with {needs}, so it would be ignored here; add that, or "
+                f"leave {option} out"
+            )
+    check_device(getattr(args, "device", None))
+
+
+def check_device(value: str | None) -> None:
+    """``--device cuda`` (or ``cuda:N``, ``mps``) refused on a machine without it, at the start
+    of every command, whether the command computes on it or (``export``) only on the CPU."""
+    if value in (None, "auto", "cpu"):
+        return
+    import torch
+
+    if value.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(value.partition(":")[2] or 0)
+        if index >= count:
+            have = f"{count} CUDA GPU{'s' if count != 1 else ''}" if count else "no CUDA GPU"
+            raise InputError(
+                f"--device {value}: this machine has {have}; pass --device cpu (or auto)"
+            )
+    elif value == "mps" and not torch.backends.mps.is_available():
+        raise InputError("--device mps: this machine has no Apple GPU; pass --device cpu (or auto)")

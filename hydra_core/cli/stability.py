@@ -28,7 +28,13 @@ from hydra_core.analysis.holdout import (
     jaccard_words,
 )
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
-from hydra_core.cli.common import read_result_file, shows_progress, warn, write_json
+from hydra_core.cli.common import (
+    read_result_file,
+    shows_progress,
+    warn,
+    write_csv,
+    write_json,
+)
 from hydra_core.models.adapter import head_label, head_layout
 
 
@@ -106,7 +112,7 @@ def write_holdout(model, result, data: SearchData, out: Path, log) -> HeldOutCur
     id_x, id_y, ood_x, strata = data.held_out
     curve = held_out_curve(model, result, id_x, id_y, ood_x, ood_strata=strata)
     stem = result.objective
-    curve.frame().to_csv(out / f"holdout_{stem}.csv", index=False)
+    write_csv(out / f"holdout_{stem}.csv", curve.frame(), index=False)
     write_json(out / f"holdout_{stem}.json", curve.to_dict())
     peak = curve.peak
     where = "before any removal" if peak == 0 else f"after {peak} removal{'s' * (peak != 1)}"
@@ -174,7 +180,7 @@ def run_stability(args, model, data: SearchData, result, cache, out: Path, ident
     write_json(
         out / f"stability_{stem}.json", {**found.to_dict(), "search_ranking": ranking, **identity}
     )
-    heads_frame(found, result).to_csv(out / f"stability_{stem}_heads.csv", index=False)
+    write_csv(out / f"stability_{stem}_heads.csv", heads_frame(found, result), index=False)
     removed = result.order[: args.budget]
     freq = found.frequency()
     share = sum(float(freq[h]) for h in removed) / max(len(removed), 1)
@@ -249,10 +255,12 @@ def log_stream(args) -> object:
 
 
 def read_stability_result(
-    path: str, loaded, option: str = "--stability"
-) -> tuple[StabilityResult, list]:
-    """A stability result (``search --stability`` wrote it) of the loaded model, and the ranking
-    of its search (for ties); another model's file is refused, an unreadable one named."""
+    path: str, loaded, option: str = "--stability", data: dict | None = None
+) -> tuple[StabilityResult, list, dict | None]:
+    """A stability result (``search --stability`` wrote it) of the loaded model, the ranking of
+    its search (for ties) and the data it was computed on (its ``data`` entry, None in an older
+    file); another model's file (or, given ``data``, one of other search data) is refused, an
+    unreadable one named."""
     from hydra_core.errors import InputError
 
     hint = "give the stability_<objective>.json that search --stability wrote"
@@ -262,13 +270,15 @@ def read_stability_result(
             ranking = [(int(la), int(h)) for la, h in data.get("search_ranking", [])]
         except (TypeError, ValueError):
             raise ValueError("malformed search_ranking: expected [layer, head] pairs") from None
-        return StabilityResult.from_dict(data), ranking
+        return StabilityResult.from_dict(data), ranking, data.get("data")
 
-    found, ranking = read_result_file(path, loaded, option, "a stability result", hint, parse)
+    found, ranking, made_on = read_result_file(
+        path, loaded, option, "a stability result", hint, parse, data=data
+    )
     layout = head_layout(loaded.model)
     if found.num_heads != layout.num_heads:
         raise InputError(
             f"{option} {path} is for heads per layer {list(found.num_heads)}, the model has "
             f"{list(layout.num_heads)}: give a stability result of this model"
         )
-    return found, ranking
+    return found, ranking, made_on

@@ -79,7 +79,7 @@ def _train_text_arguments(p: argparse.ArgumentParser) -> None:
         "--output",
         default=None,
         help="the safetensors asset to write (default: results/train-text/<base>_seed<seed>."
-        "safetensors; the shipped hydra_core/assets/ files only when named, with --overwrite)",
+        "safetensors; never a shipped hydra_core/assets/ file)",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace --output when it exists already"
@@ -94,7 +94,7 @@ def _train_text(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from hydra_core.errors import InputError
-    from hydra_core.outputs import check_new_file
+    from hydra_core.outputs import check_output, write_output
     from hydra_core.zoo import minilm, mpnet
 
     if args.base == "mpnet" and args.trained_layers is not None:
@@ -108,7 +108,7 @@ def _train_text(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     common = {"seed": args.seed, "n_train": args.n_train, "n_eval": args.n_eval}
-    output = check_new_file(
+    output = check_output(
         args.output or f"results/train-text/{args.base}_seed{args.seed}.safetensors",
         overwrite=args.overwrite,
         option="--output",
@@ -120,7 +120,7 @@ def _train_text(args: argparse.Namespace) -> int:
     else:
         cfg = minilm.TextTrainConfig(**common, **options)
         model, header = minilm.train_minilm(cfg, log=tqdm.write, progress=progress)
-    minilm.save_asset(model, output, header)
+    write_output(output, lambda tmp: minilm.save_asset(model, tmp, header))
     print(
         f"wrote {output} (validation accuracy {header['validation_accuracy']:.4f}, test "
         f"accuracy {header['test_accuracy']:.4f} as stored)"

@@ -60,7 +60,7 @@ from hydra_core.data.text import (
     text_key,
 )
 from hydra_core.data.text_files import load_text_file
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 
 #: how OOD data is divided between head selection and the report (see the module docstring)
 PROTOCOLS = ("dedicated", "halves")
@@ -191,6 +191,12 @@ class Benchmark:
         n = k * smallest if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive number of items (or None), got {n!r}")
+        if n < k:
+            raise InputError(
+                f"a pool of {n} OOD search {kind_of(self.ood_search[0])} cannot take one from "
+                f"each of the {k} OOD search sets ({', '.join(self.search_names())}); ask for "
+                f"at least {k} ({choice('n_search')})"
+            )
         shares = [n // k + (i < n % k) for i in range(k)]
         for part, share in zip(self.ood_search, shares, strict=True):
             if share > len(part):

@@ -8,6 +8,7 @@ too, and these loaders do not invert anything.
 
 from __future__ import annotations
 
+import errno
 import re
 import warnings
 from collections.abc import Sequence
@@ -25,16 +26,62 @@ from hydra_core.errors import InputError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def _is_image(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The visible entries of ``folder``; a symbolic link that loops (points at itself, or at a
+    link that points back) is named in one line (InputError)."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        if path.is_symlink():
+            try:
+                path.stat()
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise InputError(
+                        f"{path} is a symbolic link loop (it leads back to itself); remove the "
+                        "link or point to a folder without it"
+                    ) from None
+                continue  # a broken link: nothing to read
+        found.append(path)
+    return found
+
+
 def _image_files(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
-    )
+    return [p for p in _entries(folder) if _is_image(p)]
 
 
 def _class_folders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [p for p in _entries(folder) if p.is_dir()]
+
+
+def _images_below(folder: Path, above: frozenset = frozenset()) -> list[Path]:
+    """Every image in ``folder`` and its sub-folders, in torchvision ImageFolder's order (its
+    ``make_dataset``: ``sorted(os.walk(folder, followlinks=True))``, each folder's files sorted);
+    a folder link that leads back to a folder above it (``above``: their real paths) is a loop,
+    named in one line, where ``os.walk`` would go round it until the path is too long."""
+    by_folder: dict[str, list[Path]] = {}
+
+    def visit(current: Path, chain: frozenset) -> None:
+        real = current.resolve()
+        if real in chain:
+            raise InputError(
+                f"{current} is a symbolic link back to {real}, a folder above it (a loop); "
+                "remove the link or point to a folder without it"
+            )
+        chain = chain | {real}
+        entries = _entries(current)
+        by_folder[str(current)] = [p for p in entries if _is_image(p)]
+        for sub in entries:
+            if sub.is_dir():
+                visit(sub, chain)
+
+    visit(folder, above)
+    return [path for key in sorted(by_folder) for path in by_folder[key]]
 
 
 class MissingFolderError(InputError, FileNotFoundError):
@@ -141,7 +188,8 @@ def load_image_folder(
     Two layouts are understood:
 
     - torchvision's ImageFolder: ``path/<class name>/<image>``; labels are the class folders in
-      sorted order. Needed for an in-distribution set (accuracy needs labels).
+      sorted order; images in sub-folders of a class folder belong to it (read recursively, in
+      ImageFolder's order). Needed for an in-distribution set (accuracy needs labels).
     - a flat folder ``path/<image>``: an unlabelled set, for OOD (``group="near"`` or ``"far"``).
 
     Args:
@@ -183,11 +231,13 @@ def load_image_folder(
     if class_dirs:
         order = _class_order(folder, [d.name for d in class_dirs], classes)
         files, labels = [], []
-        for class_dir in class_dirs:
-            found = _image_files(class_dir)
+        top = frozenset({folder.resolve()})
+        for class_dir in class_dirs:  # read as torchvision's ImageFolder: sub-folders too
+            found = _images_below(class_dir, top)
             if not found:
                 raise InputError(
-                    f"class folder {class_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+                    f"class folder {class_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)}), "
+                    "not in its sub-folders either"
                 )
             files += found
             labels += [order.index(class_dir.name)] * len(found)

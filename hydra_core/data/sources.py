@@ -94,6 +94,12 @@ def parse_source(entry: str, *, files: bool) -> Source:
     if sep and prefix.strip() in PREFIXES:
         role, group = PREFIXES[prefix.strip()]
     else:
+        looks_like_role = re.fullmatch(r"[A-Za-z][\w-]+", prefix.strip()) is not None
+        if sep and looks_like_role and not Path(entry).expanduser().exists():
+            raise InputError(
+                f"{entry}: {prefix.strip()!r} is not a role; begin with near:, far: or search: "
+                "(or give a bare path, a far report set)"
+            )
         role, group, rest = "report", "far", entry
     name, path = split_name(rest)
     return Source(entry, path, name or _default_name(path, files), role, group, files, bool(name))

@@ -62,6 +62,8 @@ def _read_rows(path: Path) -> tuple[list[tuple[str, dict]], set[str]]:
     (``row 3`` of a CSV file's data, ``line 3`` of a JSONL file); and the columns (keys) seen."""
     content = _decode(path)
     if path.suffix.lower() == ".csv":
+        limit = csv.field_size_limit()
+        csv.field_size_limit(max(limit, len(content)))  # a long text is a text, not a fault
         try:
             reader = csv.DictReader(io.StringIO(content, newline=""))
             rows = [(f"row {i}", row) for i, row in enumerate(reader, start=1)]
@@ -69,6 +71,15 @@ def _read_rows(path: Path) -> tuple[list[tuple[str, dict]], set[str]]:
             raise InputError(
                 f"{path}: not a readable CSV file ({exc}); check its quoting"
             ) from None
+        finally:
+            csv.field_size_limit(limit)
+        for where, row in rows[-1:]:  # an open quote reads the rest of the file as one field
+            runs_on = any(isinstance(v, str) and "\n" in v for v in row.values())
+            if runs_on and any(v is None for v in row.values()):
+                raise InputError(
+                    f"{path}: {where}: a quote opened there is never closed, so the rest of the "
+                    "file reads as one text; check its quoting"
+                )
         columns = {(c or "").strip() for c in reader.fieldnames or ()}
         rows = [(where, {(k or "").strip(): v for k, v in row.items()}) for where, row in rows]
         return rows, columns

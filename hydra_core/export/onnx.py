@@ -260,11 +260,12 @@ def _stdout_silenced() -> Iterator[None]:
 
 
 def _write_metadata(
-    path: Path, inputs: dict, outputs: dict, hydra: nn.Module, description: dict
+    tmp: Path, inputs: dict, outputs: dict, hydra: nn.Module, description: dict
 ) -> None:
+    """Hydra Lab's description into the metadata of ``tmp``, the traced graph's temporary file."""
     import onnx
 
-    proto = onnx.load(str(path))
+    proto = onnx.load(str(tmp))
     entry = {
         "format": "hydra-lab-onnx",
         "version": 1,
@@ -274,7 +275,7 @@ def _write_metadata(
         **description,
     }
     onnx.helper.set_model_props(proto, {METADATA_KEY: json.dumps(entry)})
-    onnx.save(proto, str(path))
+    onnx.save(proto, str(tmp))
 
 
 def read_description(path: str | Path) -> dict:

@@ -42,7 +42,7 @@ from torch import nn
 
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.cache import DiskCache
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.masks import (
     MemberMask,
     jaccard_matrix,
@@ -204,7 +204,7 @@ def circuit_members(
         raise InputError(
             f"the criteria found the same circuit ({listing}), so those members would be "
             "identical; search on more items or remove more heads (a larger budget), or accept "
-            "identical members (--allow-identical, allow_identical=True)"
+            f"identical members ({choice('allow_identical')})"
         )
     check_members(members, layout, allow_identical=allow_identical)
     return members
@@ -540,8 +540,8 @@ def check_members(
         listing = ", ".join(f"{a!r} = {b!r}" for a, b in pairs)
         raise ValueError(
             f"members must differ, but these keep exactly the same heads: {listing}. Identical "
-            "members add nothing to an ensemble; use other seeds or a larger pool, or pass "
-            "allow_identical=True for the identical-members ablation (paper Table 9)"
+            "members add nothing to an ensemble; use other seeds or a larger pool, or accept them "
+            f"for the identical-members ablation (paper Table 9) with {choice('allow_identical')}"
         )
 
 
@@ -616,7 +616,7 @@ def _budget(budget: int, layout: HeadLayout) -> int:
     total = layout.total_heads
     if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < total:
         raise ValueError(
-            f"budget must be between 1 and {total - 1} (the model has {total} heads; "
-            f"a member keeps at least one), got {budget!r}"
+            f"{choice('budget')} must be between 1 and {total - 1} (the model has {total} "
+            f"heads; a member keeps at least one), got {budget!r}"
         )
     return budget

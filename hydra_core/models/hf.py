@@ -143,13 +143,34 @@ def _load(source: str, what: str, *, local: bool) -> tuple[nn.Module, object]:
     return model, tokenizer
 
 
+#: model types whose position ids start after the padding token's (RoBERTa's scheme): their
+#: usable positions are ``max_position_embeddings - pad_token_id - 1``
+OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")
+
+
+def model_positions(config) -> int | None:
+    """How many tokens the model's position embedding holds (None: no limit stated)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    if getattr(config, "model_type", None) in OFFSET_POSITIONS:
+        positions -= int(getattr(config, "pad_token_id", None) or 0) + 1
+    return int(positions)
+
+
 def _loaded(name: str, model: nn.Module, tokenizer, origin: str) -> HFText:
     max_length = min(MAX_TOKENS, int(getattr(tokenizer, "model_max_length", MAX_TOKENS)))
+    description = f"Hugging Face {type(model).__name__} {origin}"
+    positions = model_positions(model.config)
+    if positions is not None and positions < max_length:
+        # texts are cut to the model's positions, never past them (a raw torch size error)
+        max_length = positions
+        description += f"; texts cut to its {positions} positions"
     return HFText(
         name=name,
         model=TextClassifier(model.eval()),
         preprocess=TextPreprocess(tokenizer, max_length=max_length),
-        description=f"Hugging Face {type(model).__name__} {origin}",
+        description=description,
         classes=_classes(model.config),
     )
 

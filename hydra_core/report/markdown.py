@@ -62,6 +62,14 @@ HEADERS = {
 }
 
 
+def jaccard_text(value) -> str:
+    """A mean pairwise Jaccard for the text: ``0.412``, or what a one-member ensemble has
+    instead of a number (no pair to compare)."""
+    if value is None or value != value:
+        return "– (one member: overlap needs two)"
+    return f"{value:.3f}"
+
+
 def _header(column: str) -> str:
     """A column's table header: near/far prefixes kept, ``all_`` dropped (OOD averages)."""
     for prefix, label in (("near_", "near "), ("far_", "far "), ("all_", "")):
@@ -148,7 +156,8 @@ def _setup_section(setup: dict) -> list[str]:
     data["description"] = data["name"].map(setup["data_descriptions"])
     seconds = pd.DataFrame(list(setup["seconds"].items()), columns=["stage", "seconds"])
     jaccard = ", ".join(
-        f"{k} {v['mean_pairwise_jaccard']:.3f}" for k, v in setup["member_overlap"].items()
+        f"{k} {jaccard_text(v['mean_pairwise_jaccard'])}"
+        for k, v in setup["member_overlap"].items()
     )
     per_layer = b["removed_per_layer"]
     kept = model["heads"] - per_layer

@@ -36,7 +36,7 @@ import torch
 
 from hydra_core import distributed
 from hydra_core.cache import DiskCache
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import nest_intervals, resolve_device
 from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
 from hydra_core.hydra.members import (
@@ -52,7 +52,14 @@ from hydra_core.hydra.members import (
 from hydra_core.hydra.systems import SystemsReport, machine_description
 from hydra_core.masks import MemberMask, save_masks
 from hydra_core.models.adapter import HeadLayout, head_layout
-from hydra_core.outputs import claim_folder, data_identity
+from hydra_core.outputs import (
+    claim_folder,
+    data_identity,
+    leftover_staging,
+    write_csv,
+    write_json,
+    write_text,
+)
 from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
@@ -95,8 +102,8 @@ class Budgets:
             per_layer = max(1, round(layout.max_heads / 3))
         if not 0 < per_layer < min(layout.num_heads):
             raise ValueError(
-                f"removed_per_layer must be between 1 and "
-                f"{min(layout.num_heads) - 1}, got {per_layer}"
+                f"{choice('removed_per_layer')} must be between 1 and "
+                f"{min(layout.num_heads) - 1} for this model, got {per_layer}"
             )
         budget = per_layer * layout.num_layers
         pool = round(config.pool_fraction * layout.total_heads)
@@ -132,6 +139,8 @@ class Pipeline:
         progress: ``progress(stage, done, total)`` for long stages; log: one line per stage.
         overwrite: replace what ``out`` holds (see :func:`~hydra_core.outputs.claim_folder`).
         command: what the folder's manifest records the run as (``"report"``, ``"sweep layers"``).
+        options: the options that change the results (:func:`run_options`): part of the run's
+            identity in the folder's manifest (a finished run of other options is refused).
     """
 
     def __init__(
@@ -144,8 +153,10 @@ class Pipeline:
         *,
         overwrite: bool = False,
         command: str = "report",
+        options: Mapping | None = None,
     ) -> None:
         self.command = command
+        self.options = options
         self.final = Path(out).expanduser()
         if self.final.exists() and not self.final.is_dir():
             raise InputError(f"the report folder {self.final} is a file; give a folder")
@@ -209,18 +220,32 @@ class Pipeline:
         self.loaded, self.benchmark = loaded, benchmark
         if self.rank > 0:  # under torchrun rank 0 alone writes the report
             return tuple(extra)
-        claim_folder(  # refused before any search when it holds another run's report
-            self.final,
-            model=loaded.identity(),
-            data=data_identity(benchmark),
-            command=self.command,
-            overwrite=self.overwrite,
-        )
+        self._claim(record=False)  # refused before any search when it holds another run's
+        for left in leftover_staging(self.final):
+            self.log(
+                f"{self.tag} note: {left} is the staging folder of an earlier run into "
+                f"{self.final} that was killed (or is running now); it holds no finished "
+                "results and can be deleted"
+            )
         # the run's files go here until all are written (removed at exit if the run stops)
+        self.final.parent.mkdir(parents=True, exist_ok=True)  # the folder itself comes last
         staging = tempfile.mkdtemp(prefix=f".{self.final.name}.partial-", dir=self.final.parent)
         self.out = Path(staging)
         atexit.register(shutil.rmtree, self.out, ignore_errors=True)
         return tuple(extra)
+
+    def _claim(self, *, record: bool) -> None:
+        """Check (``record`` False) or record (True, once the files are in place) the output
+        folder as this run's: its model, data and options (:func:`claim_folder`)."""
+        claim_folder(
+            self.final,
+            model=self.loaded.identity(),
+            data=data_identity(self.benchmark),
+            command=self.command,
+            overwrite=self.overwrite or record,
+            options=self.options,
+            record=record,
+        )
 
     def repeats(
         self, count: int, *, before_wait: Callable[[], None] | None = None
@@ -480,22 +505,40 @@ class Pipeline:
         """Every file of the report: one CSV per table, ``report.json`` (setup, every table as
         records, every system), ``report.md`` (``markdown(tables, setup)``); returns the JSON."""
         for name, table in tables.items():
-            table.to_csv(self.out / f"{name}.csv", index=False)
+            write_csv(self.out / f"{name}.csv", table, index=False)
         payload = {
             "setup": setup,
             **{k: records(v) for k, v in tables.items()},
             "systems": systems.to_json()["systems"],
         }
         payload = nan_to_none(payload)
-        (self.out / "report.json").write_text(json.dumps(payload, indent=1))
-        (self.out / "report.md").write_text(markdown(tables, setup))
+        write_json(self.out / "report.json", payload, indent=1)
+        write_text(self.out / "report.md", markdown(tables, setup))
         self.final.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.out.iterdir()):  # every file is ready: now into place
             os.replace(path, self.final / path.name)
         self.out.rmdir()
         self.out = self.final
+        self._claim(record=True)  # the manifest last: a failed run leaves no claimed folder
         self.log(f"{self.tag} wrote {self.final} in {setup['total_seconds'] / 60:.1f} minutes")
         return payload
+
+
+#: config fields that change no result (where it ran, how many items per forward)
+NOT_RESULTS = ("device", "batch_size", "model", "task")
+
+
+def run_options(config, aliases: Mapping[str, str] | None = None) -> dict:
+    """The options of a report's or sweep's ``config`` (a dataclass) that change its results, by
+    the name the user gives them (``n_search`` -> ``--n-search``; ``aliases`` for fields the
+    command names otherwise, such as the sweep's ``--points``): the run's identity beside its
+    model and data (:func:`~hydra_core.outputs.claim_folder`)."""
+    aliases = aliases or {}
+    return {
+        aliases.get(k, "--" + k.replace("_", "-")): v
+        for k, v in asdict(config).items()
+        if k not in NOT_RESULTS
+    }
 
 
 def hydra_members(

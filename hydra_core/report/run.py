@@ -38,10 +38,11 @@ from hydra_core.hydra.systems import (
     system_name,
 )
 from hydra_core.masks import MemberMask
+from hydra_core.outputs import write_csv
 from hydra_core.report.heads import evidence_table
 from hydra_core.report.image_claims import image_claims
 from hydra_core.report.markdown import markdown_report
-from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
+from hydra_core.report.pipeline import Budgets, Pipeline, run_options, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -166,7 +167,9 @@ def run_report(
     from hydra_core.data.benchmark import default_benchmark
     from hydra_core.zoo.registry import load_model
 
-    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
+    run = Pipeline(
+        out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
+    )
     device, cache, stages = run.device, run.cache, run.stage
 
     def benchmark_of(n_search: int | None):
@@ -179,7 +182,15 @@ def run_report(
         )
 
     def loader():
-        return load_model(config.model), benchmark_of(config.n_search)
+        from hydra_core.models.modality import IMAGE_MODALITY
+
+        loaded = load_model(config.model)
+        if loaded.modality is not IMAGE_MODALITY:
+            raise InputError(
+                f"--task image (the default) needs an image classifier; {config.model!r} takes "
+                f"{loaded.modality.name}: pass --task {loaded.modality.name}"
+            )
+        return loaded, benchmark_of(config.n_search)
 
     run.load(loader)
     loaded, benchmark, layout = run.loaded, run.benchmark, run.layout
@@ -601,8 +612,8 @@ def _write_overlaps(out: Path, members: Mapping[str, Sequence[MemberMask]]) -> N
         o = member_overlap(ms)
         # Hydra (Circ, B.5): hydra_circ_b_5
         stem = "_".join(re.findall(r"[a-z0-9]+", label.lower()))
-        o["jaccard"].to_csv(out / f"overlap_{stem}_jaccard.csv")
-        o["per_layer"].to_csv(out / f"overlap_{stem}_per_layer.csv")
+        write_csv(out / f"overlap_{stem}_jaccard.csv", o["jaccard"])
+        write_csv(out / f"overlap_{stem}_per_layer.csv", o["per_layer"])
 
 
 def config_from_args(quick: bool, **overrides) -> ReportConfig:

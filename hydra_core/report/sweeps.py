@@ -32,7 +32,7 @@ from hydra_core.data.corruptions import (
     corrupt_set,
     corruptions_for,
 )
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import Evaluation, SetPredictions
 from hydra_core.hydra.experiment import (
     DeepEnsemble,
@@ -50,7 +50,8 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import SystemsReport
-from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline
+from hydra_core.outputs import write_output
+from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline, run_options
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
 from hydra_core.training.top import TopFinetuneConfig
 from hydra_core.types import Log, StageProgress
@@ -170,8 +171,9 @@ def layers_sweep(run: Pipeline, config: SweepConfig) -> tuple[pd.DataFrame, Syst
     counts = [r for r in config.removed_per_layer if 0 < r < min(layout.num_heads)]
     if not counts:
         raise InputError(
-            f"no point of removed_per_layer {config.removed_per_layer} leaves a head in every "
-            f"layer of this model ({min(layout.num_heads)} heads per layer)"
+            f"no point of {choice('points')} {' '.join(map(str, config.removed_per_layer))} "
+            f"leaves a head in every layer of this model ({min(layout.num_heads)} heads per "
+            f"layer): ask for fewer than {min(layout.num_heads)} heads removed per layer"
         )
     dropped = sorted(set(config.removed_per_layer) - set(counts))
     if dropped:
@@ -361,8 +363,16 @@ def run_sweep(
     if config.task not in TASK_MODELS:
         raise InputError(f"task must be one of {', '.join(TASK_MODELS)}, got {config.task!r}")
     out = Path(out) if out is not None else DEFAULT_SWEEP_OUT / kind
+    points = {"layers": {"removed_per_layer": "--points"}, "members": {"members": "--points"}}
     run = Pipeline(
-        out, cache, config.device, progress, log, overwrite=overwrite, command=f"sweep {kind}"
+        out,
+        cache,
+        config.device,
+        progress,
+        log,
+        overwrite=overwrite,
+        command=f"sweep {kind}",
+        options=run_options(config, points.get(kind)),
     )
     run.load(lambda: _load(config))
     table, systems = SWEEP_FUNCTIONS[kind](run, config)
@@ -375,8 +385,8 @@ def run_sweep(
     setup = run.setup(config.task, budgets(run, config), seeds, {})
     setup = run.finish({**setup, "sweep": kind, "config": _config_json(config)})
     figure = plot_sweep(kind, table, setup)
-    figure.savefig(run.out / f"{kind}.png", dpi=120)
-    figure.savefig(run.out / f"{kind}.svg")
+    write_output(run.out / f"{kind}.png", lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
+    write_output(run.out / f"{kind}.svg", lambda tmp: figure.savefig(tmp, format="svg"))
     run.write(
         {kind: table}, setup, systems, lambda tables, s: markdown_sweep(kind, tables[kind], s)
     )
@@ -388,6 +398,11 @@ def _load(config: SweepConfig) -> tuple:
     from hydra_core.zoo.registry import load_model
 
     loaded = load_model(config.model_source())
+    if loaded.modality.name != config.task:  # --model contradicts --task: say so, never guess
+        raise InputError(
+            f"--model {config.model_source()} takes {loaded.modality.name}, but --task is "
+            f"{config.task}: pass --task {loaded.modality.name}"
+        )
     benchmark = loaded.modality.benchmark(
         n_search=config.n_search, n_report=config.n_report, image_format=loaded.image_format
     )

@@ -93,7 +93,7 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.report.claims import CIRCAVG
 from hydra_core.report.heads import evidence_table
-from hydra_core.report.pipeline import Budgets, Pipeline, search_repeat
+from hydra_core.report.pipeline import Budgets, Pipeline, run_options, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -272,7 +272,9 @@ def run_text_report(
     Returns ``report.json``'s content: ``setup`` (with ``protocol``) and every table as records,
     each metric ``{"value": v, "ci95": [lo, hi]}``.
     """
-    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
+    run = Pipeline(
+        out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
+    )
     (train_set,) = run.load(lambda: _load(config))
     loaded, benchmark, stages = run.loaded, run.benchmark, run.stage
     model, layout = loaded.model, run.layout

@@ -19,7 +19,7 @@ from hydra_core.report.claims import (
     verdict_counts,
 )
 from hydra_core.report.heads import heads_section
-from hydra_core.report.markdown import cost_columns, markdown_table
+from hydra_core.report.markdown import cost_columns, jaccard_text, markdown_table
 from hydra_core.report.stability import stability_section
 
 
@@ -51,7 +51,8 @@ def _setup_section(setup: dict) -> list[str]:
     seconds = pd.DataFrame(list(setup["seconds"].items()), columns=["stage", "seconds"])
     kept = model["heads"] - b["removed_per_layer"]
     jaccard = ", ".join(
-        f"{k} {v['mean_pairwise_jaccard']:.3f}" for k, v in setup["member_overlap"].items()
+        f"{k} {jaccard_text(v['mean_pairwise_jaccard'])}"
+        for k, v in setup["member_overlap"].items()
     )
     search, report = ", ".join(p["search_ood"]), ", ".join(p["report_ood"])
     ft, config = setup["finetune"], setup["config"]

@@ -65,7 +65,7 @@ from hydra_core.report.claims import (
     verdict_counts,
 )
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.pipeline import Budgets, Pipeline
+from hydra_core.report.pipeline import Budgets, Pipeline, run_options
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, circuits_table, fused
 from hydra_core.types import Log, StageProgress
 
@@ -142,7 +142,9 @@ def run_zero_shot_report(
     """Run the zero-shot report and write ``report.md``, ``report.json`` and the CSVs into
     ``out``; returns ``report.json``'s content."""
     check_towers(config.towers)
-    run = Pipeline(out, cache, config.device, progress, log, overwrite=overwrite)
+    run = Pipeline(
+        out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
+    )
     run.load(lambda: _load(config))
     layout = run.layout
     budgets = zero_shot_budgets(layout, config)

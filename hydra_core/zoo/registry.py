@@ -24,7 +24,7 @@ from torch import nn
 
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
-from hydra_core.errors import InputError
+from hydra_core.errors import InputError, choice
 from hydra_core.hub import from_hub
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
@@ -449,6 +449,19 @@ def _header(path: Path) -> dict[str, str]:
         ) from exc
 
 
+#: the files a checkpoint is read from
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+#: files users give as a model that are something else, and what each is
+NOT_MODELS = {
+    ".json": "a JSON file (a mask file, a result, or a Hugging Face config.json: give its folder)",
+    ".onnx": "an ONNX file (Hydra Lab writes them for other tools; load the safetensors file or "
+    "the model it was exported from)",
+    ".csv": "a CSV file (texts are data: {data_files})",
+    ".jsonl": "a JSONL file (texts are data: {data_files})",
+    ".py": "a Python file (a module masks export wrote for nnsight)",
+}
+
+
 def _load_file(
     path: Path, arch: str | None, arch_kwargs: dict, num_classes: int | None
 ) -> LoadedModel:
@@ -761,9 +774,17 @@ def load_model(
             "config.json, the weights and the tokenizer files (save_pretrained); a ViT "
             "checkpoint is one file"
         )
-    if path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.exists():
+    if path.suffix in CHECKPOINT_SUFFIXES or path.exists():
         if not path.is_file():
             raise InputError(f"checkpoint file {path} does not exist")
+        if path.suffix.lower() in NOT_MODELS:  # named by what it is, not as a bad checkpoint
+            data_files = choice("data_files")
+            raise InputError(
+                f"{path} is {NOT_MODELS[path.suffix.lower()].format(data_files=data_files)}, "
+                "not a model: give a checkpoint "
+                f"file ({', '.join(CHECKPOINT_SUFFIXES)}), a Hugging Face model folder, or a "
+                "named model such as 'default'"
+            )
         return _load_file(path, arch, arch_kwargs, num_classes)
     if arch:
         raise InputError(f"--arch is for checkpoint files; {source!r} is not a file")
