@@ -198,9 +198,11 @@ def fit_detector(
     if score == "mahalanobis":
         missing = sorted(set(range(int(y.max()) + 1)) - set(y.tolist()))
         if missing:
-            raise ValueError(
+            from hydra_core.errors import InputError
+
+            raise InputError(
                 f"Mahalanobis needs every class among the fit items; classes {missing} have none "
-                "(use a larger search split)"
+                "(use a larger ID search split: --n-search)"
             )
         return Mahalanobis(None).fit_features(z, y)
     if score == "vim":

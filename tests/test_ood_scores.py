@@ -238,3 +238,78 @@ def test_scores_table_and_gains_hold_the_paired_differences(scored):
         assert got["far_delta"] == pytest.approx(found.value)
         assert (got["far_delta_lo"], got["far_delta_hi"]) == pytest.approx(found.bounds)
         assert got["far_holds"] == (found.lo > 0)
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+DATA = ["--n-search", "60", "--n-report", "40", "--ood", "mnist", "noise", "--device", "cpu"]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_eval_reports_every_ood_metric_per_score(checkpoint, private_cache, capsys):
+    import json
+
+    from hydra_core.cli import main
+
+    assert main(["eval", "--model", checkpoint, *DATA, "--json"]) == 0
+    msp_only = json.loads(capsys.readouterr().out)
+    assert "scores" not in msp_only  # the default output as it was
+    assert main(["eval", "--model", checkpoint, *DATA, "--scores", "all", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "mutual_information score does not apply" in captured.err  # a single model
+    assert list(out["scores"]) == [s for s in SCORES if s != "mutual_information"]
+    assert out["scores"]["msp"]["ood"] == msp_only["ood"]  # MSP as before, to the bit
+    assert out["ood"] == msp_only["ood"]
+    for score, found in out["scores"].items():
+        assert [o["name"] for o in found["ood"]] == ["mnist", "noise"]
+        assert set(found["ood"][0]) >= {"auroc", "fpr95", "aupr_in", "aupr_out"}
+        assert 0 <= found["ood_average"]["near-OOD average"]["auroc"]["value"] <= 1, score
+    assert main(["eval", "--model", checkpoint, *DATA, "--scores", "energy,knn"]) == 0
+    table = capsys.readouterr().out
+    assert "OOD metrics per score" in table and "knn" in table and "energy" in table
+    assert main(["eval", "--model", checkpoint, *DATA, "--scores", "odin"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "argument --scores: unknown OOD score 'odin'" in err
+
+
+def test_hydra_writes_the_gains_under_every_score(checkpoint, private_cache, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from hydra_core.cli import main
+    from hydra_core.masks import save_masks
+    from hydra_core.zoo.registry import load_model
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 0] = keep[1, 3] = False
+    other = keep.clone()
+    other[0, 1] = False
+    masks = tmp_path / "members.json"
+    members = [MemberMask("a", "test", keep), MemberMask("b", "test", other)]
+    save_masks(masks, members, load_model(checkpoint).identity())
+    out = tmp_path / "hydra"
+    args = ["hydra", "--model", checkpoint, *DATA, "--masks", str(masks), "--no-latency"]
+    assert main([*args, "--out", str(out), "--scores", "msp,energy,vim,mutual_information"]) == 0
+    printed = capsys.readouterr().out
+    assert "does each system's OOD gain hold under every score" in printed
+    gains = pd.read_csv(out / "score_gains.csv")
+    # mutual information: no single model to compare with, so no gain; its metrics are tabled
+    assert set(gains["score"]) == {"msp", "energy", "vim"}
+    assert "Hydra (fused)" not in set(gains[gains["score"] == "vim"]["system"])
+    msp = gains[(gains["score"] == "msp")].set_index("system")
+    summary = pd.read_csv(out / "summary.csv").set_index("system")
+    expected = summary.loc["Hydra (fused)", "near_auroc"] - summary.loc["single", "near_auroc"]
+    assert msp.loc["Hydra (fused)", "near_delta"] == pytest.approx(expected)
+    table = pd.read_csv(out / "scores_table.csv")
+    assert {"score", "system", "set", "auroc", "auroc_lo", "fpr95", "aupr_in"} <= set(table)
+    mi = table[table["score"] == "mutual_information"]
+    assert set(mi["system"]) == {"Hydra (unfused)", "Hydra (fused)"}
+    saved = json.loads((out / "systems.json").read_text())["scores"]
+    assert saved["requested"] == ["msp", "energy", "vim", "mutual_information"]
+    assert len(saved["gains"]) == len(gains)

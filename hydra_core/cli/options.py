@@ -116,3 +116,14 @@ def folder(text: str) -> str:
     if not os.access(above, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{above} is not writable; give a folder you can write")
     return text
+
+
+def ood_scores(text: str) -> tuple[str, ...]:
+    """Comma-separated OOD scores (``msp,energy``) or ``all``
+    (:data:`hydra_core.ood_scores.SCORES`)."""
+    from hydra_core.ood_scores import parse_scores
+
+    try:
+        return parse_scores(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
