@@ -29,6 +29,7 @@ from hydra_core.ood_scores import (
 )
 from hydra_core.zoo.registry import LoadedModel
 from tests.conftest import make_tiny_vit
+from tests.test_app_pages import app, setup  # noqa: F401  (the page test's fixtures)
 from tests.test_systems import image_set, preprocess
 
 LOGIT_DETECTORS = {
@@ -313,3 +314,48 @@ def test_hydra_writes_the_gains_under_every_score(checkpoint, private_cache, tmp
     saved = json.loads((out / "systems.json").read_text())["scores"]
     assert saved["requested"] == ["msp", "energy", "vim", "mutual_information"]
     assert len(saved["gains"]) == len(gains)
+
+
+def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noqa: F811
+    from hydra_core.data.benchmark import default_benchmark
+    from tests.test_app_pages import (
+        N_REPORT,
+        N_SEARCH,
+        OOD,
+        array,
+        button,
+        figures,
+        finish_job,
+        open_page,
+    )
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    first, second = keep.clone(), keep.clone()
+    first[0, 0], second[1, 2] = False, False
+    members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
+    app.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
+    open_page(app, "pages/6_hydra.py")
+    app.number_input[0].set_value(2)
+    button(app, "Assemble and evaluate").click()
+    app.run()
+    finish_job(app, "hydra")
+    msp = app.dataframe[0].value.set_index("system")
+    assert "Hydra (fused)" in msp.index  # MSP: every system, as before
+    next(s for s in app.selectbox if s.label == "OOD score").set_value("knn")
+    app.run()
+    assert not app.exception and not app.error
+    shown = app.dataframe[0].value.set_index("system")
+    assert list(shown.index) == ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)"]
+    assert any("Hydra (fused)" in i.value and "Temperature Scaling" in i.value for i in app.info)
+    report = app.session_state["results"]["hydra"][0]
+    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
+    knn = rescore_report(report, ["knn"], benchmark)["knn"].summary().set_index("system")
+    row = knn.loc["Hydra (unfused)"]
+    half = (row["all_auroc_hi"] - row["all_auroc_lo"]) / 2
+    assert shown.loc["Hydra (unfused)", "all_auroc"] == f"{row['all_auroc']:.4f} ± {half:.4f}"
+    assert shown.loc["single", "all_auroc"] != msp.loc["single", "all_auroc"]
+    roc = next(f for f in figures(app) if f.layout.title.text.startswith("ROC"))
+    single = next(t for t in roc.data if t.name and t.name.startswith("single"))
+    fpr, tpr = rescore_report(report, ["knn"], benchmark)["knn"].roc("single", "all")
+    np.testing.assert_allclose(array(single.x), fpr)
+    np.testing.assert_allclose(array(single.y), tpr)
