@@ -359,3 +359,25 @@ def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noq
     fpr, tpr = rescore_report(report, ["knn"], benchmark)["knn"].roc("single", "all")
     np.testing.assert_allclose(array(single.x), fpr)
     np.testing.assert_allclose(array(single.y), tpr)
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "mpnet", "distilbert"])
+def test_text_models_give_the_input_of_their_classifier_layer(kind):
+    from hydra_core.models.text import pack
+    from hydra_core.ood_scores import FeatureSource, classifier_layer
+    from tests.conftest import make_tiny_text, text_batch
+
+    model = make_tiny_text(kind)
+    ids, mask = text_batch(batch=6)
+
+    class Packed:  # a data set of packed token ids, as a text preprocess makes them
+        inputs = pack(ids, mask)
+
+        def fingerprint(self) -> str:
+            return "packed"
+
+    features = FeatureSource(model, None, lambda x: x, batch_size=4).features(Packed())
+    assert features.shape == (6, 24)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(classifier_layer(model)(features), expected, atol=1e-5, rtol=0)
