@@ -30,6 +30,7 @@ import torch
 from hydra_core import distributed, metrics
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.text import DataSet
+from hydra_core.detectors import LOGIT_SCORES, FeatureSource, logit_outlier_scores
 from hydra_core.inference import predict, resolve_device
 from hydra_core.metrics.bootstrap import (
     LEVEL,
@@ -41,7 +42,6 @@ from hydra_core.metrics.bootstrap import (
     percentile_interval,
 )
 from hydra_core.models.adapter import UnsupportedModelError, ablate, family_of
-from hydra_core.ood_scores import LOGIT_SCORES, FeatureSource, logit_outlier_scores
 
 ID_COLUMNS = ("accuracy", "nll", "brier", "ece", "adaptive_ece")
 OOD_COLUMNS = ("auroc", "fpr95", "aupr_in", "aupr_out")
@@ -161,7 +161,7 @@ def probabilities(logits: torch.Tensor) -> torch.Tensor:
 def ood_score(logits: torch.Tensor, score: str = "msp") -> np.ndarray:
     """Per-sample "higher = more in-distribution" score; ensembles as the README's Metric
     conventions say. MSP is Hydra Lab's own; the other logit scores are pytorch-ood's outlier
-    scores negated (:func:`hydra_core.ood_scores.logit_outlier_scores`)."""
+    scores negated (:func:`hydra_core.detectors.logit_outlier_scores`)."""
     if score not in SCORES:
         raise ValueError(
             f"unknown OOD score {score!r} for logits; expected one of {', '.join(SCORES)} (the "
