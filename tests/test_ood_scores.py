@@ -381,3 +381,25 @@ def test_text_models_give_the_input_of_their_classifier_layer(kind):
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask).logits
         torch.testing.assert_close(classifier_layer(model)(features), expected, atol=1e-5, rtol=0)
+
+
+def test_the_image_reports_gain_table_covers_table1_and_the_unfused_twins(report, benchmark):
+    from hydra_core.report.markdown import _score_gains_section
+    from hydra_core.report.tables import ood_gain_table
+
+    gains = ood_gain_table(report, benchmark, ["single", "Hydra (fused)", "not evaluated"])
+    assert set(gains["system"]) == {"Hydra (fused)", "Hydra (unfused)"}  # members left out
+    assert set(gains["score"]) == set(SCORES) - {"mutual_information"}
+    assert set(gains[gains["system"] == "Hydra (fused)"]["score"]) == {
+        "msp",
+        "max_logit",
+        "energy",
+        "entropy",
+    }
+    knn = gains[(gains["score"] == "knn")].iloc[0]
+    found = rescore_report(report, ["knn"], benchmark)["knn"].difference(
+        "Hydra (unfused)", "single", "auroc", "near"
+    )
+    assert knn["near_delta"] == pytest.approx(found.value)
+    text = "\n".join(_score_gains_section(gains))
+    assert "Does each system's OOD gain hold under every score" in text and "| knn |" in text
