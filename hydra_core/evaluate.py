@@ -30,6 +30,7 @@ import torch
 from hydra_core import distributed, metrics
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.data.text import DataSet
+from hydra_core.detectors import LOGIT_SCORES, FeatureSource, logit_outlier_scores
 from hydra_core.inference import predict, resolve_device
 from hydra_core.metrics.bootstrap import (
     LEVEL,
@@ -55,7 +56,9 @@ AVERAGES = {
     "far": ("far-OOD average", ("far",)),
     "all": ("OOD average", ("near", "far")),
 }
-SCORES = ("msp", "max_logit", "energy", "entropy")
+#: The OOD scores computed from logits alone (:mod:`hydra_core.ood_scores` adds the feature-based
+#: ones, fitted on the ID search split).
+SCORES = LOGIT_SCORES
 #: How the intervals are made, as ``to_json`` states it.
 INTERVAL_METHOD = (
     "95% percentile bootstrap over the report samples; ID samples resampled within each true "
@@ -161,9 +164,15 @@ def probabilities(logits: torch.Tensor) -> torch.Tensor:
 
 def ood_score(logits: torch.Tensor, score: str = "msp") -> np.ndarray:
     """Per-sample "higher = more in-distribution" score; ensembles as the README's Metric
-    conventions say."""
+    conventions say. MSP is Hydra Lab's own; the other logit scores are pytorch-ood's outlier
+    scores negated (:func:`hydra_core.detectors.logit_outlier_scores`)."""
     if score not in SCORES:
-        raise ValueError(f"unknown OOD score {score!r}; expected one of {', '.join(SCORES)}")
+        raise ValueError(
+            f"unknown OOD score {score!r} for logits; expected one of {', '.join(SCORES)} (the "
+            "feature scores come from hydra_core.ood_scores.rescore)"
+        )
+    if score != "msp":
+        return -logit_outlier_scores(score, logits)
     mean_logits = logits.float().mean(1) if logits.ndim == 3 else logits.float()
     return metrics.ood_score(score, logits=mean_logits, probs=probabilities(logits))
 
@@ -206,7 +215,13 @@ class _SetArrays:
     log_p_true: np.ndarray | None = None  # (N,) exact log p_y from the logits; labelled sets only
 
     @classmethod
-    def of(cls, logits: torch.Tensor, score: str, labels: torch.Tensor | None = None) -> _SetArrays:
+    def of(
+        cls,
+        logits: torch.Tensor,
+        score: str,
+        labels: torch.Tensor | None = None,
+        scores: np.ndarray | None = None,
+    ) -> _SetArrays:
         diversity = {}
         if logits.ndim == 3 and logits.shape[1] > 1:
             members = logits.float().softmax(-1)  # (N, M, C)
@@ -216,7 +231,8 @@ class _SetArrays:
             }
         probs = probabilities(logits).detach().cpu().double().numpy()
         log_p = None if labels is None else metrics.log_p_true(logits, labels)
-        return cls(ood_score(logits, score), probs, diversity, log_p)
+        scores = ood_score(logits, score) if scores is None else np.asarray(scores, np.float64)
+        return cls(scores, probs, diversity, log_p)
 
     def diversity_means(self) -> dict[str, float]:
         return {m: float(v.mean()) for m, v in self.diversity.items()}
@@ -236,6 +252,9 @@ class Evaluation:
     score: str = "msp"
     extra: dict = field(default_factory=dict)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    #: per set (the ID set, then each OOD set) the OOD score, higher = more in-distribution, when
+    #: it does not come from the logits (feature scores: :func:`hydra_core.ood_scores.rescore`)
+    given_scores: list[np.ndarray] | None = None
     _arrays: list[_SetArrays] | None = field(default=None, init=False, repr=False, compare=False)
     _rows: list[dict] | None = field(default=None, init=False, repr=False, compare=False)
     _resamples: Resamples | None = field(default=None, init=False, repr=False, compare=False)
@@ -244,10 +263,23 @@ class Evaluation:
     def _sets(self) -> list[_SetArrays]:
         """Scores, probabilities and per-sample diversity of the ID set, then each OOD set."""
         if self._arrays is None:
+            sets = (self.id, *self.ood)
+            if self.given_scores is None and self.score not in SCORES:
+                raise ValueError(
+                    f"the OOD score {self.score!r} is not computed from logits: make the "
+                    "evaluation with hydra_core.ood_scores.rescore"
+                )
+            given = self.given_scores or [None] * len(sets)
             self._arrays = [
-                _SetArrays.of(s.logits, self.score, s.labels) for s in (self.id, *self.ood)
+                _SetArrays.of(s.logits, self.score, s.labels, g)
+                for s, g in zip(sets, given, strict=True)
             ]
         return self._arrays
+
+    def set_scores(self) -> list[np.ndarray]:
+        """The OOD score (higher = more in-distribution) of every item of the ID set, then of
+        each OOD set."""
+        return [a.scores for a in self._sets()]
 
     def id_metrics(self) -> dict[str, float]:
         """Classification metrics on the ID set (and diversity for an ensemble)."""
@@ -595,7 +627,7 @@ def evaluate_model(
     device = resolve_device(device)
     model = model.to(device).eval()
     parts = (model_fingerprint(model), keep)
-    return evaluate_system(
+    evaluation = evaluate_system(
         masked(model, keep),
         preprocess,
         id_set,
@@ -606,6 +638,10 @@ def evaluate_model(
         cache_parts=parts,
         **kwargs,
     )
+    batch_size = kwargs.get("batch_size", 256)
+    source = FeatureSource(model, keep, preprocess, device, batch_size, cache)
+    evaluation.extra["feature_sources"] = [source]  # what feature-based OOD scores read
+    return evaluation
 
 
 def model_card(

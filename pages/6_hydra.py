@@ -25,6 +25,7 @@ from hydra_core.hydra.experiment import STAGES, evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.models.preprocess import describe
+from hydra_core.ood_scores import SCORES, rescore_report
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
@@ -124,6 +125,36 @@ SUMMARY_FIRST = (
     "id_mi",
     "ood_mi",
 )
+
+
+#: how the page names the OOD scores (docs/ood-scores.md)
+SCORE_NAMES = {
+    "msp": "MSP (the paper's)",
+    "max_logit": "max logit",
+    "energy": "energy",
+    "entropy": "entropy",
+    "mutual_information": "mutual information (ensembles)",
+    "mahalanobis": "Mahalanobis (fitted on the ID search split)",
+    "vim": "ViM (fitted on the ID search split)",
+    "knn": "KNN (fitted on the ID search split)",
+}
+
+
+def under_score(report, score: str, benchmark):
+    """The report under the OOD score ``score`` (kept per score until the report changes), and
+    the systems the score does not apply to."""
+    if score == "msp":
+        return report, []
+    kept = results().get("hydra_scores")
+    if kept is None or kept["report"] is not report:
+        kept = results()["hydra_scores"] = {"report": report}
+    if score not in kept:
+        with st.spinner(f"Scoring every system with {SCORE_NAMES[score]}"):
+            kept[score] = rescore_report(report, [score], benchmark).get(score)
+    scored = kept[score]
+    if scored is None:
+        return None, report.systems
+    return scored, [s for s in report.systems if s not in scored.evaluations]
 
 
 def summary_order(summary: pd.DataFrame) -> list[str]:
@@ -403,6 +434,25 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         for name, reason in setup.get("skipped", {}).items():
             st.info(f"{name} left out: {reason}")
+        score = st.selectbox(
+            "OOD score",
+            list(SCORES),
+            format_func=SCORE_NAMES.get,
+            help="The score the OOD metrics (AUROC, FPR@95, AUPR) and the ROC use; higher = more "
+            "OOD. Feature scores read each model's penultimate features and are fitted on the ID "
+            "search split only.",
+        )
+        full = report
+        report, left_out = under_score(full, score, context.benchmark)
+        if report is None:
+            st.warning(f"No system here has the {SCORE_NAMES[score]} score.")
+            report = full
+        elif left_out:
+            st.info(
+                f"{', '.join(left_out)}: no {SCORE_NAMES[score]} score (mutual information needs "
+                "an ensemble's members; feature scores a model's own penultimate features, which "
+                "a fused Hydra model, MC Dropout and temperature scaling do not give one by one)."
+            )
         st.subheader("Summary")
         summary = report.summary()
         table_with_download(
@@ -413,7 +463,8 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         st.caption(
             "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
-            "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "
+            f"(OOD = positive, score = {SCORE_NAMES[report.setup.get('score', 'msp')]}) averaged "
+            "over near, far and all OOD sets; MI and "
             "disagreement are the ensembles' diversity on ID and OOD. ± is half the width of the "
             f"95% bootstrap interval ({setup['bootstrap']['n_boot']} resamples of the report "
             f"{context.noun}, ID within each class, each OOD set within itself); the exact bounds "
@@ -444,13 +495,14 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
 
         systems = report.systems
         fused, unfused = (
-            report.find(setup["label"], "fused"),
-            report.find(setup["label"], "unfused"),
+            full.find(setup["label"], "fused"),
+            full.find(setup["label"], "unfused"),
         )
         baseline_kinds = ("deep-ensemble", "mc-dropout", "temperature")
         default = ["single", fused, unfused] + [
             s for s in systems if report.info[s].kind in baseline_kinds
         ]
+        default = [s for s in default if s in systems]
         chosen = st.multiselect("Systems in the plots", systems, default=default)
         if chosen:
             left, right = st.columns(2)
@@ -503,7 +555,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
 
         st.subheader("Export")
         c1, c2 = st.columns(2)
-        hydra = report.info[fused].models[0]
+        hydra = full.info[fused].models[0]
         c1.download_button(
             "Fused model (safetensors)",
             lambda: fused_file(hydra, context.loaded),
@@ -514,7 +566,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         c2.download_button(
             "Report (JSON)",
-            lambda: json.dumps(report.to_json(), indent=2),
+            lambda: json.dumps(full.to_json(), indent=2),
             file_name="hydra_report.json",
             mime="application/json",
             icon=":material/download:",

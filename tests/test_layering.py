@@ -29,11 +29,13 @@ LAYERS = (
     ("hydra_core.data",),
     ("hydra_core.inference",),
     ("hydra_core.models", "hydra_core.masks"),
+    ("hydra_core.detectors",),  # pytorch-ood's OOD detectors on logits and features
     ("hydra_core.evaluate",),
     ("hydra_core.training",),
     ("hydra_core.zoo",),  # the shipped, named models: each one's loader and training recipe
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
+    ("hydra_core.ood_scores",),  # systems' evaluations under every OOD score
     ("hydra_core.baselines",),
     ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
     ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included

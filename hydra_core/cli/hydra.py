@@ -192,6 +192,16 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
     )
     for option in ("--mc-passes", "--mc-dropout-rate"):
         options.only_with(p, option, "--baselines mc-dropout", _with_mc_dropout)
+    p.add_argument(
+        "--scores",
+        type=options.ood_scores,
+        default=("msp",),
+        metavar="SCORE[,SCORE...]",
+        help="OOD scores, comma-separated, or all: msp, max_logit, energy, entropy, "
+        "mutual_information (ensembles), mahalanobis, vim, knn (fitted on the ID search split); "
+        "the system tables stay MSP, other scores add scores_table.csv and score_gains.csv "
+        "(default: msp)",
+    )
     p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     p.add_argument(
@@ -284,7 +294,9 @@ def _hydra(args: argparse.Namespace) -> int:
     write_csv(out / "summary.csv", summary, index=False)
     write_csv(out / "cost.csv", report.cost)
     made_for = {"model": identity, "data": data_identity(benchmark)}
-    write_json(out / "systems.json", {**made_for, **report.to_json()})
+    gains = _scores(args.scores, report, benchmark, out)
+    by_score = {} if gains is None else {"scores": gains.attrs["json"]}
+    write_json(out / "systems.json", {**made_for, **report.to_json(), **by_score})
     fused = report.info[report.find(args.label, "fused")].models[0].cpu()
     preprocess = describe(loaded.preprocess)
     write_output(
@@ -312,10 +324,37 @@ def _hydra(args: argparse.Namespace) -> int:
     print("\ndifference to the single model (95% paired bootstrap; n.s. = interval holds 0):")
     differences = report.differences("single", ["accuracy", "ece", "all_auroc"])
     print(format_table(format_intervals(differences, signed=True)))
-    print(
-        f"wrote systems_table.csv, summary.csv, cost.csv, systems.json, hydra.safetensors to {out}"
-    )
+    if gains is not None:
+        print("\ndoes each system's OOD gain hold under every score (AUROC minus single's):")
+        shown = ["score", "system", *interval_columns(["near_delta", "far_delta"])]
+        print(format_table(format_intervals(gains[shown], signed=True)))
+    written = "systems_table.csv, summary.csv, cost.csv, systems.json, hydra.safetensors"
+    if gains is not None:
+        written += ", scores_table.csv, score_gains.csv"
+    print(f"wrote {written} to {out}")
     return 0
+
+
+def _scores(scores: tuple[str, ...], report, benchmark, out: Path):
+    """With scores beyond MSP: every OOD metric per score (scores_table.csv) and whether each
+    system's AUROC gain over the single model holds under every score (score_gains.csv), written
+    to ``out``; returns the gains table, both as JSON in its ``attrs["json"]`` (None for MSP
+    alone)."""
+    if scores == ("msp",):
+        return None
+    from hydra_core.evaluate import nest_intervals
+    from hydra_core.ood_scores import rescore_report, score_gains, scores_table
+
+    scored = rescore_report(report, scores, benchmark)
+    table, gains = scores_table(scored), score_gains(scored)
+    write_csv(out / "scores_table.csv", table, index=False)
+    write_csv(out / "score_gains.csv", gains, index=False)
+    gains.attrs["json"] = {
+        "requested": list(scores),
+        "table": [nest_intervals(r) for r in table.to_dict(orient="records")],
+        "gains": [nest_intervals(r) for r in gains.to_dict(orient="records")],
+    }
+    return gains
 
 
 def _baselines(args: argparse.Namespace, baseline_systems) -> list:

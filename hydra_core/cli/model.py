@@ -16,6 +16,7 @@ from hydra_core.cli.common import (
     progress_bar,
     warn_near_chance,
 )
+from hydra_core.errors import InputError
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,10 +106,13 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
     p.add_argument(
-        "--score",
-        default="msp",
-        choices=("msp", "max_logit", "energy", "entropy"),
-        help="OOD score, higher = more in-distribution (default: %(default)s)",
+        "--scores",
+        type=options.ood_scores,
+        default=("msp",),
+        metavar="SCORE[,SCORE...]",
+        help="OOD scores, comma-separated, or all: msp, max_logit, energy, entropy, "
+        "mutual_information (ensembles), mahalanobis, vim, knn (fitted on the ID search split); "
+        "the first gives the main table, every one its OOD metrics (default: msp)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -120,6 +124,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import evaluate_model, format_intervals
+    from hydra_core.ood_scores import scores_table
 
     loaded, benchmark = load_for_cli(args, fused_ok=True)
     bars: dict = {}
@@ -135,16 +140,43 @@ def _eval(args: argparse.Namespace) -> int:
         name=loaded.name,
         device=args.device,
         batch_size=args.batch_size,
-        score=args.score,
         cache=DiskCache(),
         progress=report,
     )
     warn_near_chance(args, loaded, evaluation.id_metrics()["accuracy"])
+    scored = scored_evaluations(evaluation, args.scores, benchmark)
+    main = next(iter(scored.values()))
     if args.json:
-        print(json.dumps(evaluation.to_json(loaded.card()), indent=2))
+        out = main.to_json(loaded.card())
+        if len(args.scores) > 1:
+            # every requested score's OOD metrics, per report set and averaged
+            parts = {s: ev.to_json() for s, ev in scored.items()}
+            out["scores"] = {s: {k: j[k] for k in ("ood", "ood_average")} for s, j in parts.items()}
+        print(json.dumps(out, indent=2))
     else:
-        print(format_table(format_intervals(evaluation.table())))
+        print(format_table(format_intervals(main.table())))
+        if len(args.scores) > 1:
+            print("\nOOD metrics per score (OOD positive; 95% bootstrap intervals):")
+            print(format_table(format_intervals(scores_table(scored).drop(columns="kind"))))
     return 0
+
+
+def scored_evaluations(evaluation, scores, benchmark) -> dict:
+    """score -> ``evaluation`` under it, for each of ``scores`` that applies to the model (a note
+    on stderr for each that does not); an InputError when none does."""
+    from hydra_core.ood_scores import rescore
+
+    scored = {}
+    for score in scores:
+        found = rescore(evaluation, score, benchmark)
+        if found is None:
+            note = f"note: the {score} score does not apply to this model: left out"
+            print(note, file=sys.stderr)
+        else:
+            scored[score] = found
+    if not scored:
+        raise InputError(f"--scores: none of {', '.join(scores)} applies to this model")
+    return scored
 
 
 def _info_arguments(p: argparse.ArgumentParser) -> None:

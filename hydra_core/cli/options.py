@@ -178,3 +178,14 @@ def check_device(value: str | None) -> None:
             )
     elif value == "mps" and not torch.backends.mps.is_available():
         raise InputError("--device mps: this machine has no Apple GPU; pass --device cpu (or auto)")
+
+
+def ood_scores(text: str) -> tuple[str, ...]:
+    """Comma-separated OOD scores (``msp,energy``) or ``all``
+    (:data:`hydra_core.ood_scores.SCORES`)."""
+    from hydra_core.ood_scores import parse_scores
+
+    try:
+        return parse_scores(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -586,7 +586,11 @@ def stacked(name: str, evaluations: Sequence[Evaluation]) -> Evaluation:
 
     ood = [stack([ev.ood[i] for ev in evaluations]) for i in range(len(first.ood))]
     id_part = stack([ev.id for ev in evaluations])
-    return Evaluation(name, id_part, ood, score=first.score, bootstrap=first.bootstrap)
+    ensemble = Evaluation(name, id_part, ood, score=first.score, bootstrap=first.bootstrap)
+    sources = [ev.extra.get("feature_sources") for ev in evaluations]
+    if all(sources):  # feature-based OOD scores average the members' (hydra_core.ood_scores)
+        ensemble.extra["feature_sources"] = [s for member in sources for s in member]
+    return ensemble
 
 
 def heads_label(kept: Sequence[int]) -> str:

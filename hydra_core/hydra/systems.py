@@ -47,7 +47,6 @@ from hydra_core.evaluate import (
     compare,
     interval_columns,
     nest_intervals,
-    ood_score,
     paired_replicates,
     probabilities,
 )
@@ -260,8 +259,9 @@ class SystemsReport:
         all OOD sets pooled (``"all"``)."""
         ev = self._evaluation(system)
         chosen = self._ood_indices(ev, ood_set)
-        ood = np.concatenate([ood_score(ev.ood[k].logits, ev.score) for k in chosen])
-        return metrics.roc_curve_ood(ood_score(ev.id.logits, ev.score), ood)
+        id_scores, *ood_scores = ev.set_scores()
+        ood = np.concatenate([ood_scores[k] for k in chosen])
+        return metrics.roc_curve_ood(id_scores, ood)
 
     def roc_auroc(self, system: str, ood_set: str = "all") -> tuple[float, float, float]:
         """(AUROC, lo, hi): the area under the curve :meth:`roc` draws (one OOD set, or all
@@ -273,8 +273,8 @@ class SystemsReport:
             ev = self._evaluation(system)
             chosen = self._ood_indices(ev, ood_set)
             resamples = ev.resamples()
-            id_scores = ood_score(ev.id.logits, ev.score)
-            ood = np.concatenate([ood_score(ev.ood[k].logits, ev.score) for k in chosen])
+            id_scores, *ood_scores = ev.set_scores()
+            ood = np.concatenate([ood_scores[k] for k in chosen])
             counts = np.hstack([resamples.ood_counts[k] for k in chosen])  # (B, N_ood pooled)
             found = metrics.ood_replicates(id_scores, ood, resamples.id_counts, counts)
             value = metrics.auroc(id_scores, ood)

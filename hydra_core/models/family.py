@@ -325,6 +325,16 @@ class ModelFamily:
         """``model`` as a module that maps this family's inputs (one tensor) to logits (B, C)."""
         return model
 
+    def classifier_layer(self, model: nn.Module) -> nn.Linear:
+        """The last linear layer of the classifier: its input is the model's penultimate
+        (pre-classifier) features of a sample, (B, D), its weight (C, D) and bias (C,) map them
+        to the logits. Feature-based OOD scores (Mahalanobis, ViM, KNN) read it; a family without
+        one raises :class:`UnsupportedModelError` (those scores are then not offered)."""
+        raise UnsupportedModelError(
+            f"{self.name or 'this'} models have no single linear classifier to read penultimate "
+            "features from"
+        )
+
     def check_inputs(self, x: object, name: str) -> torch.Tensor:
         """``x`` as this family's model inputs, a tensor whose first axis is the samples; a
         TypeError naming ``name`` when it cannot be."""

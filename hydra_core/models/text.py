@@ -431,6 +431,11 @@ class TextFamily(ModelFamily):
     def callable_model(self, model: nn.Module) -> nn.Module:
         return model if isinstance(model, TextClassifier) else TextClassifier(model)
 
+    def classifier_layer(self, model: nn.Module) -> nn.Linear:
+        """The classifier's output layer (BERT, DistilBERT: ``classifier``; RoBERTa, MPNet:
+        ``classifier.out_proj``): it reads the class token after the dense layer before it."""
+        return _classifier_layers(hf_model(model), self.arch(model).backbone)[2]
+
     def check_inputs(self, x: object, name: str) -> torch.Tensor:
         """Packed inputs (B, 2, T); also token ids (B, T) alone, an ``(ids, mask)`` pair or a
         mapping with ``input_ids`` (and ``attention_mask``), as a tokenizer returns them."""

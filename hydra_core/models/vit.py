@@ -504,6 +504,17 @@ class VitFamily(ModelFamily):
     def classify(self, model: nn.Module, x: torch.Tensor, context: Context) -> torch.Tensor:
         return classify(model, x)
 
+    def classifier_layer(self, model: nn.Module) -> nn.Linear:
+        """timm's ``head``: it reads the pooled, normed class token (``forward_head``'s
+        ``pre_logits``)."""
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise UnsupportedModelError(
+                f"this ViT's head is {type(head).__name__}, not one linear layer: no penultimate "
+                "features to read"
+            )
+        return head
+
     def class_token_pooling(self, model: nn.Module) -> bool:
         return (
             getattr(model, "attn_pool", None) is None

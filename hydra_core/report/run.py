@@ -54,6 +54,7 @@ from hydra_core.report.tables import (
     HYDRA_TAYLOR,
     HYDRA_TAYLOR_FT,
     fused,
+    ood_gain_table,
     report_tables,
 )
 from hydra_core.types import Log, StageProgress
@@ -284,6 +285,9 @@ def run_report(
         tables["stability"] = stability
     tables["heads"] = heads
     tables["differences_to_single"] = systems.differences("single", list(DIFFERENCE_COLUMNS))
+    with stages("OOD gain under every score"):
+        table1 = tables["table1_systems"]["system"]
+        tables["ood_gain_by_score"] = ood_gain_table(systems, benchmark, list(table1))
     setup = _setup(run, config, budgets, members, deep, systems)
     _write_overlaps(run.out, members)
     markdown = lambda tables, setup: markdown_report(tables, setup, finetuned_labels)  # noqa: E731

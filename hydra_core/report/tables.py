@@ -203,3 +203,29 @@ def circuits_table(circuits: Mapping[str, GreedyResult]) -> pd.DataFrame:
             for o, r in circuits.items()
         ]
     )
+
+
+def ood_gain_table(systems: SystemsReport, benchmark, names: Sequence[str]) -> pd.DataFrame:
+    """Does each system's OOD gain hold under every score: for the systems ``names`` (Table 1's
+    rows) and the unfused twin of each fused Hydra among them (the feature scores read per-model
+    features, which a fused model has not), per OOD score of :data:`hydra_core.ood_scores.SCORES`
+    the near- and far-OOD AUROC and its paired difference to the single model with the 95%
+    interval (:func:`hydra_core.ood_scores.score_gains`). Feature scores are fitted on
+    ``benchmark``'s ID search split."""
+    from hydra_core.hydra.systems import SystemsReport as Report
+    from hydra_core.ood_scores import SCORES, rescore_report, score_gains
+
+    chosen = [n for n in ["single", *names] if n in systems.evaluations]
+    twins = {
+        name: info
+        for name, info in systems.info.items()
+        if info.kind == "unfused" and name.replace("(unfused)", "(fused)") in chosen
+    }
+    chosen = list(dict.fromkeys([*chosen, *twins]))
+    sub = Report(
+        {n: systems.evaluations[n] for n in chosen},
+        {n: systems.info[n] for n in chosen},
+        systems.cost,
+        systems.setup,
+    )
+    return score_gains(rescore_report(sub, SCORES, benchmark))
