@@ -29,6 +29,7 @@ from hydra_core.analysis.inputs import search_inputs
 from hydra_core.cache import DiskCache
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.evaluate import auroc_changes
+from hydra_core.models.adapter import head_label
 
 #: the objectives a transfer row's search may take: CircOOD (the default) and CircAvg
 OBJECTIVES = ("ood", "avg")
@@ -150,8 +151,6 @@ def transfer_matrix(
     ``should_stop`` stops between steps (returns None: the finished steps are saved).
     """
     _check(benchmark, objective)
-    from hydra_core.models.adapter import head_label
-
     sets = tuple(benchmark.search_names())
     groups = {s.name: s.group for s in benchmark.ood_report}
     model = loaded.model
@@ -290,8 +289,8 @@ def every_set_options(
     """The :meth:`~hydra_core.models.modality.Modality.benchmark` options of a transfer matrix:
     every set named (``ood`` and ``search_ood``, else the modality's report and search sets) and
     every set of your own (``search:`` ones included) both searched on and reported on, each cut
-    into a search and a held-out part (the ``"halves"`` protocol). ``protocol`` is the one asked
-    for; only ``"dedicated"`` (the default) and ``"halves"`` are known, and both give this."""
+    into a search and a held-out part (the ``"halves"`` protocol, whatever ``protocol`` was
+    asked for: the matrix has no other)."""
     from hydra_core.data.sources import parse_source
 
     own_report = any(
