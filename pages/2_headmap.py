@@ -16,6 +16,7 @@ from hydra_ui.evidence import evidence_section
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
 from hydra_ui.stability import stability_view
+from hydra_ui.transfer import shortcut_warnings, transfer_matrix_view
 from hydra_ui.widgets import (
     figure_with_download,
     head_map_with_download,
@@ -193,6 +194,7 @@ with show_error("Could not run the head search"):
     )
     if leak:
         st.warning(leak)
+    shortcut_warnings(context)  # search sets that surface features alone separate
     if min(len(inputs.id_x), len(inputs.ood_x)) < FEW_SAMPLES:
         st.warning(
             f"The search chooses heads on {len(inputs.id_x)} ID and {len(inputs.ood_x)} OOD "
@@ -294,6 +296,7 @@ with show_error("Could not run the head search"):
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
             transfer_view(context, runs)
+    transfer_matrix_view(context, objective, budget)
 
     stability_view(context, inputs, objective, budget)
 # --- Evidence: every head's evidence with intervals (hydra_ui/evidence.py) -----------------------

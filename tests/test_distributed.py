@@ -185,6 +185,10 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
                 + ["--out", str(out)]
             )
         results["cli"] = (code, stdout.getvalue(), sorted(p.name for p in out.glob("*")))
+        out = folder / f"transfer-rank{rank}"
+        with contextlib.redirect_stdout(io.StringIO()) as stdout:
+            code = main([*transfer_command(checkpoint), "--out", str(out)])
+        results["transfer"] = (code, stdout.getvalue(), sorted(p.name for p in out.glob("*")))
         with contextlib.redirect_stdout(io.StringIO()) as log:
             report = main([*report_command(checkpoint), "--out", str(folder / "report")])
         results["report"] = (report, log.getvalue())
@@ -194,6 +198,12 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
     finally:
         distributed.shutdown()
     torch.save(results, folder / f"rank{rank}.pt")
+
+
+def transfer_command(checkpoint: str) -> list[str]:
+    """The transfer matrix on the tiny checkpoint: 3 sets, a budget-2 search on each."""
+    data = [*CLI_DATA, "--search-ood", "faces", "--budget", "2", "--json"]
+    return ["transfer", "--model", checkpoint, *data]
 
 
 def report_command(checkpoint: str) -> list[str]:
@@ -339,6 +349,21 @@ def test_search_json_comes_from_rank_0_alone(job, checkpoint, tmp_path, monkeypa
     assert {k: found[k] for k in ("search_ood", "n_id", "n_ood", "objective")} == {
         k: alone[k] for k in ("search_ood", "n_id", "n_ood", "objective")
     }
+
+
+def test_the_transfer_matrix_comes_from_rank_0_alone_and_is_the_single_process_one(
+    job, checkpoint, tmp_path, monkeypatch, capsys
+):
+    ranks, _ = job
+    (code, stdout, files), (code1, stdout1, files1) = (r["transfer"] for r in ranks)
+    assert (code, code1) == (0, 0)
+    assert stdout1 == "" and files1 == []  # rank 1 prints and writes nothing
+    assert "transfer_ood.csv" in files and "transfer_ood.png" in files
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    assert main([*transfer_command(checkpoint), "--out", str(tmp_path / "out")]) == 0
+    found = json.loads(stdout)  # one JSON object, nothing else on stdout
+    assert len(found["cells"]) == 9
+    assert found == json.loads(capsys.readouterr().out)  # the same matrix, every digit
 
 
 def test_each_name_is_claimed_by_exactly_one_process(job):

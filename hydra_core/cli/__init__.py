@@ -20,7 +20,17 @@ from hydra_core.cli.common import COMMANDS, global_options, warn
 from hydra_core.errors import InputError, Terminated, raise_terminated
 
 # Importing a command module registers its commands, in this order in ``--help``.
-for _module in ("model", "text", "analysis", "heads", "masks", "hydra", "sweep", "export"):
+for _module in (
+    "model",
+    "text",
+    "analysis",
+    "transfer",
+    "heads",
+    "masks",
+    "hydra",
+    "sweep",
+    "export",
+):
     importlib.import_module(f"hydra_core.cli.{_module}")
 
 
@@ -47,7 +57,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 #: the commands that split their work over the processes of ``torchrun`` (hydra_core.distributed)
-DISTRIBUTED_COMMANDS = ("search", "importance", "hydra", "train-ensemble", "report")
+DISTRIBUTED_COMMANDS = ("search", "transfer", "importance", "hydra", "train-ensemble", "report")
 
 #: what Ctrl-C (exit code 130) or SIGTERM (143) prints: searches save every step and training every
 #: epoch, so a rerun goes on from there; a run stopped before its first step saved nothing yet

@@ -40,6 +40,7 @@ from hydra_core.cli.stability import (
     warn_few_samples,
     write_holdout,
 )
+from hydra_core.cli.transfer import shortcut_summary
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout, parse_head_label
 from hydra_core.outputs import data_identity
@@ -75,7 +76,8 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help="print one JSON object (objective, budget, order, scores, search_ood, n_id, n_ood, "
-        "seconds, and holdout/stability when asked for) on stdout; everything else goes to stderr",
+        "seconds, shortcut, and holdout/stability when asked for) on stdout; everything else "
+        "goes to stderr",
     )
     add_stability_arguments(p)
 
@@ -100,6 +102,7 @@ def _search(args: argparse.Namespace) -> int:
             )
 
     loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
+    shortcut = shortcut_summary(loaded, benchmark, cache, args)  # warns before the search
     searched = search_data(args, inputs)
     data = (loaded.model, searched.id_x, searched.id_y, searched.ood_x)
     if distributed.is_main():
@@ -154,7 +157,7 @@ def _search(args: argparse.Namespace) -> int:
     if searched.held_out is not None:
         curve = write_holdout(loaded.model, result, searched, out, log_stream(args))
     stem = f"greedy_{args.objective}"
-    write_json(out / f"{stem}.json", {**result.to_dict(), **identity})
+    write_json(out / f"{stem}.json", {**result.to_dict(), **identity, "shortcut": shortcut})
     steps = pd.DataFrame(
         {
             "step": range(1, result.steps + 1),
@@ -203,6 +206,7 @@ def _search(args: argparse.Namespace) -> int:
             "n_ood": len(searched.ood_x),
             "seconds": result.seconds,  # compute of the search itself, not start-up or loading
             **json_summary(curve, found, result),
+            "shortcut": shortcut,
         }
         print(json.dumps(found, indent=2))
     return 0

@@ -249,9 +249,11 @@ def shows_progress() -> bool:
     return sys.stderr.isatty() and distributed.is_main()
 
 
-def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
+def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False, every_set: bool = False):
     """The model and benchmark named by the common arguments, checked to fit each other; a fused
-    Hydra file only where ``fused_ok`` (commands that evaluate, not analyse)."""
+    Hydra file only where ``fused_ok`` (commands that evaluate, not analyse). ``every_set``: every
+    OOD set both searched on and reported on, each cut in two (``transfer``,
+    :func:`~hydra_core.analysis.transfer.every_set_options`)."""
     from hydra_core.data.sources import check_paths, parse_id_source, parse_source
     from hydra_core.zoo.registry import check_fit, load_model, parse_arch_kwargs
 
@@ -274,12 +276,19 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     _check_data_kind(args, loaded.modality)
     id_source = args.id_folder or args.id_file  # the other modality's options were refused
     # report folders/files alone replace the default report sets (search ones the search sets)
-    benchmark = loaded.modality.benchmark(
-        id_source=id_source,
+    roles = dict(
         ood=args.ood,
         search_ood=args.search_ood,
         ood_sources=[*args.ood_folder, *args.ood_file],
         protocol=args.protocol,
+    )
+    if every_set:
+        from hydra_core.analysis.transfer import every_set_options
+
+        roles = every_set_options(loaded.modality, **roles)
+    benchmark = loaded.modality.benchmark(
+        id_source=id_source,
+        **roles,
         n_search=args.n_search,
         n_report=args.n_report,
         classes=[c.strip() for c in (args.classes or "").split(",") if c.strip()] or None,
@@ -288,7 +297,7 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False):
     )
     for note in check_fit(loaded, benchmark.id_search, own_folder=id_source is not None):
         warn(note)
-    if note := benchmark.protocol_note():
+    if not every_set and (note := benchmark.protocol_note()):
         warn(note)
     return loaded, benchmark
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from hydra_core.data.benchmark import (
     FASHION_MNIST,
     ROTTEN_TOMATOES,
@@ -28,6 +30,12 @@ from hydra_core.data.benchmark import (
 )
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.ood import OOD_SETS, REPORT_OOD, SEARCH_OOD, OODSource
+from hydra_core.data.surface import (
+    IMAGE_FEATURES,
+    TEXT_FEATURES,
+    image_surface_features,
+    text_surface_features,
+)
 from hydra_core.data.text import (
     TEXT_OOD,
     TEXT_REPORT_OOD,
@@ -67,6 +75,9 @@ class Modality:
         builder: the data module's builder behind :meth:`benchmark`, which calls it with its own
             arguments (:func:`~hydra_core.data.benchmark.folder_benchmark` or
             :func:`~hydra_core.data.benchmark.text_file_benchmark`, adapted).
+        surface_features: a set -> (N, F) surface features of its items, what a shortcut
+            classifier sees (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
+        surface_feature_names: the F features' names.
     """
 
     name: str
@@ -83,6 +94,8 @@ class Modality:
     deep_ensemble: str
     results_folder: str
     builder: Callable[..., Benchmark]
+    surface_features: Callable[[DataSet], np.ndarray]
+    surface_feature_names: tuple[str, ...]
 
     def benchmark(
         self,
@@ -219,6 +232,8 @@ IMAGE_MODALITY = Modality(
     deep_ensemble="copies",
     results_folder="",
     builder=_image_benchmark,
+    surface_features=image_surface_features,
+    surface_feature_names=IMAGE_FEATURES,
 )
 TEXT_MODALITY = Modality(
     name="text",
@@ -235,6 +250,8 @@ TEXT_MODALITY = Modality(
     deep_ensemble="shared-backbone",
     results_folder="text",
     builder=_text_benchmark,
+    surface_features=text_surface_features,
+    surface_feature_names=TEXT_FEATURES,
 )
 #: every modality, by name
 MODALITIES = {m.name: m for m in (IMAGE_MODALITY, TEXT_MODALITY)}
