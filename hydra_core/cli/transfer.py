@@ -20,7 +20,9 @@ from hydra_core.cli.common import (
     load_for_cli,
     shows_progress,
     warn,
+    write_csv,
     write_json,
+    write_output,
 )
 from hydra_core.errors import InputError
 
@@ -148,10 +150,10 @@ def _transfer(args: argparse.Namespace) -> int:
     if not distributed.is_main():
         return 0
     stem = f"transfer_{args.objective}"
-    result.cells.to_csv(out / f"{stem}.csv", index=False)
-    result.summary_frame().to_csv(out / f"{stem}_summary.csv", index=False)
+    write_csv(out / f"{stem}.csv", result.cells, index=False)
+    write_csv(out / f"{stem}_summary.csv", result.summary_frame(), index=False)
     figure = plot_transfer(result)
-    figure.savefig(out / f"{stem}.png", dpi=120)
+    write_output(out / f"{stem}.png", lambda tmp: figure.savefig(tmp, dpi=120, format="png"))
     found = {
         **result.to_json(),
         "objective": args.objective,
