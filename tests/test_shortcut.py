@@ -127,3 +127,45 @@ def test_guardian_headlines_warn_as_a_text_search_set():
     guardian = found["guardian"]
     print(guardian.to_dict())
     assert guardian.warns and guardian.auroc >= guardian.dense_auroc
+
+
+def test_text_features_are_taken_as_the_models_tokenizer_normalizes_them():
+    """Capitals that an uncased tokenizer lower-cases never reach the model, so they are no
+    shortcut for it: OOD sentences that differ from ID only in case warn for a cased view and
+    not through a lower-casing normalizer (a real BERT normalizer, as uncased models have)."""
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hydra_core.models.text import TextPreprocess
+
+    rng = np.random.default_rng(0)
+    words = ["good", "film", "plot", "slow", "actors", "scene", "fine", "dull", "story", "end"]
+
+    def sentences(n: int, capitalise: bool) -> tuple[str, ...]:
+        out = []
+        for _ in range(n):
+            chosen = [str(w) for w in rng.choice(words, size=int(rng.integers(4, 12)))]
+            out.append(" ".join(w.capitalize() if capitalise else w for w in chosen) + ".")
+        return tuple(out)
+
+    id_items = TextSet("id", sentences(150, False), labels=torch.zeros(150, dtype=torch.long))
+    titled = TextSet("titled", sentences(150, True), group="far")
+    dense = {"titled": 0.75}
+    assert shortcut_check(TEXT_MODALITY, id_items, [titled], dense)["titled"].warns
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(words))
+    tokenizer.backend_tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    uncased = TextPreprocess(tokenizer, max_length=16)
+    assert uncased.normalize("Good Film.") == "good film."
+    seen = shortcut_check(TEXT_MODALITY, id_items, [titled], dense, preprocess=uncased)["titled"]
+    assert not seen.warns and seen.hi < 0.75
+    assert text_surface_features(titled, uncased)[:, 3].max() == 0  # no capital left
+
+
+def _word_tokenizer(words):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", ".", *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer

@@ -87,16 +87,27 @@ def surface_auroc(
 
 
 def shortcut_check(
-    modality, id_items, ood_sets, dense_auroc: dict[str, float], *, seed: int = 0
+    modality,
+    id_items,
+    ood_sets,
+    dense_auroc: dict[str, float],
+    *,
+    seed: int = 0,
+    preprocess=None,
 ) -> dict[str, ShortcutCheck]:
     """Per search set: :func:`surface_auroc` of its items against ``id_items`` (sets of
     ``modality``'s kind, surface features through
-    :attr:`~hydra_core.models.modality.Modality.surface_features`), beside ``dense_auroc[set]``,
-    the dense model's MSP AUROC on the same items."""
-    id_features = modality.surface_features(id_items)
+    :attr:`~hydra_core.models.modality.Modality.surface_features`, on the items as the model's
+    ``preprocess`` sees them where it says so), beside ``dense_auroc[set]``, the dense model's
+    MSP AUROC on the same items."""
+
+    def features(data):
+        return modality.surface_features(data, preprocess)
+
+    id_features = features(id_items)
     out = {}
     for data in ood_sets:
-        value, lo, hi = surface_auroc(id_features, modality.surface_features(data), seed=seed)
+        value, lo, hi = surface_auroc(id_features, features(data), seed=seed)
         out[data.name] = ShortcutCheck(
             data.name, value, lo, hi, float(dense_auroc[data.name]), len(id_items), len(data)
         )
@@ -119,4 +130,10 @@ def benchmark_shortcuts(loaded, benchmark, *, cache=None, device="auto", batch_s
         batch_size=batch_size,
     )
     aurocs = {r["set"]: r["auroc"] for r in dense.rows() if r["group"] in ("near", "far")}
-    return shortcut_check(loaded.modality, benchmark.id_search, benchmark.ood_search, aurocs)
+    return shortcut_check(
+        loaded.modality,
+        benchmark.id_search,
+        benchmark.ood_search,
+        aurocs,
+        preprocess=loaded.preprocess,
+    )

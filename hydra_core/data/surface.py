@@ -23,8 +23,10 @@ TEXT_FEATURES = ("words", "characters", "final_punctuation", "capitalised_share"
 EDGE_THRESHOLD = 0.1
 
 
-def image_surface_features(data: ImageSet) -> np.ndarray:
-    """(N, 4) float64: :data:`IMAGE_FEATURES` of every image (channels averaged first)."""
+def image_surface_features(data: ImageSet, preprocess=None) -> np.ndarray:
+    """(N, 4) float64: :data:`IMAGE_FEATURES` of every image (channels averaged first), on its
+    stored pixels (``preprocess`` is not used: resizing and normalising keep these statistics
+    apart)."""
     x = data.images.float().mean(dim=1) / 255.0  # (N, H, W) in [0, 1]
     flat = x.flatten(1)
     dx = x[:, :, 1:] - x[:, :, :-1]
@@ -37,11 +39,14 @@ def image_surface_features(data: ImageSet) -> np.ndarray:
     return torch.stack(columns, dim=1).numpy()
 
 
-def text_surface_features(data: TextSet) -> np.ndarray:
-    """(N, 5) float64: :data:`TEXT_FEATURES` of every text."""
+def text_surface_features(data: TextSet, preprocess=None) -> np.ndarray:
+    """(N, 5) float64: :data:`TEXT_FEATURES` of every text, after ``preprocess.normalize`` (the
+    model's tokenizer normalizer, :meth:`hydra_core.models.text.TextPreprocess.normalize`) where
+    the preprocess has one."""
+    normalize = getattr(preprocess, "normalize", None) or (lambda text: text)
     rows = []
     for text in data.texts:
-        stripped = text.strip()
+        stripped = normalize(text).strip()
         words = stripped.split()
         capitalised = sum(w[:1].isupper() for w in words) / max(len(words), 1)
         digits = sum(c.isdigit() for c in stripped) / max(len(stripped), 1)

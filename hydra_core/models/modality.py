@@ -75,8 +75,8 @@ class Modality:
         builder: the data module's builder behind :meth:`benchmark`, which calls it with its own
             arguments (:func:`~hydra_core.data.benchmark.folder_benchmark` or
             :func:`~hydra_core.data.benchmark.text_file_benchmark`, adapted).
-        surface_features: a set -> (N, F) surface features of its items, what a shortcut
-            classifier sees (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
+        surface_features: (a set, the model's preprocess or None) -> (N, F) surface features
+            of its items as the model sees them, what a shortcut classifier sees (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
         surface_feature_names: the F features' names.
     """
 
@@ -94,7 +94,7 @@ class Modality:
     deep_ensemble: str
     results_folder: str
     builder: Callable[..., Benchmark]
-    surface_features: Callable[[DataSet], np.ndarray]
+    surface_features: Callable[[DataSet, object], np.ndarray]
     surface_feature_names: tuple[str, ...]
 
     def benchmark(

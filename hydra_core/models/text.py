@@ -203,6 +203,14 @@ class TextPreprocess:
         #: where the tokenizer comes from again (a model name or folder), stored with exports
         self.source = source or getattr(tokenizer, "name_or_path", None)
 
+    def normalize(self, text: str) -> str:
+        """``text`` as the model sees it before splitting into tokens: the tokenizer's own
+        normalizer (lower-casing, accent stripping for uncased BERT), or ``text`` unchanged where
+        the tokenizer has none. Surface features that this removes are invisible to the model."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalizer = getattr(backend, "normalizer", None)
+        return text if normalizer is None else normalizer.normalize_str(text)
+
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         texts = list(texts)
         if not texts:
