@@ -9,8 +9,11 @@ against the ablated model's own scores.
 
 from __future__ import annotations
 
+import json
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy.stats import spearmanr
@@ -28,7 +31,13 @@ from hydra_core.analysis.greedy import (
     single_head_importance,
 )
 from hydra_core.cache import DiskCache
-from hydra_core.models.adapter import ablate, head_layout, model_and_inputs, scale_heads
+from hydra_core.models.adapter import (
+    ablate,
+    head_layout,
+    model_and_inputs,
+    parse_head_label,
+    scale_heads,
+)
 from tests.conftest import (
     clip_images,
     make_tiny_text,
@@ -243,3 +252,87 @@ def test_bad_candidates_are_refused(data):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="candidates must be a positive int"):
             greedy_circuit(model, *data, budget=2, candidates=bad)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+CLI_DATA = ["--n-search", "40", "--n-report", "60", "--ood", "mnist", "noise", "--device", "cpu"]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_cli_search_candidates(checkpoint, tmp_path, capsys, private_cache):
+    from hydra_core.cli import main
+
+    def search(*extra):
+        argv = ["search", "--model", checkpoint, *CLI_DATA, "--budget", "3", "--json", *extra]
+        assert main([*argv, "--out", str(tmp_path / "_".join(extra or ("exact",)))]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    exact = search()
+    assert exact["candidates"] is None and exact["evaluated"] == [8, 7, 6]
+    covering = search("--candidates", "8")  # the tiny checkpoint's 8 heads: the exact search
+    assert covering["order"] == exact["order"] and covering["scores"] == exact["scores"]
+    guided = search("--candidates", "2")
+    assert guided["candidates"] == 2 and guided["evaluated"] == [2, 2, 2]
+    saved = json.loads((tmp_path / "--candidates_2" / "greedy_avg.json").read_text())
+    assert saved["evaluated"] == [2, 2, 2] and saved["order"] == [
+        list(parse_head_label(h)) for h in guided["order"]
+    ]
+    argv = ["search", "--model", checkpoint, *CLI_DATA, "--candidates", "2", "--stability", "3"]
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
+    assert "--stability resamples the exact search" in capsys.readouterr().err
+
+
+def test_cli_importance_attribution(checkpoint, tmp_path, capsys, private_cache):
+    from hydra_core.cli import main
+
+    out = tmp_path / "importance"
+    argv = ["importance", "--model", checkpoint, *CLI_DATA, "--taylor-samples", "20"]
+    assert main([*argv, "--attribution", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "attribution vs exact ablation, AUROC: Spearman" in printed
+    agreement = pd.read_csv(out / "attribution_agreement.csv")
+    assert list(agreement["score"]) == ["accuracy", "AUROC"]
+    for score, stem in (("accuracy", "delta_accuracy"), ("AUROC", "delta_auroc")):
+        exact = pd.read_csv(out / f"{stem}.csv", index_col=0).to_numpy().ravel()
+        estimate = pd.read_csv(out / f"atp_{stem}.csv", index_col=0).to_numpy().ravel()
+        rho = spearmanr(exact, estimate).statistic
+        row = agreement.set_index("score").loc[score]
+        assert row["spearman"] == pytest.approx(rho)
+        assert row["heads"] == 8
+    data = json.loads((out / "importance.json").read_text())
+    assert {"AtP Δaccuracy", "AtP ΔAUROC"} <= set(data["maps"])
+    assert len(data["attribution_agreement"]) == 2
+
+
+def test_cli_heads_attribution(checkpoint, tmp_path, capsys, private_cache):
+    from hydra_core.analysis.attribution import attribution_per_set
+    from hydra_core.cli import build_parser, main
+    from hydra_core.cli.common import load_for_cli
+    from hydra_core.cli.heads import ATTRIBUTION_COLUMNS, CSV_COLUMNS
+
+    data = ["--n-search", "40", "--n-report", "30", "--ood", "mnist", "noise", "--device", "cpu"]
+    out = tmp_path / "heads"
+    argv = ["heads", "--model", checkpoint, *data, "--boot", "20", "--out", str(out)]
+    assert main([*argv, "--attribution"]) == 0
+    assert "attribution (AtP) vs exact ablation, Spearman" in capsys.readouterr().out
+    table = pd.read_csv(out / "heads.csv")
+    assert list(table.columns) == [*CSV_COLUMNS, *ATTRIBUTION_COLUMNS]
+    loaded, benchmark = load_for_cli(build_parser().parse_args(argv))
+    p = loaded.preprocess
+    expected = attribution_per_set(
+        loaded.model,
+        p(benchmark.id_report.inputs),
+        benchmark.id_report.labels,
+        {s.name: p(s.inputs) for s in benchmark.ood_report},
+    )
+    for key in ("delta_auroc", "delta_accuracy"):
+        values = expected[key].numpy()[table["layer"], table["head"]]
+        np.testing.assert_allclose(table[f"atp_{key}"], values, rtol=1e-9, atol=1e-12)
+    saved = json.loads((out / "heads.json").read_text())["attribution"]
+    rho = spearmanr(table["delta_auroc"], table["atp_delta_auroc"]).statistic
+    assert saved["spearman_delta_auroc"] == pytest.approx(rho)

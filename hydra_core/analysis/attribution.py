@@ -48,9 +48,14 @@ import torch
 from torch import nn
 
 from hydra_core.analysis._maps import Scorer, objective_of
+from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.models.adapter import as_keep_mask, family_of, head_layout, model_and_inputs
 from hydra_core.types import Head
 
+#: Changes whenever the numbers the estimates give change; part of their cache key.
+ATTRIBUTION_VERSION = "attribution-1"
+#: Cache kind (folder of the :class:`DiskCache`) of :func:`attribution_importance`.
+ATTRIBUTION_CACHE_KIND = "attribution"
 #: at most this many classes: every class's logit is differentiated (one backward pass each)
 ALL_CLASSES = 4
 #: more classes: this many tracked per item, plus the log normaliser
@@ -295,12 +300,23 @@ def attribution_importance(
     ood_x: torch.Tensor,
     *,
     batch_size: int = 64,
+    cache: DiskCache | None = None,
 ) -> dict[str, torch.Tensor | float]:
     """Estimated single-head importance, shaped as
     :func:`~hydra_core.analysis.greedy.single_head_importance`'s result: ``delta_accuracy``,
     ``delta_auroc``, ``delta_avg`` (L, H) float64 (estimated score minus the dense model's, NaN
-    where no estimate), ``base_accuracy``, ``base_auroc``."""
+    where no estimate), ``base_accuracy``, ``base_auroc``. With a ``cache``, stored under a key
+    of the weights and the items (kind :data:`ATTRIBUTION_CACHE_KIND`)."""
     model, id_x, ood_x = model_and_inputs(model, id_x, ood_x, names=("id_x", "ood_x"))
+    if cache is None:
+        return _importance(model, id_x, id_y, ood_x, batch_size)
+    key = cache_key(ATTRIBUTION_VERSION, model_fingerprint(model), id_x, id_y.long(), ood_x)
+    return cache.get_or_compute(
+        ATTRIBUTION_CACHE_KIND, key, lambda: _importance(model, id_x, id_y, ood_x, batch_size)
+    )
+
+
+def _importance(model, id_x, id_y, ood_x, batch_size: int) -> dict[str, torch.Tensor | float]:
     inputs = torch.cat([id_x, ood_x])
     found = head_attribution(model, inputs, labels=id_y, batch_size=batch_size)
     scorer = Scorer(id_y, len(id_x))
@@ -313,6 +329,57 @@ def attribution_importance(
         "delta_accuracy": accuracy - base_acc,
         "delta_auroc": auroc - base_roc,
         "delta_avg": (accuracy + auroc) / 2 - (base_acc + base_roc) / 2,
+        "base_accuracy": base_acc,
+        "base_auroc": base_roc,
+    }
+
+
+def _rows(attribution: Attribution, rows: torch.Tensor) -> Attribution:
+    """The estimates of some items only (rows of the inputs, in the order given)."""
+    return Attribution(
+        logits=attribution.logits[rows],
+        classes=attribution.classes[rows],
+        delta=attribution.delta[:, :, rows],
+        delta_lse=None if attribution.delta_lse is None else attribution.delta_lse[:, :, rows],
+    )
+
+
+def attribution_per_set(
+    model: nn.Module,
+    id_x: torch.Tensor,
+    id_y: torch.Tensor,
+    ood_per_set: dict[str, torch.Tensor],
+    *,
+    batch_size: int = 64,
+) -> dict[str, torch.Tensor | float]:
+    """:func:`attribution_importance` with the AUROC taken per OOD set and averaged over the sets
+    (as the per-head evidence of :mod:`hydra_core.analysis.evidence` takes it): one forward and a
+    few backward passes over the ID items and every set's items together."""
+    names = list(ood_per_set)
+    model, id_x, *oods = model_and_inputs(
+        model, id_x, *(ood_per_set[n] for n in names), names=("id_x", *names)
+    )
+    found = head_attribution(model, torch.cat([id_x, *oods]), labels=id_y, batch_size=batch_size)
+    n_id = len(id_x)
+    id_rows = torch.arange(n_id)
+    scorer = Scorer(id_y, n_id)
+    accuracies, aurocs, base_accs, base_rocs, start = [], [], [], [], n_id
+    for ood in oods:
+        rows = torch.cat([id_rows, torch.arange(start, start + len(ood))])
+        start += len(ood)
+        part = _rows(found, rows)
+        accuracy, auroc = estimated_maps(part, id_y, n_id)
+        accuracies.append(accuracy)  # the same ID items for every set
+        aurocs.append(auroc)
+        base = scorer(part.logits[None])
+        base_accs.append(float(base[0][0]))
+        base_rocs.append(float(base[1][0]))
+    accuracy, base_acc = accuracies[0], base_accs[0]
+    auroc = torch.stack(aurocs).mean(0)
+    base_roc = sum(base_rocs) / len(base_rocs)
+    return {
+        "delta_accuracy": accuracy - base_acc,
+        "delta_auroc": auroc - base_roc,
         "base_accuracy": base_acc,
         "base_auroc": base_roc,
     }
