@@ -192,8 +192,53 @@ def timing_model(name: str, n: int):
     return loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x
 
 
+def step_flops(model, inputs: torch.Tensor, k: int) -> dict:
+    """FLOPs (multiply-adds x 2) per item of the first step, exact against guided: the exact step
+    scores every head at its layer's fast-path cost (bench/greedy.py's counts); the guided step
+    runs one forward and 4 backward passes to the head outputs (no weight gradients: each about a
+    forward, counted as one) and scores K heads at the mean fast-path cost per head."""
+    from bench.greedy import flops, text_flops
+    from hydra_core.models.adapter import head_layout, model_and_inputs
+
+    layout = head_layout(model)
+    text = not inputs.is_floating_point()
+    counts = text_flops(model, inputs, 64) if text else flops(model)
+    per_layer = counts["fast_per_candidate_by_layer"]
+    exact = sum(n * c for n, c in zip(layout.num_heads, per_layer, strict=True))
+    passes = 1 + 4  # forward + backward passes of the estimate (4 with more than 4 classes)
+    with torch.inference_mode():
+        classes = model_and_inputs(model, inputs[:1])[0](inputs[:1]).shape[-1]
+    if classes <= 4:
+        passes = 1 + classes
+    mean = sum(n * c for n, c in zip(layout.num_heads, per_layer, strict=True)) / sum(
+        layout.num_heads
+    )
+    guided = passes * counts["plain_per_candidate"] + k * mean
+    return {
+        "heads": layout.total_heads,
+        "plain_forward": counts["plain_per_candidate"],
+        "exact_step": exact,
+        "guided_step": guided,
+        "estimate_passes": passes,
+        "ratio": exact / guided,
+    }
+
+
 def timing_mode(args) -> dict:
     model, id_x, id_y, ood_x = timing_model(args.timing, args.n)
+    if args.flops:
+        from hydra_core.models.adapter import model_and_inputs
+
+        wrapped, x = model_and_inputs(model, torch.cat([id_x, ood_x]))
+        counted = step_flops(model, x, args.k)
+        log(
+            f"{args.timing}: {counted['heads']} heads; per item, plain forward "
+            f"{counted['plain_forward'] / 1e9:.2f} GFLOP; first step exact "
+            f"{counted['exact_step'] / 1e9:.1f} GFLOP, guided (K = {args.k}, "
+            f"{counted['estimate_passes']} passes for the estimate) "
+            f"{counted['guided_step'] / 1e9:.1f} GFLOP: {counted['ratio']:.1f}x fewer"
+        )
+        return {"timing": args.timing, "flops": counted}
     found = {}
     for k in (None, args.k):
         label = "exact" if k is None else f"K={k}"
@@ -234,6 +279,7 @@ def main() -> int:
     p.add_argument("--timing", default=None, help="vit-b16 or a registry model: seconds per step")
     p.add_argument("--k", type=int, default=8, help="K of the timing run")
     p.add_argument("--steps", type=int, default=2, help="steps of the timing run")
+    p.add_argument("--flops", action="store_true", help="timing mode: count FLOPs, run nothing")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
