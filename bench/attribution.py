@@ -5,6 +5,7 @@
     python bench/attribution.py --model minilm-sentiment --n 256 --budget 24
     python bench/attribution.py --timing vit-b16     # ViT-B/16 shape, random weights: s/step
     python bench/attribution.py --timing mpnet-sentiment --n 16 --steps 2
+    python bench/attribution.py --timing vit-b16 --flops   # FLOPs of a step, exact vs guided
 
 Search mode: the modality's search split with ``2 n`` ID items and ``2 n`` pooled OOD items is cut
 in two (stratified, :func:`~hydra_core.analysis.holdout.holdout_split`, fraction 0.5, seed 0): the
@@ -240,7 +241,7 @@ def timing_mode(args) -> dict:
         )
         return {"timing": args.timing, "flops": counted}
     found = {}
-    for k in (None, args.k):
+    for k in (args.k,) if args.skip_exact else (None, args.k):
         label = "exact" if k is None else f"K={k}"
         load = loadavg()
         result = greedy_circuit(
@@ -280,6 +281,9 @@ def main() -> int:
     p.add_argument("--k", type=int, default=8, help="K of the timing run")
     p.add_argument("--steps", type=int, default=2, help="steps of the timing run")
     p.add_argument("--flops", action="store_true", help="timing mode: count FLOPs, run nothing")
+    p.add_argument(
+        "--skip-exact", action="store_true", help="timing mode: time the guided search alone"
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
