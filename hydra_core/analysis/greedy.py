@@ -15,6 +15,12 @@ Ties go to the lowest (layer, head). Two implementations give the same choices:
 among the candidates of that layer and stacks candidates and samples in batched passes
 (:mod:`hydra_core.analysis._suffix`).
 
+The *guided* search (``candidates=K``) evaluates exactly only the K heads whose attribution
+estimate (:mod:`hydra_core.analysis.attribution`, taken with the heads removed so far ablated)
+promises the highest objective at each step; K at or above the number of heads is the exact
+search, bit for bit. Its cache key includes K; ``GreedyResult.evaluated`` counts the candidates
+each step evaluated.
+
 With a :class:`DiskCache` the search is saved after every step under a key of the model weights,
 the inputs, the objective and the method (not the budget): an interrupted search continues where
 it stopped, a larger budget continues a shorter finished one, a smaller budget returns a prefix.
