@@ -100,6 +100,20 @@ def single_head(setup_key: str, _context: Context, _inputs: SearchInputs) -> dic
 
 
 @st.cache_data(
+    show_spinner="Estimating every head's ablation (one forward and a few backward passes)...",
+    max_entries=4,
+)
+def attribution(setup_key: str, _context: Context, _inputs: SearchInputs) -> dict:
+    """Attribution estimates of the single-head Δaccuracy / ΔAUROC maps (L, H), as numpy."""
+    from hydra_core.analysis.attribution import attribution_importance
+
+    found = attribution_importance(
+        _context.loaded.model, _inputs.id_x, _inputs.id_y, _inputs.ood_x, cache=disk_cache()
+    )
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in found.items()}
+
+
+@st.cache_data(
     show_spinner="Computing Taylor scores (one backward pass per batch)...", max_entries=8
 )
 def taylor(setup_key: str, n_samples: int, _context: Context, _inputs: SearchInputs) -> np.ndarray:

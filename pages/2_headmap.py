@@ -53,20 +53,33 @@ def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
 
 
 def start_search(
-    context, inputs, objective: str, budget: int, resume: bool, previous: GreedyResult | None
+    context,
+    inputs,
+    objective: str,
+    budget: int,
+    resume: bool,
+    previous: GreedyResult | None,
+    k: int | None = None,
 ) -> None:
     """Run the search in a background job. It starts from ``previous`` (the saved search for
     ``objective``) when ``resume``; a saved search at least ``budget`` long only gives a prefix,
-    and stays the saved one."""
+    and stays the saved one. ``k``: the guided search's candidates per step (its own saved
+    search, resumed from the cache; it never replaces the exact one in the table)."""
     # The search gets its own copy: heads other pages ablate with hooks on the shared model
     # while it runs must not reach it. The copy has the same weights, so the same cache key.
     model = copy.deepcopy(context.loaded.model)
     total = head_layout(model).total_heads
+    k = None if k is None or k >= total else k
+    if k is not None:
+        previous = None  # the exact search's progress is not the guided one's
     continued = resume and previous is not None
     done_before = min(previous.steps, budget) if continued else 0
+    steps = candidates(budget, total)
+    if k is not None:
+        steps = [min(k, n) for n in steps]
 
     def work(job):
-        job.begin_steps(candidates(budget, total), done=done_before)
+        job.begin_steps(steps, done=done_before)
         return greedy_circuit(
             model,
             inputs.id_x,
@@ -74,14 +87,15 @@ def start_search(
             inputs.ood_x,
             objective=objective,
             budget=budget,
+            candidates=k,
             cache=disk_cache(),
             resume=resume,
             should_stop=job.should_stop,
             progress=lambda step: job.report(step, steps=step.step + 1),
         )
 
-    extends = not continued or previous.steps < budget
-    info = {"objective": objective, "budget": budget, "extends": extends}
+    extends = k is None and (not continued or previous.steps < budget)
+    info = {"objective": objective, "budget": budget, "extends": extends, "candidates": k}
     info["towers"] = head_layout(model).towers  # the heatmap's rows named by tower
     results()["jobs"][JOB] = start_job(JOB, work, info)
 
@@ -201,7 +215,7 @@ with show_error("Could not run the head search"):
             f"samples (fewer than {FEW_SAMPLES} per side): its gains may not transfer to other "
             "samples. Check them with Stability below, or use more search samples (Setup)."
         )
-    c1, c2, c3 = st.columns([2, 1, 1])
+    c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     objective = c1.radio(
         "Objective", list(OBJECTIVES), format_func=OBJECTIVES.get, horizontal=True, disabled=running
     )
@@ -214,7 +228,19 @@ with show_error("Could not run the head search"):
             disabled=running,
         )
     )
-    fresh = c3.checkbox(
+    k = int(
+        c3.number_input(
+            "Candidates per step (0 = all)",
+            0,
+            total,
+            0,
+            disabled=running,
+            help="Guided search: evaluate exactly only the K heads whose attribution estimate "
+            "(one forward and a few backward passes) is best, re-estimated after every removal. "
+            "For large models on a laptop; 0 or every head is the exact search",
+        )
+    )
+    fresh = c4.checkbox(
         "Start over",
         help="Ignore the saved search for this objective and run again",
         disabled=running,
@@ -222,7 +248,9 @@ with show_error("Could not run the head search"):
     previous = stored.get(objective)
     b1, b2, _ = st.columns([1, 1, 4])
     if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
-        start_search(context, inputs, objective, budget, resume=not fresh, previous=previous)
+        start_search(
+            context, inputs, objective, budget, resume=not fresh, previous=previous, k=k or None
+        )
         st.rerun()
     can_resume = previous is not None and not previous.complete and previous.steps < previous.budget
     if b2.button(
@@ -238,6 +266,20 @@ with show_error("Could not run the head search"):
         live_view(job)
     elif job is not None and job.status == FAILED:
         st.error(f"The search failed: {job.error}")
+    elif job is not None and job.info.get("candidates") and job.result is not None:
+        guided = job.result
+        exact = sum(candidates(guided.steps, total))
+        st.success(
+            f"Guided search (K = {guided.candidates}): {guided.steps} heads removed with "
+            f"{sum(guided.evaluated)} candidates evaluated exactly (the exact search evaluates "
+            f"{exact}); accuracy {guided.accuracy[-1]:.4f}, AUROC {guided.auroc[-1]:.4f}, "
+            f"{guided.seconds:.0f} s."
+        )
+        table_with_download(
+            steps_table(guided).assign(evaluated=guided.evaluated),
+            f"guided_{guided.objective}_k{guided.candidates}_steps.csv",
+            float_format="{:.4f}",
+        )
     elif job is not None and job.status == STOPPED and job.result is not None:
         st.info(
             f"Stopped after {job.result.steps} of {job.info['budget']} steps; Resume continues it."

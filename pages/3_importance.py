@@ -4,7 +4,7 @@ import streamlit as st
 
 from hydra_core.analysis.importance import importance_maps
 from hydra_core.models.adapter import head_layout
-from hydra_ui.analyses import search_data, single_head, stored_greedy_runs, taylor
+from hydra_ui.analyses import attribution, search_data, single_head, stored_greedy_runs, taylor
 from hydra_ui.context import get_context, results
 from hydra_ui.figures import importance_heatmaps, matrix_heatmap
 from hydra_ui.widgets import (
@@ -45,6 +45,13 @@ with show_error("Could not compute head importance"):
         disabled=not stored,
         help="Run one on the Headmap search page",
     )
+    estimate = st.checkbox(
+        "Attribution estimate (AtP) beside the exact ablation",
+        help="Each head's Δaccuracy and ΔAUROC estimated to first order from one forward and a "
+        "few backward passes (attribution patching), with its rank agreement to the exact "
+        "single-head ablation: where it agrees, the cheap map can stand in for the exact one "
+        "(and guide the search, Candidates per step on the Headmap page)",
+    )
     if st.button("Compute importance maps", type="primary", icon=":material/calculate:"):
         results()["importance"] = True
     if not results().get("importance"):
@@ -58,6 +65,7 @@ with show_error("Could not compute head importance"):
         single_head(key, context, inputs),
         taylor(key, n_taylor, context, inputs),
         stored.get(greedy),
+        attribution(key, context, inputs) if estimate else None,
     )
     st.caption(
         f"Dense model on the search split: accuracy {found.base_accuracy:.4f}, "
@@ -67,6 +75,16 @@ with show_error("Could not compute head importance"):
     head_map_with_download(
         importance_heatmaps(found.maps, raw=found.raw, towers=towers), "head_importance"
     )
+
+    if estimate:
+        agreement = found.attribution_agreement()
+        st.subheader("Where the attribution estimate can be trusted")
+        st.caption(
+            "Spearman ρ between the estimated and the exact single-head maps over the heads, and "
+            "how many of the exact map's 10 most important heads the estimate's 10 hold. "
+            "Near 1: the estimate ranks the heads as ablation does; low: use the exact maps."
+        )
+        table_with_download(agreement, "attribution_agreement.csv", float_format="{:.3f}")
 
     left, right = st.columns([3, 2])
     with right:

@@ -72,6 +72,10 @@ def searches() -> dict[tuple, object]:
                 budget=BUDGET,
                 method=method,
             )
+    # the guided search (K = 3 of 12): rank 0's candidates, each scored in a pass of its own
+    found["token-bias", "avg", "guided-3"] = greedy_circuit(
+        make_tiny_vit(**TINY_CONFIGS["token-bias"]), *make_data(), budget=BUDGET, candidates=3
+    )
     return found
 
 

@@ -17,11 +17,12 @@ A scorer returns (accuracy, AUROC) of shape (C, *extra): ``extra`` is () for :cl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
 from hydra_core import distributed
+from hydra_core.analysis._shares import Unit
 from hydra_core.analysis._suffix import Stopped
 from hydra_core.types import Head
 
@@ -148,15 +149,24 @@ def objective_of(objective: str, accuracy: torch.Tensor, auroc: torch.Tensor) ->
 
 
 def candidate_maps(
-    evaluator, scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
+    evaluator,
+    scorer,
+    shape: tuple[int, int],
+    should_stop: Callable[[], bool] | None,
+    heads: Collection[Head] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accuracy, auroc), each (L, H, *scorer.extra) float64, NaN where a head is not a
-    candidate."""
+    candidate; ``heads``: score only these candidates (the guided search's), all when None."""
     if distributed.active():
-        return _shared_candidate_maps(evaluator, scorer, shape, should_stop)
+        return _shared_candidate_maps(evaluator, scorer, shape, should_stop, heads)
     accuracy = torch.full((*shape, *scorer.extra), math.nan, dtype=torch.float64)
     auroc = torch.full_like(accuracy, math.nan)
-    for heads, logits in evaluator.candidate_logits(should_stop):
+    found = (
+        evaluator.candidate_logits(should_stop)
+        if heads is None
+        else evaluator.candidate_logits(should_stop, set(heads))
+    )
+    for heads, logits in found:
         acc, roc = scorer(logits)
         for i, (layer, head) in enumerate(heads):
             accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
@@ -164,13 +174,24 @@ def candidate_maps(
 
 
 def _shared_candidate_maps(
-    evaluator, scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
+    evaluator,
+    scorer,
+    shape: tuple[int, int],
+    should_stop: Callable[[], bool] | None,
+    chosen: Collection[Head] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`candidate_maps` in a distributed job: this process scores its share of the units,
     and the maps are summed over processes. Each candidate is scored by exactly one process (the
     others add 0), so every process ends with the same maps, bit for bit. A stop asked for on any
     process during the step (:class:`Stopped`) stops it on every process, at the sum."""
     units = evaluator.units()
+    if chosen is not None:  # the guided search's candidates: each unit cut to them
+        chosen = set(chosen)
+        units = [
+            Unit(kept, unit.cost * len(kept) / len(unit.heads))
+            for unit in units
+            if (kept := tuple(h for h in unit.heads if h in chosen))
+        ]
     mine = distributed.split([unit.cost for unit in units])[distributed.rank()]
     heads = {head for i in mine for head in units[i].heads}
     maps = torch.zeros(2, *shape, *scorer.extra, dtype=torch.float64)  # accuracy, auroc

@@ -43,7 +43,7 @@ class Unit:
 
 
 class ShardedSuffixEvaluator(SuffixEvaluator):
-    """A :class:`SuffixEvaluator` that scores any set of whole :meth:`units`."""
+    """A :class:`SuffixEvaluator` that scores any set of whole :meth:`units` (or of heads)."""
 
     def candidate_cost(self, layer: int) -> float:
         """The estimated cost of ablating one head of ``layer`` (module docstring)."""
@@ -71,8 +71,11 @@ class ShardedSuffixEvaluator(SuffixEvaluator):
         should_stop: Callable[[], bool] | None = None,
         heads: Collection[Head] | None = None,
     ) -> Iterator[tuple[list[Head], torch.Tensor]]:
-        """:meth:`SuffixEvaluator.candidate_logits`, for the passes of ``heads`` alone (all
-        candidates when None); ``heads`` must be whole :meth:`units`."""
+        """:meth:`SuffixEvaluator.candidate_logits`, for ``heads`` alone (all candidates when
+        None). Whole :meth:`units` are scored in their own passes (bit-identical to a step that
+        scores every candidate); any other set of a layer's heads (the guided search's chosen
+        candidates) one head per pass, equal to those up to float rounding and the same however
+        the heads are shared among processes."""
         if heads is None:
             yield from super().candidate_logits(should_stop)
             return
@@ -83,18 +86,20 @@ class ShardedSuffixEvaluator(SuffixEvaluator):
                 continue
             chunks, group = self.passes(layer)
             groups = sorted({i // group * group for i in chosen})
-            if sum(min(group, len(kept) - g) for g in groups) != len(chosen):
-                raise ValueError(f"the heads of layer {layer} asked for cut one of its passes")
             position = torch.arange(len(kept), device=self.device)
+            if sum(min(group, len(kept) - g) for g in groups) == len(chosen):  # whole units
+                parts = [position[g : g + group] for g in groups]
+            else:  # one head per pass: its scores do not depend on which heads share a process
+                picked = torch.tensor(chosen, device=self.device)
+                parts = [picked[i : i + 1] for i in range(len(chosen))]
             originals = torch.tensor(kept, device=self.device)
             logits = self.logits.new_empty(len(kept), self.num_samples, classes)
             for chunk in chunks:
                 shared = self._shared(layer, self.xs[layer][chunk], self._context(chunk))
-                for g in groups:
+                for part in parts:
                     if should_stop is not None and should_stop():
                         raise Stopped
-                    part = slice(g, g + group)
                     logits[part, chunk] = self._candidates_pass(
-                        layer, shared, position[part], originals[part]
+                        layer, shared, part, originals[part]
                     )
             yield [(layer, kept[i]) for i in chosen], self._caller_order(logits[chosen])

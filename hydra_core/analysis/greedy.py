@@ -15,6 +15,12 @@ Ties go to the lowest (layer, head). Two implementations give the same choices:
 among the candidates of that layer and stacks candidates and samples in batched passes
 (:mod:`hydra_core.analysis._suffix`).
 
+The *guided* search (``candidates=K``) evaluates exactly only the K heads whose attribution
+estimate (:mod:`hydra_core.analysis.attribution`, taken with the heads removed so far ablated)
+promises the highest objective at each step; K at or above the number of heads is the exact
+search, bit for bit. Its cache key includes K; ``GreedyResult.evaluated`` counts the candidates
+each step evaluated.
+
 With a :class:`DiskCache` the search is saved after every step under a key of the model weights,
 the inputs, the objective and the method (not the budget): an interrupted search continues where
 it stopped, a larger budget continues a shorter finished one, a smaller budget returns a prefix.
@@ -97,6 +103,10 @@ class GreedyResult:
     num_heads: tuple[int, ...]
     method: str = "fast"
     step_seconds: list[float] = field(default_factory=list)
+    #: the guided search's K (:mod:`hydra_core.analysis.attribution`); None: every head each step
+    candidates: int | None = None
+    #: candidates evaluated exactly at each step
+    evaluated: list[int] = field(default_factory=list)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -163,6 +173,7 @@ class GreedyResult:
             complete=True,
             step_seconds=self.step_seconds[:n],
             seconds=self.seconds - sum(self.step_seconds[n:]),
+            evaluated=self.evaluated[:n],
         )
 
     def to_dict(self) -> dict:
@@ -188,6 +199,8 @@ class GreedyResult:
             "complete": self.complete,
             "seconds": self.seconds,
             "step_seconds": list(self.step_seconds),
+            "candidates": self.candidates,
+            "evaluated": list(self.evaluated),
         }
 
     @classmethod
@@ -222,6 +235,8 @@ class GreedyResult:
                 num_heads=num_heads,
                 method=str(data.get("method", "fast")),
                 step_seconds=[float(v) for v in data.get("step_seconds", [])],
+                candidates=None if data.get("candidates") is None else int(data["candidates"]),
+                evaluated=[int(v) for v in data.get("evaluated", [])],
             )
         except (KeyError, TypeError, RuntimeError) as error:
             raise ValueError(f"malformed greedy search result: {error}") from None
@@ -375,8 +390,11 @@ def greedy_cache_key(
     ood_x: torch.Tensor,
     objective: str,
     method: str = "fast",
+    candidates: int | None = None,
 ) -> str:
-    """The cache key of a search (kind :data:`GREEDY_CACHE_KIND`): everything but the budget."""
+    """The cache key of a search (kind :data:`GREEDY_CACHE_KIND`): everything but the budget;
+    a guided search's ``candidates`` (K) too (None: the exact search, its key unchanged)."""
+    guided = {} if candidates is None else {"candidates": candidates}
     return cache_key(
         GREEDY_VERSION,
         model_fingerprint(model),
@@ -385,6 +403,7 @@ def greedy_cache_key(
         ood_x,
         objective=objective,
         method=method,
+        **guided,
     )
 
 
@@ -394,7 +413,12 @@ def _check_objective(objective: str) -> None:
 
 
 def _load_stored(
-    cache: DiskCache, key: str, objective: str, method: str, num_heads: tuple[int, ...]
+    cache: DiskCache,
+    key: str,
+    objective: str,
+    method: str,
+    num_heads: tuple[int, ...],
+    candidates: int | None = None,
 ) -> GreedyResult | None:
     """The search stored under ``key``; an unreadable or foreign entry is removed (None)."""
     data = cache.load(GREEDY_CACHE_KIND, key)
@@ -405,7 +429,8 @@ def _load_stored(
     except ValueError:
         cache.delete(GREEDY_CACHE_KIND, key)
         return None
-    if (stored.objective, stored.method, stored.num_heads) != (objective, method, num_heads):
+    found = (stored.objective, stored.method, stored.num_heads, stored.candidates)
+    if found != (objective, method, num_heads, candidates):
         cache.delete(GREEDY_CACHE_KIND, key)
         return None
     return stored
@@ -422,6 +447,7 @@ def load_greedy(
     objective: str,
     cache: DiskCache,
     method: str = "fast",
+    candidates: int | None = None,
 ) -> GreedyResult | None:
     """The search for ``objective`` saved in ``cache`` for this model and these inputs, finished or
     interrupted, as :func:`greedy_circuit` with ``method`` left it; None when there is none.
@@ -429,8 +455,10 @@ def load_greedy(
     :func:`greedy_circuit` would treat it.
     """
     _check_objective(objective)
-    key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
-    return _load_stored(cache, key, objective, method, head_layout(model).num_heads)
+    layout = head_layout(model)
+    candidates = _guided(candidates, layout.total_heads)
+    key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method, candidates)
+    return _load_stored(cache, key, objective, method, layout.num_heads, candidates)
 
 
 def saved_searches(
@@ -459,6 +487,7 @@ def greedy_circuit(
     budget: int,
     batch_size: int = 256,
     method: str = "fast",
+    candidates: int | None = None,
     cache: DiskCache | None = None,
     resume: bool = True,
     progress: Callable[[GreedyStep], None] | None = None,
@@ -479,6 +508,10 @@ def greedy_circuit(
             :func:`hydra_core.analysis._suffix.cpu_rows_per_pass`). Results do not depend on it
             beyond float rounding.
         method: ``"fast"`` (suffix recomputation, batched candidates) or ``"plain"`` (reference).
+        candidates: the guided search's K: each step evaluates exactly only the K heads whose
+            attribution estimate (:mod:`hydra_core.analysis.attribution`, taken with the heads
+            removed so far ablated) promises the highest objective. None, or K at least the
+            model's heads: every head each step (the exact search, bit for bit, same cache).
         cache: save progress after every step and reuse earlier runs with the same model, inputs,
             objective and method (any budget).
         resume: when False, ignore a stored run and start again. The new run replaces the
@@ -502,12 +535,13 @@ def greedy_circuit(
             f"budget must be an int between 1 and {total} (the model's heads), got {budget!r}"
         )
 
+    candidates = _guided(candidates, total)
     save = None
     stored = None
     if cache is not None:
-        key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method)
+        key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method, candidates)
         previous = distributed.from_main(
-            lambda: _load_stored(cache, key, objective, method, layout.num_heads)
+            lambda: _load_stored(cache, key, objective, method, layout.num_heads, candidates)
         )
         if resume:
             stored = previous
@@ -528,6 +562,7 @@ def greedy_circuit(
             objective=objective,
             budget=budget,
             method=method,
+            candidates=candidates,
             batch_size=batch_size,
             stored=stored,
             save=save,
@@ -546,6 +581,7 @@ def _search(
     method: str,
     batch_size: int,
     stored: GreedyResult | None,
+    candidates: int | None = None,
     save: Callable[[GreedyResult], object] | None,
     progress: Callable[[GreedyStep], None] | None,
     should_stop: Callable[[], bool] | None,
@@ -576,6 +612,7 @@ def _search(
             seconds=time.perf_counter() - start,
             num_heads=layout.num_heads,
             method=method,
+            candidates=candidates,
         )
         if save is not None:  # a search stopped before its first step still resumes, budget known
             save(result)
@@ -587,22 +624,28 @@ def _search(
         if _stop_asked(should_stop):
             break
         step_start = time.perf_counter()
+        chosen = None
+        if candidates is not None:  # guided: the K best estimates, re-estimated every step
+            chosen = distributed.from_main(
+                lambda: _chosen(model, inputs, id_y, layout, result.order, objective, candidates)
+            )
         try:
-            acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, should_stop)
+            acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, should_stop, chosen)
         except Stopped:
             break
-        candidates = objective_of(objective, acc_map, roc_map)
-        layer, head = best_head(candidates)
+        candidates_map = objective_of(objective, acc_map, roc_map)
+        layer, head = best_head(candidates_map)
         accuracy, auroc = scorer(evaluator.remove(layer, head)[None])
         seconds = time.perf_counter() - step_start
         with torch.inference_mode(False):  # results stay ordinary tensors outside this call
-            candidates = candidates.clone()
+            candidates_map = candidates_map.clone()
         result.order.append((layer, head))
         result.scores.append(float(objective_of(objective, accuracy, auroc)[0]))
         result.accuracy.append(float(accuracy[0]))
         result.auroc.append(float(auroc[0]))
-        result.candidate_scores.append(candidates)
+        result.candidate_scores.append(candidates_map)
         result.step_seconds.append(seconds)
+        result.evaluated.append(int((~torch.isnan(candidates_map)).sum()))
         result.seconds += seconds
         result.complete = result.steps == budget
         if save is not None:
@@ -617,7 +660,7 @@ def _search(
                     score=result.scores[-1],
                     accuracy=result.accuracy[-1],
                     auroc=result.auroc[-1],
-                    candidate_scores=candidates,
+                    candidate_scores=candidates_map,
                     seconds=seconds,
                     elapsed=time.perf_counter() - start,
                     result=replace(
@@ -628,10 +671,51 @@ def _search(
                         auroc=list(result.auroc),
                         candidate_scores=list(result.candidate_scores),
                         step_seconds=list(result.step_seconds),
+                        evaluated=list(result.evaluated),
                     ),
                 )
             )
     return result
+
+
+#: items per forward and backward of the guided search's attribution
+ATTRIBUTION_BATCH = 32
+
+
+def _guided(candidates: int | None, total: int) -> int | None:
+    """The guided search's K, checked; None (the exact search) when it covers every head."""
+    if candidates is None:
+        return None
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+        raise InputError(f"candidates must be a positive int (K), got {candidates!r}")
+    return None if candidates >= total else candidates
+
+
+def _chosen(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    id_y: torch.Tensor,
+    layout: HeadLayout,
+    removed: list[Head],
+    objective: str,
+    k: int,
+) -> list[Head] | None:
+    """The guided step's candidates: the K kept heads with the best estimated objective (every
+    kept head without an estimate besides); None when they are all the kept heads."""
+    from hydra_core.analysis.attribution import (
+        estimated_objective,
+        head_attribution,
+        top_candidates,
+    )
+
+    keep = layout.all_kept()
+    for layer, head in removed:
+        keep[layer, head] = False
+    if k >= int(keep.sum()):
+        return None
+    found = head_attribution(model, inputs, labels=id_y, keep=keep, batch_size=ATTRIBUTION_BATCH)
+    estimates = estimated_objective(found, id_y, len(id_y), objective)
+    return top_candidates(estimates, keep, k)
 
 
 def single_head_importance(

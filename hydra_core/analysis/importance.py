@@ -10,7 +10,12 @@ command's ``spearman.csv``), with the file the command writes the map to:
 - ``ΔAUROC`` (``delta_auroc.csv``): the same for the MSP AUROC, OOD positive;
 - ``Taylor`` (``taylor.csv``): the Taylor score (:func:`~hydra_core.analysis.taylor.taylor_scores`);
 - ``greedy <objective>`` (``greedy_<objective>_step.csv``): the step at which a greedy search
-  removed the head (:func:`greedy_importance`).
+  removed the head (:func:`greedy_importance`);
+- ``AtP Δaccuracy``, ``AtP ΔAUROC`` (``atp_delta_accuracy.csv``, ``atp_delta_auroc.csv``): the
+  attribution estimates of the first two from one forward and a few backward passes
+  (:func:`~hydra_core.analysis.attribution.attribution_importance`); their rank agreement with
+  the exact maps (:meth:`ImportanceMaps.attribution_agreement`) says where the cheap map can
+  stand in for the exact one.
 """
 
 from __future__ import annotations
@@ -61,6 +66,36 @@ class ImportanceMaps:
         """Spearman correlation between every pair of maps, indexed by display name both ways."""
         return spearman_matrix(self.maps)
 
+    def attribution_agreement(self) -> pd.DataFrame:
+        """How well the attribution estimates rank the heads as exact single-head ablation does:
+        one row per score (``accuracy``, ``AUROC``) with Spearman's rho over the heads, and how
+        many of the exact map's 10 most important heads the estimate's 10 hold (``top-10
+        overlap``). Empty when the maps hold no attribution."""
+        maps = self.maps
+        rows = []
+        for score, exact, estimate in (
+            ("accuracy", "Δaccuracy", "AtP Δaccuracy"),
+            ("AUROC", "ΔAUROC", "AtP ΔAUROC"),
+        ):
+            if estimate not in maps:
+                continue
+            pair = spearman_matrix({exact: maps[exact], estimate: maps[estimate]})
+            present = np.isfinite(maps[exact]) & np.isfinite(maps[estimate])
+            top = min(10, int(present.sum()))
+            ranked = [
+                np.argsort(-np.where(present, maps[m], -np.inf), axis=None)[:top]
+                for m in (exact, estimate)
+            ]
+            rows.append(
+                {
+                    "score": score,
+                    "spearman": float(pair.loc[exact, estimate]),
+                    "top-10 overlap": len(set(ranked[0].tolist()) & set(ranked[1].tolist())),
+                    "heads": int(present.sum()),
+                }
+            )
+        return pd.DataFrame(rows, columns=["score", "spearman", "top-10 overlap", "heads"])
+
     def per_head(self) -> pd.DataFrame:
         """One row per head present in the model: its label (``L3H7``) and each criterion's raw
         value, in columns named by :attr:`ImportanceMap.raw_label`."""
@@ -108,6 +143,7 @@ def importance_maps(
     single_head: Mapping[str, torch.Tensor | np.ndarray | float],
     taylor: torch.Tensor | np.ndarray,
     greedy: GreedyResult | None = None,
+    attribution: Mapping[str, torch.Tensor | np.ndarray | float] | None = None,
 ) -> ImportanceMaps:
     """The head-importance maps of one model on one search split, oriented and named once for the
     app and the command line.
@@ -119,6 +155,8 @@ def importance_maps(
         taylor: (L, H) Taylor scores (:func:`~hydra_core.analysis.taylor.taylor_scores`).
         greedy: a greedy search on the same model; adds the map ``greedy <objective>``
             (:func:`greedy_importance`).
+        attribution: what :func:`~hydra_core.analysis.attribution.attribution_importance`
+            returns for the same model and items; adds ``AtP Δaccuracy`` and ``AtP ΔAUROC``.
 
     Raises:
         ValueError: when the maps differ in shape (they come from different models).
@@ -160,6 +198,21 @@ def importance_maps(
                 raw=np.where(steps <= greedy.steps, steps, np.nan),
             )
         )
+    if attribution is not None:
+        for score, stem, label in (
+            ("accuracy", "delta_accuracy", "Δaccuracy"),
+            ("AUROC", "delta_auroc", "ΔAUROC"),
+        ):
+            values = _as_map(attribution[stem])
+            criteria.append(
+                ImportanceMap(
+                    name=f"AtP {label}",
+                    file_stem=f"atp_{stem}",
+                    importance=-values,
+                    raw_label=f"estimated {score} change (AtP)",
+                    raw=values,
+                )
+            )
     shapes = {c.name: c.importance.shape for c in criteria}
     if len(set(shapes.values())) != 1:
         raise ValueError(

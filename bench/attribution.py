@@ -1,0 +1,302 @@
+"""Attribution-guided greedy search against the exact search (``search --candidates K``).
+
+    python bench/attribution.py                      # default model, 512 + 512 search items,
+                                                     # budget 24, CircAvg, K = 4, 8, 16
+    python bench/attribution.py --model minilm-sentiment --n 256 --budget 24
+    python bench/attribution.py --timing vit-b16     # ViT-B/16 shape, random weights: s/step
+    python bench/attribution.py --timing mpnet-sentiment --n 16 --steps 2
+    python bench/attribution.py --timing vit-b16 --flops   # FLOPs of a step, exact vs guided
+
+Search mode: the modality's search split with ``2 n`` ID items and ``2 n`` pooled OOD items is cut
+in two (stratified, :func:`~hydra_core.analysis.holdout.holdout_split`, fraction 0.5, seed 0): the
+searches run on one half (about n + n), the held-out objective at the end (with its 95% interval
+over resamples of the held-out items) is read on the other. For the exact search and each K:
+candidates evaluated exactly, compute seconds, the Jaccard agreement of the removed set with the
+exact search's, the held-out objective at the budget. Searches are cached (``--cache-dir``,
+default ``$HYDRA_LAB_CACHE``): a re-run reads them back and reports their stored compute time.
+
+Timing mode: a few steps of the exact search and of the guided search (K = 8) on a small batch,
+seconds per step. The machine's load average is printed beside each timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hydra_core.analysis.greedy import greedy_circuit  # noqa: E402
+from hydra_core.analysis.holdout import held_out_curve, holdout_split  # noqa: E402
+from hydra_core.cache import DiskCache  # noqa: E402
+
+STABILITY_CSV = Path(__file__).resolve().parents[1] / "docs" / "report" / "stability.csv"
+
+
+def loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return math.nan
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def jaccard(a, b) -> float:
+    a, b = set(a), set(b)
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def split_data(name: str, n: int):
+    """(model, search part, held-out part): each part (id_x, id_y, ood_x, strata)."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(name)
+    benchmark = loaded.modality.benchmark(n_search=2 * n)
+    inputs = search_inputs(loaded.preprocess, benchmark, n_ood=2 * n)
+    strata = inputs.ood_strata()
+    split = holdout_split(inputs.id_y, strata, 0.5, seed=0)
+
+    def part(id_rows, ood_rows):
+        return (
+            inputs.id_x[id_rows],
+            inputs.id_y[id_rows],
+            inputs.ood_x[ood_rows],
+            tuple(strata[i] for i in ood_rows.tolist()),
+        )
+
+    return (
+        loaded.model,
+        part(split.id_search, split.ood_search),
+        part(split.id_held_out, split.ood_held_out),
+    )
+
+
+def stability_jaccard(objective: str) -> float:
+    """The committed report's stability Jaccard of the exact search (docs/report/stability.csv)."""
+    circuit = {"avg": "CircAvg", "acc": "CircAcc", "ood": "CircOOD"}[objective]
+    try:
+        with STABILITY_CSV.open() as f:
+            for row in csv.DictReader(f):
+                if row["circuit"] == circuit:
+                    return float(row["jaccard"])
+    except OSError:
+        pass
+    return math.nan
+
+
+def search_mode(args) -> dict:
+    model, search, held = split_data(args.model, args.n)
+    id_x, id_y, ood_x, _ = search
+    log(
+        f"{args.model}: search {len(id_x)} ID + {len(ood_x)} OOD, held out {len(held[0])} + "
+        f"{len(held[2])}; budget {args.budget}, objective {args.objective}"
+    )
+    cache = DiskCache(args.cache_dir) if args.cache_dir else None
+    rows = []
+    exact = None
+    for k in [None, *args.ks]:
+        label = "exact" if k is None else f"K={k}"
+        load = loadavg()
+        start = time.perf_counter()
+        result = greedy_circuit(
+            model,
+            id_x,
+            id_y,
+            ood_x,
+            objective=args.objective,
+            budget=args.budget,
+            candidates=k,
+            cache=cache,
+            progress=lambda s, label=label: log(
+                f"  {label} step {s.step + 1}: {s.seconds:.1f} s, score {s.score:.4f}"
+            ),
+        )
+        wall = time.perf_counter() - start
+        curve = held_out_curve(model, result, held[0], held[1], held[2], ood_strata=held[3])
+        exact = exact or result
+        evaluated = sum(result.evaluated) if len(result.evaluated) == result.steps else math.nan
+        row = {
+            "search": label,
+            "candidates_evaluated": evaluated,
+            "compute_seconds": result.seconds,
+            "wall_seconds_this_run": wall,
+            "load_before": load,
+            "load_after": loadavg(),
+            "jaccard_vs_exact": jaccard(result.order, exact.order),
+            "same_order_as_exact": result.order == exact.order,
+            "search_objective": result.scores[-1],
+            "held_out": curve.held_out[-1],
+            "held_out_lo": curve.held_out_lo[-1],
+            "held_out_hi": curve.held_out_hi[-1],
+            "removed": result.labels(),
+        }
+        rows.append(row)
+        log(
+            f"{label}: {evaluated} candidates evaluated, {result.seconds:.0f} s compute "
+            f"(this run {wall:.0f} s, load {load:.1f} -> {loadavg():.1f}); Jaccard vs exact "
+            f"{row['jaccard_vs_exact']:.3f}; held-out {row['held_out']:.4f} "
+            f"[{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}]"
+        )
+    stab = stability_jaccard(args.objective) if args.model == "default" else math.nan
+    log(f"exact search's stability Jaccard (docs/report/stability.csv): {stab:.3f}")
+    base = rows[0]
+    log(
+        "\n| search | candidates evaluated | fewer | compute s | Jaccard vs exact | "
+        "held-out objective [95% interval] |"
+    )
+    log("|---|---|---|---|---|---|")
+    for row in rows:
+        fewer = base["candidates_evaluated"] / row["candidates_evaluated"]
+        log(
+            f"| {row['search']} | {row['candidates_evaluated']} | {fewer:.1f}x | "
+            f"{row['compute_seconds']:.0f} | {row['jaccard_vs_exact']:.3f} | "
+            f"{row['held_out']:.4f} [{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}] |"
+        )
+    return {
+        "model": args.model,
+        "n": args.n,
+        "budget": args.budget,
+        "objective": args.objective,
+        "stability_jaccard": stab,
+        "rows": rows,
+    }
+
+
+def timing_model(name: str, n: int):
+    """(model, id_x, id_y, ood_x) for timing: a ViT-B/16-shaped timm model with random weights
+    on random 224 px images, or a registry model on its search data."""
+    if name == "vit-b16":
+        import timm
+
+        torch.manual_seed(0)
+        model = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=10).eval()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2 * n, 3, 224, 224, generator=g)
+        return model, x[:n], torch.randint(0, 10, (n,), generator=g), x[n:] * 2
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(name)
+    inputs = search_inputs(loaded.preprocess, loaded.modality.benchmark(n_search=n), n_ood=n)
+    return loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x
+
+
+def step_flops(model, inputs: torch.Tensor, k: int) -> dict:
+    """FLOPs (multiply-adds x 2) per item of the first step, exact against guided: the exact step
+    scores every head at its layer's fast-path cost (bench/greedy.py's counts); the guided step
+    runs one forward and 4 backward passes to the head outputs (no weight gradients: each about a
+    forward, counted as one) and scores K heads at the mean fast-path cost per head."""
+    from bench.greedy import flops, text_flops
+    from hydra_core.models.adapter import head_layout, model_and_inputs
+
+    layout = head_layout(model)
+    text = not inputs.is_floating_point()
+    counts = text_flops(model, inputs, 64) if text else flops(model)
+    per_layer = counts["fast_per_candidate_by_layer"]
+    exact = sum(n * c for n, c in zip(layout.num_heads, per_layer, strict=True))
+    passes = 1 + 4  # forward + backward passes of the estimate (4 with more than 4 classes)
+    with torch.inference_mode():
+        classes = model_and_inputs(model, inputs[:1])[0](inputs[:1]).shape[-1]
+    if classes <= 4:
+        passes = 1 + classes
+    mean = sum(n * c for n, c in zip(layout.num_heads, per_layer, strict=True)) / sum(
+        layout.num_heads
+    )
+    guided = passes * counts["plain_per_candidate"] + k * mean
+    return {
+        "heads": layout.total_heads,
+        "plain_forward": counts["plain_per_candidate"],
+        "exact_step": exact,
+        "guided_step": guided,
+        "estimate_passes": passes,
+        "ratio": exact / guided,
+    }
+
+
+def timing_mode(args) -> dict:
+    model, id_x, id_y, ood_x = timing_model(args.timing, args.n)
+    if args.flops:
+        from hydra_core.models.adapter import model_and_inputs
+
+        wrapped, x = model_and_inputs(model, torch.cat([id_x, ood_x]))
+        counted = step_flops(model, x, args.k)
+        log(
+            f"{args.timing}: {counted['heads']} heads; per item, plain forward "
+            f"{counted['plain_forward'] / 1e9:.2f} GFLOP; first step exact "
+            f"{counted['exact_step'] / 1e9:.1f} GFLOP, guided (K = {args.k}, "
+            f"{counted['estimate_passes']} passes for the estimate) "
+            f"{counted['guided_step'] / 1e9:.1f} GFLOP: {counted['ratio']:.1f}x fewer"
+        )
+        return {"timing": args.timing, "flops": counted}
+    found = {}
+    for k in (args.k,) if args.skip_exact else (None, args.k):
+        label = "exact" if k is None else f"K={k}"
+        load = loadavg()
+        result = greedy_circuit(
+            model,
+            id_x,
+            id_y,
+            ood_x,
+            objective=args.objective,
+            budget=args.steps,
+            candidates=k,
+            progress=lambda s, label=label: log(f"  {label} step {s.step + 1}: {s.seconds:.1f} s"),
+        )
+        per_step = result.step_seconds
+        found[label] = {
+            "step_seconds": per_step,
+            "evaluated": result.evaluated,
+            "order": result.labels(),
+            "load": [load, loadavg()],
+        }
+        log(
+            f"{label}: {sum(per_step) / len(per_step):.1f} s per step ({per_step}), evaluated "
+            f"{result.evaluated}, load {load:.1f} -> {loadavg():.1f}"
+        )
+    return {"timing": args.timing, "n": args.n, "steps": args.steps, **found}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="default")
+    p.add_argument(
+        "--n", type=int, default=None, help="search items per side (default 512; timing: 8)"
+    )
+    p.add_argument("--budget", type=int, default=24)
+    p.add_argument("--objective", default="avg", choices=("acc", "ood", "avg"))
+    p.add_argument("--ks", type=int, nargs="+", default=[16, 8, 4])
+    p.add_argument("--timing", default=None, help="vit-b16 or a registry model: seconds per step")
+    p.add_argument("--k", type=int, default=8, help="K of the timing run")
+    p.add_argument("--steps", type=int, default=2, help="steps of the timing run")
+    p.add_argument("--flops", action="store_true", help="timing mode: count FLOPs, run nothing")
+    p.add_argument(
+        "--skip-exact", action="store_true", help="timing mode: time the guided search alone"
+    )
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.n is None:
+        args.n = 8 if args.timing else 512
+    found = timing_mode(args) if args.timing else search_mode(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(found, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
