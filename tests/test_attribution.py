@@ -317,7 +317,7 @@ def test_cli_heads_attribution(checkpoint, tmp_path, capsys, private_cache):
 
     data = ["--n-search", "40", "--n-report", "30", "--ood", "mnist", "noise", "--device", "cpu"]
     out = tmp_path / "heads"
-    argv = ["heads", "--model", checkpoint, *data, "--boot", "20", "--out", str(out)]
+    argv = ["heads", "--model", checkpoint, *data, "--boot", "50", "--out", str(out)]
     assert main([*argv, "--attribution"]) == 0
     assert "attribution (AtP) vs exact ablation, Spearman" in capsys.readouterr().out
     table = pd.read_csv(out / "heads.csv")
