@@ -648,26 +648,47 @@ def wait_for_handler(pid: int, signum: int, timeout: float = 60.0) -> None:
 
 
 def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path):
+    """A real SIGINT while the command's modules are imported. The child stops at the import of
+    torch (after the entry point's handler is in place) and says so in a file; the signal is sent
+    then, so it lands in start-up on any machine, however loaded (a fixed sleep let a fast start
+    finish the command first, exit 0)."""
     import signal
     import subprocess
     import sys
     import time
     from pathlib import Path
 
+    ready = tmp_path / "importing-torch"
+    stop_at_torch = (
+        "import runpy, sys, time\n"
+        "from pathlib import Path\n"
+        "class Pause:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        f"            Path({str(ready)!r}).touch()\n"
+        "            while True:\n"
+        "                time.sleep(0.05)  # until the Ctrl-C\n"
+        "sys.meta_path.insert(0, Pause())\n"
+        "sys.argv = ['hydra_core', 'info', '--device', 'cpu']\n"
+        "runpy.run_module('hydra_core', run_name='__main__', alter_sys=True)\n"
+    )
     started = subprocess.Popen(
-        [sys.executable, "-m", "hydra_core", "info", "--device", "cpu"],
+        [sys.executable, "-c", stop_at_torch],
         cwd=Path(__file__).parent.parent,
         env={**__import__("os").environ, "HYDRA_LAB_CACHE": str(tmp_path / "cache")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for_handler(started.pid, signal.SIGINT)  # before it, SIGINT kills without Python
-    time.sleep(1.0)  # start-up (imports) takes longer: the signal lands in it, or just after
+    deadline = time.monotonic() + 120
+    while not ready.exists() and started.poll() is None:
+        assert time.monotonic() < deadline, "the command did not reach the import of torch"
+        time.sleep(0.02)
+    wait_for_handler(started.pid, signal.SIGTERM)  # the entry point's handlers are in place
     started.send_signal(signal.SIGINT)
     _, err = started.communicate(timeout=120)
     assert started.returncode == 130, err
-    assert "Traceback" not in err and err.strip().startswith("stopped")
+    assert "Traceback" not in err and err.strip() == "stopped while starting; nothing was done"
 
 
 def test_sigterm_during_a_report_stops_it_as_ctrl_c_does_and_leaves_no_staging_folder(
