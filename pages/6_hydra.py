@@ -25,6 +25,7 @@ from hydra_core.hydra.experiment import STAGES, evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.models.preprocess import describe
+from hydra_ui.comparisons import ensembling_verdict
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
@@ -233,6 +234,24 @@ def baseline_choices(context, running: bool, train_split: bool) -> list:
     return chosen
 
 
+def against_baselines(report, label: str) -> None:
+    """The fused ensemble minus each baseline, its unfused members and its best member, paired."""
+    st.subheader(f"{label} (fused) against the baselines and its best member")
+    table = report.comparisons(label, list(DIFFERENCES))
+    shown = format_intervals(table, signed=True).rename(columns=DIFFERENCES)
+    shown = shown.rename(
+        columns={"macs_ratio": "MACs ratio", "against_macs_ratio": "its MACs ratio"}
+    )
+    table_with_download(shown, "hydra_against_baselines.csv", pinned=("against",))
+    st.caption(
+        "Fused ensemble minus the system named in *against*, on the same items, with the paired "
+        "95% interval; **(n.s.)**: the interval contains 0. The best member is the member with "
+        "the highest AUROC all (mean over the OOD sets). MACs ratios: multiply-adds over the "
+        "single model's."
+    )
+    st.markdown(ensembling_verdict(table, "all_auroc", "AUROC all (mean over the OOD sets)"))
+
+
 def uncertain_view(context, report) -> None:
     """A text model's report sentences on which the fused ensemble is most uncertain, with what
     each member predicts: the texts behind the mutual information in the tables."""
@@ -439,6 +458,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     difference_plot(differences, column, metric_title=DIFFERENCES[column]),
                     f"hydra_difference_{column}",
                 )
+            against_baselines(report, setup["label"])
         with st.expander("Every metric per OOD set", expanded=True):
             table_with_download(format_intervals(report.table()), "hydra_metrics_per_set.csv")
 

@@ -349,9 +349,24 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
         cell = differences.loc[system, "AUROC all"]
         assert cell.startswith(f"{found.value:+.4f}")
         assert cell.endswith("(n.s.)") == (not found.significant)
-    per_set = app.dataframe[2].value
+    # the fused ensemble against each baseline and its best member, paired
+    against = app.dataframe[2].value.set_index("against")
+    best = report.best_member("Hydra")
+    assert list(against.index) == ["single", "Temperature Scaling", "MC Dropout (p=0.1, post hoc)",
+                                   "Hydra (unfused)", best]  # fmt: skip
+    assert best in ("Hydra: a", "Hydra: b") and against.loc[best, "role"] == "best member"
+    for other in against.index:
+        found = report.difference("Hydra (fused)", other, "auroc", set="all")
+        cell = against.loc[other, "AUROC all"]
+        assert cell.startswith(f"{found.value:+.4f}")
+        assert cell.endswith("(n.s.)") == (not found.significant)
+    verdict = next(m.value for m in app.markdown if "minus its best member" in m.value)
+    assert f"**{best}**" in verdict and ("pruning, not the ensembling" in verdict) == (
+        not report.difference("Hydra (fused)", best, "auroc", "all").lo > 0
+    )
+    per_set = app.dataframe[3].value
     assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
-    cost = app.dataframe[3].value.set_index("system")
+    cost = app.dataframe[4].value.set_index("system")
     assert (cost["latency_ms"] > 0).all() and cost.loc["single", "params_ratio"] == 1
     # the progress named every stage; the last was the intervals
     job = app.session_state["results"]["jobs"]["hydra"]
