@@ -579,13 +579,18 @@ def reliability_diagram(
 
 
 def roc_curves(
-    curves: Mapping[str, pd.DataFrame], *, title: str = "ROC (OOD = positive)"
+    curves: Mapping[str, pd.DataFrame],
+    *,
+    title: str = "ROC (OOD = positive)",
+    auroc_name: str = "AUROC",
 ) -> go.Figure:
     """ROC curves (false positive rate vs true positive rate, OOD positive), one per system.
 
     Args:
         curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally, in
             ``frame.attrs``, ``auroc`` and its 95% interval ``auroc_ci95`` for the legend).
+        auroc_name: what the legend calls the area ("pooled AUROC" for a curve over the items
+            of several OOD sets at once, which is not the mean of the sets' AUROCs).
     """
     fig = go.Figure(_diagonal("chance"))
     for i, (name, frame) in enumerate(curves.items()):
@@ -593,7 +598,7 @@ def roc_curves(
         label = name
         if auroc is not None:
             bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else ""
-            label = f"{name} (AUROC {auroc:.3f}{bounds})"
+            label = f"{name} ({auroc_name} {auroc:.3f}{bounds})"
         fig.add_trace(
             go.Scatter(
                 x=frame["fpr"],

@@ -53,7 +53,7 @@ DIFFERENCES = {
     "ece": "ECE",
     "near_auroc": "AUROC near",
     "far_auroc": "AUROC far",
-    "all_auroc": "AUROC all",
+    "all_auroc": "AUROC all (mean of sets)",
     "all_fpr95": "FPR@95 all",
     "ood_mi": "MI (OOD)",
 }
@@ -140,6 +140,8 @@ def stage_label(stage: str, done: int, total: int, noun: str) -> str:
     kind, _, what = stage.partition(": ")
     if kind == STAGES["evaluate"]:
         return f"**Evaluation** of {what}: {done:,} of {total:,} report {noun}"
+    if kind == STAGES["temperature"]:
+        return f"**Temperature** fit: {done:,} of {total:,} ID search {noun} predicted"
     if kind == STAGES["finetune"]:
         return f"**Fine-tuning** {what}: step {done:,} of {total:,}"
     if kind == STAGES["macs"]:
@@ -432,7 +434,9 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
         st.caption(
             "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
-            "(OOD = positive, score = MSP) averaged over near, far and all OOD sets; MI and "
+            "(OOD = positive, score = MSP) averaged over near, far and all OOD sets (the mean "
+            "of the per-set values, each set counting alike; the ROC plot's pooled AUROC puts the "
+            "items of all sets in one curve instead, so it differs a little); MI and "
             "disagreement are the ensembles' diversity on ID and OOD. ± is half the width of the "
             f"95% bootstrap interval ({setup['bootstrap']['n_boot']} resamples of the report "
             f"{context.noun}, ID within each class, each OOD set within itself); the exact bounds "
@@ -489,10 +493,12 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     ["all", *ood_names],
                     format_func=lambda n: "all OOD sets pooled" if n == "all" else n,
                 )
+                pooled = where == "all"
                 figure_with_download(
                     roc_curves(
                         {s: roc_frame(report, s, where) for s in chosen},
-                        title=f"ROC, OOD = positive ({where})",
+                        title=f"ROC, OOD = positive ({'all OOD sets pooled' if pooled else where})",
+                        auroc_name="pooled AUROC" if pooled else "AUROC",
                     ),
                     f"hydra_roc_{where}",
                 )

@@ -346,7 +346,7 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert list(differences.index) == systems[1:]
     for system in systems[1:]:
         found = report.difference(system, "single", "auroc", set="all")
-        cell = differences.loc[system, "AUROC all"]
+        cell = differences.loc[system, "AUROC all (mean of sets)"]
         assert cell.startswith(f"{found.value:+.4f}")
         assert cell.endswith("(n.s.)") == (not found.significant)
     # the fused ensemble against each baseline and its best member, paired
@@ -357,7 +357,7 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert best in ("Hydra: a", "Hydra: b") and against.loc[best, "role"] == "best member"
     for other in against.index:
         found = report.difference("Hydra (fused)", other, "auroc", set="all")
-        cell = against.loc[other, "AUROC all"]
+        cell = against.loc[other, "AUROC all (mean of sets)"]
         assert cell.startswith(f"{found.value:+.4f}")
         assert cell.endswith("(n.s.)") == (not found.significant)
     verdict = next(m.value for m in app.markdown if "minus its best member" in m.value)
