@@ -22,6 +22,8 @@ from scipy.stats import rankdata
 
 #: one colour per system, in order; colour-blind safe (Okabe-Ito)
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+#: marker shapes of the cost scatter, one per system: points at the same place stay apart
+SYMBOLS = ("circle", "diamond-open", "square", "x", "triangle-up-open", "star", "cross", "hexagon")
 #: ID is blue; the OOD sets take a qualitative palette without blue, cyan or teal (ColorBrewer
 #: Set1 less its blue and yellow), so no OOD set can be taken for ID
 ID_COLOUR = "#0072B2"
@@ -666,12 +668,14 @@ def cost_scatter(
                 y=row[y],
                 error_y=_error_bar(row, y),
                 customdata=row[bounds].to_numpy() if has_interval else None,
-                mode="markers+text",
-                name=name,
-                text=[name],
-                textposition=_label_position(i, len(frame)),
-                cliponaxis=False,  # a label near the edge is drawn whole
-                marker={"size": 11, "color": PALETTE[i % len(PALETTE)]},
+                mode="markers",  # named in the legend and on hover: labels of close points
+                name=name,  # (single and temperature scaling share a cost) overlapped
+                cliponaxis=False,  # a point near the edge is drawn whole
+                marker={
+                    "size": 11,
+                    "color": PALETTE[i % len(PALETTE)],
+                    "symbol": SYMBOLS[i % len(SYMBOLS)],
+                },
                 hovertemplate=f"{name}<br>{x_title or x}: %{{x:.4g}}<br>"
                 f"{y_title}: %{{y:.4f}}{interval}<extra></extra>",
             )
@@ -681,19 +685,14 @@ def cost_scatter(
         height=480,
         xaxis_title=x_title or x,
         yaxis_title=y_title,
-        showlegend=False,
-        margin=dict(l=60, r=60, t=60, b=50),
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.25, "title": {"text": "system"}},
+        margin=dict(l=60, r=30, t=60, b=50),
     )
     fig.update_xaxes(type="log" if log_x else "linear", range=_padded(frame[x], log_x, 0.12))
     bounds = [frame[b] for b in (f"{y}_lo", f"{y}_hi") if b in frame]
     fig.update_yaxes(range=_padded(pd.concat([frame[y], *bounds]), False, 0.15))
     return fig
-
-
-def _label_position(i: int, n: int) -> str:
-    """Labels of neighbouring points alternate above and below, so close points keep theirs
-    apart."""
-    return "top center" if i % 2 == 0 or n < 3 else "bottom center"
 
 
 def _padded(values: pd.Series, log: bool, share: float) -> list[float] | None:

@@ -12,6 +12,7 @@ once. The figures are plain Plotly built from results (tested without Streamlit)
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -342,6 +343,7 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
             )
         else:
             st.success(text + f", at or beyond the budget of {search.steps}.")
+    # two rows of two, so that no column stands empty beside a taller one
     left, right = st.columns(2)
     with left:
         head_map_with_download(
@@ -350,9 +352,17 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
     with right:
         if curve is not None:
             figure_with_download(held_out_figure(curve), "held_out_curve")
-        figure_with_download(jaccard_figure(found), "stability_agreement")
-    st.markdown("**Stable heads**: kept by this search and by most resamples, or removed by both")
-    table_with_download(stable_table(found, search), "stable_heads.csv", float_format="{:.2f}")
+        else:
+            figure_with_download(jaccard_figure(found), "stability_agreement")
+    left, right = st.columns(2)
+    if curve is not None:
+        with left:
+            figure_with_download(jaccard_figure(found), "stability_agreement")
+    with right if curve is not None else left:
+        st.markdown(
+            "**Stable heads**: kept by this search and by most resamples, or removed by both"
+        )
+        table_with_download(stable_table(found, search), "stable_heads.csv", float_format="{:.2f}")
 
 
 # --- for the Masks page --------------------------------------------------------------------------
@@ -368,6 +378,27 @@ def stable_ranking() -> tuple[str, list, dict, int] | None:
     name, ranking, info = members.stable_ranking(run.stability, run.search.ranking())
     info["holdout"] = run.fraction  # the share of the search split it did not search on
     return name, ranking, info, run.stability.steps
+
+
+def member_defaults(
+    total: int, steps: int | None, pooled: bool, members: int = 3
+) -> tuple[int, int]:
+    """The Masks page's default B (heads each member prunes) and K (the pool seed sampling draws
+    from; 0 without one): the paper's B = 1/3 and K = 2/3 of the ``total`` heads, held within
+    the ``steps`` removals the chosen ranking's search made (None: a ranking of every head), so
+    that the defaults do not reach past the search: the default budget-24 search of a 72-head
+    model gives K = 24 and B = 12 (half the pool, as the paper's 24 of 48); without a pool,
+    B = 24. ``pooled``: seed sampling, whose ``members`` must differ: a search too short to give
+    that many distinct draws within it keeps the paper's sizes (and the page's reach warning)."""
+    third, two_thirds = max(1, total // 3), max(2, 2 * total // 3)
+    reach = two_thirds if steps is None else max(1, steps)
+    if not pooled:
+        return max(1, min(third, reach, total - 1)), 0
+    pool = max(2, min(two_thirds, reach, total))
+    budget = max(1, min(third, pool // 2))
+    if math.comb(pool, budget) < members:
+        return third, min(total, max(two_thirds, third + 1))
+    return budget, pool
 
 
 def reach_note(steps: int, budget: int, pool: int | None, what: str) -> str | None:

@@ -98,6 +98,16 @@ def transfer_table(setup_key: str, run_key: str, _context, _keep) -> pd.DataFram
     )
 
 
+#: the transfer table's columns as the page names them (auroc_changes' names stay in hydra_core)
+TRANSFER_COLUMNS = {
+    "set": "report set",
+    "dense_auroc": "AUROC, dense model",
+    "circuit_auroc": "AUROC, circuit",
+    "delta_auroc": "circuit - dense",
+    "significant": "significant",
+}
+
+
 def transfer_view(context, runs: dict) -> None:
     """Does the search's OOD gain reach the report sets, which it never saw?"""
     st.subheader("Transfer to the report sets")
@@ -106,7 +116,12 @@ def transfer_view(context, runs: dict) -> None:
         "of every report OOD set, with the paired 95% bootstrap interval. The search never saw "
         "these sets (it selected heads on "
         + ", ".join(context.benchmark.search_names())
-        + "), so this is how much of its gain transfers; n.s. = the interval contains 0."
+        + "), so this is how much of its gain transfers; n.s. = the interval contains 0. "
+        f"Items: {len(context.benchmark.id_report):,} ID report {context.noun} and "
+        + ", ".join(f"{s.name} {len(s):,}" for s in context.benchmark.ood_report)
+        + " (the report split Setup sets; other views that sample fewer, such as the per-head "
+        "evidence, give a slightly different dense AUROC). The near / far / all rows are means "
+        "over their sets."
     )
     if not st.button("Measure on the report sets", icon=":material/query_stats:"):
         if "transfer" not in results():
@@ -118,7 +133,7 @@ def transfer_view(context, runs: dict) -> None:
         )
         st.markdown(f"**{OBJECTIVES[objective]}**, {run.steps} heads removed")
         table_with_download(
-            format_intervals(table, signed=True),
+            format_intervals(table, signed=True).rename(columns=TRANSFER_COLUMNS),
             f"transfer_{objective}_{run.steps}.csv",
         )
 
@@ -144,8 +159,11 @@ def live_view(job) -> None:
         return
     left, right = st.columns(2)
     heatmap = removal_step_heatmap(step.result, budget=info["budget"], towers=info["towers"])
-    left.plotly_chart(heatmap, key="live-heatmap")
-    right.plotly_chart(greedy_curves({info["objective"]: step.result}), key="live-curves")
+    # no toolbar on figures redrawn every 1.5 s: it covered the heatmap's title
+    still = {"displayModeBar": False}
+    left.plotly_chart(heatmap, key="live-heatmap", config=still)
+    curves = greedy_curves({info["objective"]: step.result})
+    right.plotly_chart(curves, key="live-curves", config=still)
     st.caption(
         f"Last removed: **{head_label(*step.head)}** (step {removed}, {step.seconds:.1f} s); "
         f"accuracy {step.accuracy:.4f}, AUROC {step.auroc:.4f}."

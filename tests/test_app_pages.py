@@ -133,12 +133,14 @@ def test_headmap_measures_the_circuit_on_the_report_sets(app, setup, reference):
     app.run()
     assert not app.exception, [e.value for e in app.exception]
     shown = app.dataframe[-1].value
-    assert list(shown["set"][: len(OOD)]) == list(OOD)
+    assert list(shown["report set"][: len(OOD)]) == list(OOD)  # readable column names
+    assert {"AUROC, dense model", "AUROC, circuit"} <= set(shown.columns)
+    assert any(f"{N_REPORT:,} ID report images" in c.value for c in app.caption)
     result = app.session_state["results"]["jobs"]["search"].result
     loaded, _ = reference
     benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
     expected = auroc_changes(loaded, benchmark, result.keep_mask(), device="cpu")
-    first = shown["delta_auroc"].iloc[0]
+    first = shown["circuit - dense"].iloc[0]
     assert first.startswith(f"{expected['delta_auroc'].iloc[0]:+.4f}")
 
 
