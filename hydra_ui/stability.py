@@ -25,6 +25,7 @@ from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_
 from hydra_core.hydra import members
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import disk_cache, results
+from hydra_ui.estimates import stability_note
 from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, below_toolbar, head_heatmap
 from hydra_ui.jobs import start_job
 from hydra_ui.widgets import (
@@ -205,9 +206,17 @@ def start_stability(
     search_strata = [strata[i] for i in ood_rows.tolist()]
     total = head_layout(model).total_heads
 
+    # one estimate for the whole run: its steps in one unit (candidate evaluations of the search
+    # part), the search's, the held-out curve's (one evaluation of the held-out part per step)
+    # and every resample's, in the order they run (resamples go step by step together)
+    steps = [total - t for t in range(budget)]
+    held = [(budget + 1) * fraction / (1 - fraction)] if split is not None else []
+    resampled = [size for size in steps for _ in range(resamples)]
+    stages = 3 if split is not None else 2
+
     def work(job):
-        job.info["stage"] = "search on the search part"
-        job.begin_steps([total - t for t in range(budget)])
+        job.info["stage"] = f"stage 1 of {stages}, search on the search part"
+        job.begin_steps(steps + held + resampled)
         search = greedy_circuit(
             model,
             *data,
@@ -220,18 +229,19 @@ def start_stability(
         if job.should_stop():
             return None
         curve = None
+        job.report(search, steps=budget)  # a search read back from the cache reports no step
         if split is not None:
-            job.info["stage"] = "held-out curve"
-            job.begin(1)
-            held = (
+            job.info["stage"] = f"stage 2 of {stages}, held-out curve"
+            held_data = (
                 inputs.id_x[split.id_held_out.to(inputs.id_x.device)],
                 inputs.id_y[split.id_held_out.to(inputs.id_y.device)],
                 inputs.ood_x[split.ood_held_out.to(inputs.ood_x.device)],
             )
             held_strata = [strata[i] for i in split.ood_held_out.tolist()]
-            curve = held_out_curve(model, search, *held, ood_strata=held_strata)
-        job.info["stage"] = f"{resamples} resamples"
-        job.begin(resamples * budget)
+            curve = held_out_curve(model, search, *held_data, ood_strata=held_strata)
+            job.report(curve, steps=budget + 1)
+        job.info["stage"] = f"stage {stages} of {stages}, {resamples} resamples"
+        first = budget + len(held)
         found = greedy_stability(
             model,
             *data,
@@ -242,7 +252,7 @@ def start_stability(
             ood_strata=search_strata,
             cache=disk_cache(),
             should_stop=job.should_stop,
-            progress=lambda p: job.report(p, done=p.done),
+            progress=lambda p: job.report(p, steps=first + p.done),
         )
         if not found.complete:
             return None
@@ -272,8 +282,12 @@ def _describe(job) -> str:
     return f"Stability ({job.info['objective']}, budget {job.info['budget']}): {job.info['stage']}"
 
 
-def stability_view(context, inputs, objective: str, budget: int) -> None:
-    """Controls, the running job and the last finished run of this setup."""
+def stability_view(
+    context, inputs, objective: str, budget: int, measured: tuple[float | None, str] = (None, "")
+) -> None:
+    """Controls, the running job and the last finished run of this setup; ``measured``: the
+    seconds of one candidate evaluation a saved search measured, and which one (for the time a
+    run takes, said before it starts)."""
     st.subheader("Stability")
     st.caption(
         "Would these heads come out again on another sample, and where does the search start "
@@ -305,6 +319,9 @@ def stability_view(context, inputs, objective: str, budget: int) -> None:
             f"than {FEW_SAMPLES}): its gains may not transfer to other samples; a smaller "
             "held-out share or more search samples (Setup) make the answer firmer."
         )
+    if not running:
+        total = head_layout(context.loaded.model).total_heads
+        st.caption(stability_note(measured[0], total, budget, resamples, fraction, measured[1]))
     if st.button("Run stability", icon=":material/stacks:", disabled=running):
         start_stability(context, inputs, objective, budget, resamples, float(fraction), seed)
         st.rerun()

@@ -12,6 +12,7 @@ from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.estimates import search_note, seconds_per_candidate
 from hydra_ui.evidence import evidence_section
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
@@ -35,6 +36,19 @@ def candidates(budget: int, total: int) -> list[int]:
     """Candidate evaluations of each step: step t tries the total - t heads left, so the steps
     get cheaper as the search goes (the time left is estimated from them)."""
     return [total - t for t in range(budget)]
+
+
+def measured_step_cost(
+    stored: dict[str, GreedyResult], objective: str, total: int
+) -> tuple[float | None, str]:
+    """Seconds of one candidate evaluation, as the saved search of ``objective`` (else any saved
+    search of this setup) measured it, and which search that was."""
+    for name in (objective, *stored):
+        if name in stored:
+            cost = seconds_per_candidate(stored[name].step_seconds, total)
+            if cost is not None:
+                return cost, f"the saved {name} search"
+    return None, ""
 
 
 def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
@@ -236,6 +250,11 @@ with show_error("Could not run the head search"):
         disabled=running,
     )
     previous = stored.get(objective)
+    if not running:  # its time at this budget, from the step cost a saved search measured
+        cost, where = measured_step_cost(stored, objective, total)
+        done = previous.steps if previous is not None and not fresh else 0
+        if note := search_note(cost, total, budget, done, where):
+            st.caption(note)
     b1, b2, _ = st.columns([1, 1, 4])
     if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
         start_search(context, inputs, objective, budget, resume=not fresh, previous=previous)
@@ -313,7 +332,7 @@ with show_error("Could not run the head search"):
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
             transfer_view(context, runs)
 
-    stability_view(context, inputs, objective, budget)
+    stability_view(context, inputs, objective, budget, measured_step_cost(stored, objective, total))
 # --- Evidence: every head's evidence with intervals (hydra_ui/evidence.py) -----------------------
 with show_error("Could not compute the evidence"):
     evidence_context = get_context()

@@ -30,11 +30,29 @@ def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F8
     app.run()
     assert any("fewer than 300" in w.value for w in app.warning)  # 40 search images per side
     assert sum("fewer than 300" in w.value for w in app.warning) == 1  # said once
+    # before any search, the view says how to get its time; after one, the time itself
+    assert any("run the search above first" in c.value for c in app.caption)
+    button(app, "Run").click()
+    app.run()
+    finish_job(app, "search")
+    assert any("At B = 3 and budget 3: up to about" in c.value for c in app.caption)
+    app.number_input[0].set_value(5)  # past the saved search: its 2 more steps' time is said
+    app.run()
+    assert any("At budget 5: about" in c.value and "(2 steps;" in c.value for c in app.caption)
+    app.number_input[0].set_value(3)
+    app.run()
     button(app, "Run stability").click()
     app.run()
     finish_job(app, "stability")
     assert not app.error, [e.value for e in app.error]
-    run = app.session_state["results"]["jobs"]["stability"].result
+    job = app.session_state["results"]["jobs"]["stability"]
+    run = job.result
+    # one estimate for the whole run: its steps are those of all three stages, all done
+    assert job.info["stage"] == "stage 3 of 3, 3 resamples"
+    total = 8  # heads
+    search_units = sum(total - t for t in range(3))
+    assert job._total == pytest.approx(search_units * 4 + 4 * 0.25 / 0.75)
+    assert job.fraction() == 1.0 and job.eta_seconds() == 0.0
 
     loaded, inputs = reference
     strata = inputs.ood_strata()
