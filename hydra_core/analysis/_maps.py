@@ -148,18 +148,26 @@ def objective_of(objective: str, accuracy: torch.Tensor, auroc: torch.Tensor) ->
 
 
 def candidate_maps(
-    evaluator, scorer, shape: tuple[int, int], should_stop: Callable[[], bool] | None
+    evaluator,
+    scorer,
+    shape: tuple[int, int],
+    should_stop: Callable[[], bool] | None,
+    scored: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accuracy, auroc), each (L, H, *scorer.extra) float64, NaN where a head is not a
-    candidate."""
+    candidate; ``scored(n)`` after each pass, with the candidates scored so far (one process)."""
     if distributed.active():
         return _shared_candidate_maps(evaluator, scorer, shape, should_stop)
     accuracy = torch.full((*shape, *scorer.extra), math.nan, dtype=torch.float64)
     auroc = torch.full_like(accuracy, math.nan)
+    done = 0
     for heads, logits in evaluator.candidate_logits(should_stop):
         acc, roc = scorer(logits)
         for i, (layer, head) in enumerate(heads):
             accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
+        done += len(heads)
+        if scored is not None:
+            scored(done)
     return accuracy, auroc
 
 
