@@ -534,6 +534,43 @@ def test_hub_names_offline_are_one_line_at_once(monkeypatch, capsys, model, what
     assert len(attempts) == 1  # one quick check, no retries
 
 
+def test_a_text_hub_name_offline_is_refused_before_the_imports(monkeypatch, capsys, tmp_path):
+    """``python -m hydra_core`` asks for the hub before importing torch and the commands: a
+    text model's hub name, offline and not in the local cache, is its one line at once (the
+    commands cannot even be imported here)."""
+    import sys
+
+    import huggingface_hub.constants
+
+    import hydra_core.__main__ as entry
+    from hydra_core.hub import early_refusal, text_hub_repo
+    from tests.conftest import block_network
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    attempts = block_network(monkeypatch)
+    monkeypatch.setitem(sys.modules, "hydra_core.cli", None)  # importing it would fail
+    model = "hf:textattack/bert-base-uncased-SST-2"
+    monkeypatch.setattr(sys, "argv", ["hydra_core", "eval", "--model", model, *DATA])
+    with pytest.raises(SystemExit) as stopped:
+        entry.run()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1
+    line = one_error_line(err)
+    assert "cannot load Hugging Face model 'textattack/bert-base-uncased-SST-2'" in line
+    assert "huggingface.co cannot be reached" in line and "minilm-sentiment" in line
+    assert len(attempts) == 1
+    # in the local cache, or not a text hub name: the loaders decide, after the imports
+    (tmp_path / "hub" / "models--textattack--bert-base-uncased-SST-2").mkdir(parents=True)
+    assert early_refusal(["eval", "--model", model]) is None
+    assert early_refusal(["eval", "--model=vit_small_patch16_224"]) is None
+    assert text_hub_repo("openclip:ViT-B-32/laion2b_s34b_b79k") is None
+    assert text_hub_repo("models/tiny.safetensors") is None
+    assert text_hub_repo("owner/name") == "owner/name"
+
+
 # --- cause 8: degenerate inputs ------------------------------------------------------------------
 
 
