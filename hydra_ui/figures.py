@@ -612,12 +612,12 @@ def roc_curves(
             )
         )
     fig.update_layout(
-        title=title,
+        title=below_toolbar(title),  # in a half-width column the toolbar covered the title
         height=520,
         xaxis_title="false positive rate (ID flagged OOD)",
         yaxis_title="true positive rate (OOD caught)",
         legend={"orientation": "h", "y": -0.2},  # under the plot: a narrow column keeps its width
-        margin=dict(l=50, r=20, t=60, b=40),
+        margin=dict(l=50, r=20, t=90, b=40),
     )
     return fig
 
