@@ -353,6 +353,7 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
         assert cell.endswith("(n.s.)") == (not found.significant)
     # the fused ensemble against each baseline and its best member, paired
     against = app.dataframe[2].value.set_index("against")
+    assert list(against.columns[:3]) == ["role", "AUROC all (mean of sets)", "AUROC near"]
     best = report.best_member("Hydra")
     assert list(against.index) == ["single", "Temperature Scaling", "MC Dropout (p=0.1, post hoc)",
                                    "Hydra (unfused)", best]  # fmt: skip
