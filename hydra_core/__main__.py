@@ -13,6 +13,12 @@ def run() -> None:
 
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
+        from hydra_core.hub import early_refusal
+
+        # a hub name offline: refused at once, not after the seconds of importing torch
+        if refusal := early_refusal(sys.argv[1:]):
+            print(f"error: {refusal}", file=sys.stderr)
+            sys.exit(2)
         from hydra_core.cli import main
     except KeyboardInterrupt as stop:
         # nothing was done: leave at once, so that no half-imported module's finaliser (or a

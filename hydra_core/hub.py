@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
@@ -62,6 +63,63 @@ def offline_reason(timeout: float = CHECK_SECONDS) -> str | None:
     check.start()
     check.join(timeout)
     return found[0] if found else f"{host} did not answer within {timeout:g} s"
+
+
+#: what a text model named by its hub name can use offline instead (hf.load_hub says it too)
+TEXT_OFFLINE_HINT = (
+    "offline, use --model minilm-sentiment or a local folder with config.json, the weights and "
+    "the tokenizer files (save_pretrained)"
+)
+#: file names that make a --model value a checkpoint path, never a hub name
+_FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+
+
+def model_argument(argv: Sequence[str]) -> str | None:
+    """The value of ``--model`` in a command line (``--model X`` or ``--model=X``), or None."""
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--model="):
+            return arg.partition("=")[2]
+    return None
+
+
+def text_hub_repo(model: str) -> str | None:
+    """The repository of a text model named by its hub name in the ``owner/name`` form
+    (``hf:owner/name`` or ``owner/name`` that is no file or folder here), else None: other hub
+    names (timm's, OpenCLIP's) are told apart by the loaders after the imports."""
+    name = model.removeprefix("hf:")
+    if ":" in name or name.count("/") != 1 or name.startswith(("/", ".", "~")):
+        return None
+    if name.endswith(_FILE_SUFFIXES) or Path(name).expanduser().exists():
+        return None
+    return name
+
+
+def _in_local_cache(repo: str) -> bool:
+    """Whether the local Hugging Face cache holds anything of the model repository ``repo``."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}").is_dir()
+
+
+def early_refusal(argv: Sequence[str]) -> str | None:
+    """For a command whose ``--model`` is a text model's hub name (:func:`text_hub_repo`), on a
+    machine that cannot reach the hub and has no copy of the model in its local cache: the
+    one-line refusal :func:`from_hub` would give after the seconds of imports, found before them
+    (``python -m hydra_core`` asks first). None in every other case: the command goes on."""
+    model = model_argument(argv)
+    repo = None if model is None else text_hub_repo(model)
+    if repo is None or _in_local_cache(repo):
+        return None
+    reason = offline_reason()
+    if reason is None:
+        return None
+    return (
+        f"cannot load Hugging Face model {repo!r}: this machine is offline ({reason}) and it is "
+        f"not in the local Hugging Face cache; a Hugging Face hub model needs the network: "
+        f"{TEXT_OFFLINE_HINT}"
+    )
 
 
 @contextmanager

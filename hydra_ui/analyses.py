@@ -7,6 +7,8 @@ Each function takes the page's :class:`~hydra_ui.context.Context`; the work itse
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -22,6 +24,7 @@ from hydra_core.analysis.representations import (
 )
 from hydra_core.analysis.taylor import taylor_scores
 from hydra_ui.context import Context, disk_cache
+from hydra_ui.jobs import format_seconds
 from hydra_ui.projections import report_sample_images
 from hydra_ui.texts import report_sample_texts
 
@@ -90,12 +93,31 @@ def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, Gree
     return saved_searches(model, inputs.id_x, inputs.id_y, inputs.ood_x, disk_cache())
 
 
-@st.cache_data(show_spinner="Ablating every head on its own...", max_entries=4)
+@st.cache_data(show_spinner=False, max_entries=4)
 def single_head(setup_key: str, _context: Context, _inputs: SearchInputs) -> dict:
-    """Single-head Δaccuracy / ΔAUROC maps (L, H) as numpy, and the dense scores."""
+    """Single-head Δaccuracy / ΔAUROC maps (L, H) as numpy, and the dense scores; a progress bar
+    while the heads are ablated (a cached result shows none)."""
+    bar = st.empty()
+    start = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        seconds = time.monotonic() - start
+        left = seconds * (total - done) / done if done else None
+        bar.progress(
+            done / total,
+            text=f"Ablating every head on its own: {done} of {total} heads · "
+            f"{format_seconds(left)} left · {seconds:.0f} s so far",
+        )
+
     found = single_head_importance(
-        _context.loaded.model, _inputs.id_x, _inputs.id_y, _inputs.ood_x, cache=disk_cache()
+        _context.loaded.model,
+        _inputs.id_x,
+        _inputs.id_y,
+        _inputs.ood_x,
+        cache=disk_cache(),
+        progress=progress,
     )
+    bar.empty()
     return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in found.items()}
 
 

@@ -117,7 +117,11 @@ def shown_table(found: HeadEvidence) -> pd.DataFrame:
     out["mean rank"] = table["mean_rank"]
     out["disagreement"] = table["disagreement"]
     out["disagrees"] = table["disagrees"]
-    return out.reset_index(drop=True)
+    # every column's value first, in view without a sideways scroll (the detector AUROC and
+    # the frequency, which reorder the ranking, were behind it); the intervals, marks and
+    # per-column ranks after them
+    first = ["rank", "head", *(c.name for c in found.columns())]
+    return out[first + [c for c in out if c not in first]].reset_index(drop=True)
 
 
 def evidence_map(found: HeadEvidence, choice: str, towers) -> go.Figure:

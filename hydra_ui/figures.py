@@ -22,6 +22,8 @@ from scipy.stats import rankdata
 
 #: one colour per system, in order; colour-blind safe (Okabe-Ito)
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+#: marker shapes of the cost scatter, one per system: points at the same place stay apart
+SYMBOLS = ("circle", "diamond-open", "square", "x", "triangle-up-open", "star", "cross", "hexagon")
 #: ID is blue; the OOD sets take a qualitative palette without blue, cyan or teal (ColorBrewer
 #: Set1 less its blue and yellow), so no OOD set can be taken for ID
 ID_COLOUR = "#0072B2"
@@ -579,13 +581,18 @@ def reliability_diagram(
 
 
 def roc_curves(
-    curves: Mapping[str, pd.DataFrame], *, title: str = "ROC (OOD = positive)"
+    curves: Mapping[str, pd.DataFrame],
+    *,
+    title: str = "ROC (OOD = positive)",
+    auroc_name: str = "AUROC",
 ) -> go.Figure:
     """ROC curves (false positive rate vs true positive rate, OOD positive), one per system.
 
     Args:
         curves: system -> frame with columns ``fpr`` and ``tpr`` (and optionally, in
             ``frame.attrs``, ``auroc`` and its 95% interval ``auroc_ci95`` for the legend).
+        auroc_name: what the legend calls the area ("pooled AUROC" for a curve over the items
+            of several OOD sets at once, which is not the mean of the sets' AUROCs).
     """
     fig = go.Figure(_diagonal("chance"))
     for i, (name, frame) in enumerate(curves.items()):
@@ -593,7 +600,7 @@ def roc_curves(
         label = name
         if auroc is not None:
             bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else ""
-            label = f"{name} (AUROC {auroc:.3f}{bounds})"
+            label = f"{name} ({auroc_name} {auroc:.3f}{bounds})"
         fig.add_trace(
             go.Scatter(
                 x=frame["fpr"],
@@ -605,12 +612,12 @@ def roc_curves(
             )
         )
     fig.update_layout(
-        title=title,
+        title=below_toolbar(title),  # in a half-width column the toolbar covered the title
         height=520,
         xaxis_title="false positive rate (ID flagged OOD)",
         yaxis_title="true positive rate (OOD caught)",
         legend={"orientation": "h", "y": -0.2},  # under the plot: a narrow column keeps its width
-        margin=dict(l=50, r=20, t=60, b=40),
+        margin=dict(l=50, r=20, t=90, b=40),
     )
     return fig
 
@@ -661,12 +668,14 @@ def cost_scatter(
                 y=row[y],
                 error_y=_error_bar(row, y),
                 customdata=row[bounds].to_numpy() if has_interval else None,
-                mode="markers+text",
-                name=name,
-                text=[name],
-                textposition=_label_position(i, len(frame)),
-                cliponaxis=False,  # a label near the edge is drawn whole
-                marker={"size": 11, "color": PALETTE[i % len(PALETTE)]},
+                mode="markers",  # named in the legend and on hover: labels of close points
+                name=name,  # (single and temperature scaling share a cost) overlapped
+                cliponaxis=False,  # a point near the edge is drawn whole
+                marker={
+                    "size": 11,
+                    "color": PALETTE[i % len(PALETTE)],
+                    "symbol": SYMBOLS[i % len(SYMBOLS)],
+                },
                 hovertemplate=f"{name}<br>{x_title or x}: %{{x:.4g}}<br>"
                 f"{y_title}: %{{y:.4f}}{interval}<extra></extra>",
             )
@@ -676,19 +685,14 @@ def cost_scatter(
         height=480,
         xaxis_title=x_title or x,
         yaxis_title=y_title,
-        showlegend=False,
-        margin=dict(l=60, r=60, t=60, b=50),
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.25, "title": {"text": "system"}},
+        margin=dict(l=60, r=30, t=60, b=50),
     )
     fig.update_xaxes(type="log" if log_x else "linear", range=_padded(frame[x], log_x, 0.12))
     bounds = [frame[b] for b in (f"{y}_lo", f"{y}_hi") if b in frame]
     fig.update_yaxes(range=_padded(pd.concat([frame[y], *bounds]), False, 0.15))
     return fig
-
-
-def _label_position(i: int, n: int) -> str:
-    """Labels of neighbouring points alternate above and below, so close points keep theirs
-    apart."""
-    return "top center" if i % 2 == 0 or n < 3 else "bottom center"
 
 
 def _padded(values: pd.Series, log: bool, share: float) -> list[float] | None:

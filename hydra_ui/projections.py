@@ -170,6 +170,11 @@ def with_thumbnails(
 LEGEND_TOGGLE = {"name": "shown", "select": {"type": "point", "fields": ["set"]}, "bind": "legend"}
 
 
+#: the width of each of several projections side by side (two, their axes and spacing fit the
+#: main column of a 1,400-pixel window, about 930 pixels)
+PANEL_WIDTH = 340
+
+
 def projection_spec(
     panels: Sequence[tuple[str, pd.DataFrame]], *, method: str = "PCA", title: str = ""
 ) -> dict:
@@ -182,7 +187,9 @@ def projection_spec(
         "field": "set",
         "type": "nominal",
         "scale": {"domain": sets, "range": [colours[s] for s in sets]},
-        "legend": {"title": "set", "orient": "right"},
+        # side by side, the legend goes below: two panels and a legend on the right were wider
+        # than the page (the right panel was cut off)
+        "legend": {"title": "set", "orient": "right" if len(panels) == 1 else "bottom"},
     }
     tooltip = [{"field": "set", "type": "nominal"}]
     if all("image" in frame for _, frame in panels):
@@ -205,7 +212,7 @@ def projection_spec(
                 "opacity": {"condition": {"param": "shown", "value": 0.6}, "value": 0.05},
                 "tooltip": tooltip,
             },
-            "width": "container" if len(panels) == 1 else 480,
+            "width": "container" if len(panels) == 1 else PANEL_WIDTH,
             "height": 400,
         }
 

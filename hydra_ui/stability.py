@@ -12,6 +12,7 @@ once. The figures are plain Plotly built from results (tested without Streamlit)
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_
 from hydra_core.hydra import members
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.context import disk_cache, results
+from hydra_ui.estimates import stability_note
 from hydra_ui.figures import OBJECTIVE_NAMES, PALETTE, Towers, below_toolbar, head_heatmap
 from hydra_ui.jobs import start_job
 from hydra_ui.widgets import (
@@ -212,9 +214,17 @@ def start_stability(
     search_strata = [strata[i] for i in ood_rows.tolist()]
     total = head_layout(model).total_heads
 
+    # one estimate for the whole run: its steps in one unit (candidate evaluations of the search
+    # part), the search's, the held-out curve's (one evaluation of the held-out part per step)
+    # and every resample's, in the order they run (resamples go step by step together)
+    steps = [total - t for t in range(budget)]
+    held = [(budget + 1) * fraction / (1 - fraction)] if split is not None else []
+    resampled = [size for size in steps for _ in range(resamples)]
+    stages = 3 if split is not None else 2
+
     def work(job):
-        job.info["stage"] = "search on the search part"
-        job.begin_steps([total - t for t in range(budget)])
+        job.info["stage"] = f"stage 1 of {stages}, search on the search part"
+        job.begin_steps(steps + held + resampled)
         search = greedy_circuit(
             model,
             *data,
@@ -227,18 +237,19 @@ def start_stability(
         if job.should_stop():
             return None
         curve = None
+        job.report(search, steps=budget)  # a search read back from the cache reports no step
         if split is not None:
-            job.info["stage"] = "held-out curve"
-            job.begin(1)
-            held = (
+            job.info["stage"] = f"stage 2 of {stages}, held-out curve"
+            held_data = (
                 inputs.id_x[split.id_held_out.to(inputs.id_x.device)],
                 inputs.id_y[split.id_held_out.to(inputs.id_y.device)],
                 inputs.ood_x[split.ood_held_out.to(inputs.ood_x.device)],
             )
             held_strata = [strata[i] for i in split.ood_held_out.tolist()]
-            curve = held_out_curve(model, search, *held, ood_strata=held_strata)
-        job.info["stage"] = f"{resamples} resamples"
-        job.begin(resamples * budget)
+            curve = held_out_curve(model, search, *held_data, ood_strata=held_strata)
+            job.report(curve, steps=budget + 1)
+        job.info["stage"] = f"stage {stages} of {stages}, {resamples} resamples"
+        first = budget + len(held)
         found = greedy_stability(
             model,
             *data,
@@ -249,7 +260,7 @@ def start_stability(
             ood_strata=search_strata,
             cache=disk_cache(),
             should_stop=job.should_stop,
-            progress=lambda p: job.report(p, done=p.done),
+            progress=lambda p: job.report(p, steps=first + p.done),
         )
         if not found.complete:
             return None
@@ -279,8 +290,12 @@ def _describe(job) -> str:
     return f"Stability ({job.info['objective']}, budget {job.info['budget']}): {job.info['stage']}"
 
 
-def stability_view(context, inputs, objective: str, budget: int) -> None:
-    """Controls, the running job and the last finished run of this setup."""
+def stability_view(
+    context, inputs, objective: str, budget: int, measured: tuple[float | None, str] = (None, "")
+) -> None:
+    """Controls, the running job and the last finished run of this setup; ``measured``: the
+    seconds of one candidate evaluation a saved search measured, and which one (for the time a
+    run takes, said before it starts)."""
     st.subheader("Stability")
     st.caption(
         "Would these heads come out again on another sample, and where does the search start "
@@ -313,6 +328,9 @@ def stability_view(context, inputs, objective: str, budget: int) -> None:
             f"than {FEW_SAMPLES}): its gains may not transfer to other samples; a smaller "
             "held-out share or more search samples (Setup) make the answer firmer."
         )
+    if not running:
+        total = head_layout(context.loaded.model).total_heads
+        st.caption(stability_note(measured[0], total, budget, resamples, fraction, measured[1]))
     if st.button("Run stability", icon=":material/stacks:", disabled=running):
         start_stability(context, inputs, objective, budget, resamples, float(fraction), seed)
         st.rerun()
@@ -359,6 +377,7 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
             )
         else:
             st.success(text + f", at or beyond the budget of {search.steps}.")
+    # two rows of two, so that no column stands empty beside a taller one
     left, right = st.columns(2)
     with left:
         head_map_with_download(
@@ -367,9 +386,17 @@ def show_run(run: StabilityRun, towers: Towers = ()) -> None:
     with right:
         if curve is not None:
             figure_with_download(held_out_figure(curve), "held_out_curve")
-        figure_with_download(jaccard_figure(found), "stability_agreement")
-    st.markdown("**Stable heads**: kept by this search and by most resamples, or removed by both")
-    table_with_download(stable_table(found, search), "stable_heads.csv", float_format="{:.2f}")
+        else:
+            figure_with_download(jaccard_figure(found), "stability_agreement")
+    left, right = st.columns(2)
+    if curve is not None:
+        with left:
+            figure_with_download(jaccard_figure(found), "stability_agreement")
+    with right if curve is not None else left:
+        st.markdown(
+            "**Stable heads**: kept by this search and by most resamples, or removed by both"
+        )
+        table_with_download(stable_table(found, search), "stable_heads.csv", float_format="{:.2f}")
 
 
 # --- for the Masks page --------------------------------------------------------------------------
@@ -385,6 +412,27 @@ def stable_ranking() -> tuple[str, list, dict, int] | None:
     name, ranking, info = members.stable_ranking(run.stability, run.search.ranking())
     info["holdout"] = run.fraction  # the share of the search split it did not search on
     return name, ranking, info, run.stability.steps
+
+
+def member_defaults(
+    total: int, steps: int | None, pooled: bool, members: int = 3
+) -> tuple[int, int]:
+    """The Masks page's default B (heads each member prunes) and K (the pool seed sampling draws
+    from; 0 without one): the paper's B = 1/3 and K = 2/3 of the ``total`` heads, held within
+    the ``steps`` removals the chosen ranking's search made (None: a ranking of every head), so
+    that the defaults do not reach past the search: the default budget-24 search of a 72-head
+    model gives K = 24 and B = 12 (half the pool, as the paper's 24 of 48); without a pool,
+    B = 24. ``pooled``: seed sampling, whose ``members`` must differ: a search too short to give
+    that many distinct draws within it keeps the paper's sizes (and the page's reach warning)."""
+    third, two_thirds = max(1, total // 3), max(2, 2 * total // 3)
+    reach = two_thirds if steps is None else max(1, steps)
+    if not pooled:
+        return max(1, min(third, reach, total - 1)), 0
+    pool = max(2, min(two_thirds, reach, total))
+    budget = max(1, min(third, pool // 2))
+    if math.comb(pool, budget) < members:
+        return third, min(total, max(two_thirds, third + 1))
+    return budget, pool
 
 
 def reach_note(steps: int, budget: int, pool: int | None, what: str) -> str | None:

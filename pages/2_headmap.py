@@ -12,6 +12,7 @@ from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
 from hydra_ui.analyses import describe_search, search_data, stored_greedy_runs
 from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.estimates import search_note, seconds_per_candidate
 from hydra_ui.evidence import evidence_section
 from hydra_ui.figures import greedy_curves, removal_step_heatmap
 from hydra_ui.jobs import FAILED, STOPPED, format_seconds, start_job
@@ -36,6 +37,19 @@ def candidates(budget: int, total: int) -> list[int]:
     """Candidate evaluations of each step: step t tries the total - t heads left, so the steps
     get cheaper as the search goes (the time left is estimated from them)."""
     return [total - t for t in range(budget)]
+
+
+def measured_step_cost(
+    stored: dict[str, GreedyResult], objective: str, total: int
+) -> tuple[float | None, str]:
+    """Seconds of one candidate evaluation, as the saved search of ``objective`` (else any saved
+    search of this setup) measured it, and which search that was."""
+    for name in (objective, *stored):
+        if name in stored:
+            cost = seconds_per_candidate(stored[name].step_seconds, total)
+            if cost is not None:
+                return cost, f"the saved {name} search"
+    return None, ""
 
 
 def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
@@ -113,6 +127,16 @@ def transfer_table(setup_key: str, run_key: str, _context, _keep) -> pd.DataFram
     )
 
 
+#: the transfer table's columns as the page names them (auroc_changes' names stay in hydra_core)
+TRANSFER_COLUMNS = {
+    "set": "report set",
+    "dense_auroc": "AUROC, dense model",
+    "circuit_auroc": "AUROC, circuit",
+    "delta_auroc": "circuit - dense",
+    "significant": "significant",
+}
+
+
 def transfer_view(context, runs: dict) -> None:
     """Does the search's OOD gain reach the report sets, which it never saw?"""
     st.subheader("Transfer to the report sets")
@@ -121,7 +145,12 @@ def transfer_view(context, runs: dict) -> None:
         "of every report OOD set, with the paired 95% bootstrap interval. The search never saw "
         "these sets (it selected heads on "
         + ", ".join(context.benchmark.search_names())
-        + "), so this is how much of its gain transfers; n.s. = the interval contains 0."
+        + "), so this is how much of its gain transfers; n.s. = the interval contains 0. "
+        f"Items: {len(context.benchmark.id_report):,} ID report {context.noun} and "
+        + ", ".join(f"{s.name} {len(s):,}" for s in context.benchmark.ood_report)
+        + " (the report split Setup sets; other views that sample fewer, such as the per-head "
+        "evidence, give a slightly different dense AUROC). The near / far / all rows are means "
+        "over their sets."
     )
     if not st.button("Measure on the report sets", icon=":material/query_stats:"):
         if "transfer" not in results():
@@ -133,7 +162,7 @@ def transfer_view(context, runs: dict) -> None:
         )
         st.markdown(f"**{OBJECTIVES[objective]}**, {run.steps} heads removed")
         table_with_download(
-            format_intervals(table, signed=True),
+            format_intervals(table, signed=True).rename(columns=TRANSFER_COLUMNS),
             f"transfer_{objective}_{run.steps}.csv",
         )
 
@@ -159,8 +188,11 @@ def live_view(job) -> None:
         return
     left, right = st.columns(2)
     heatmap = removal_step_heatmap(step.result, budget=info["budget"], towers=info["towers"])
-    left.plotly_chart(heatmap, key="live-heatmap")
-    right.plotly_chart(greedy_curves({info["objective"]: step.result}), key="live-curves")
+    # no toolbar on figures redrawn every 1.5 s: it covered the heatmap's title
+    still = {"displayModeBar": False}
+    left.plotly_chart(heatmap, key="live-heatmap", config=still)
+    curves = greedy_curves({info["objective"]: step.result})
+    right.plotly_chart(curves, key="live-curves", config=still)
     st.caption(
         f"Last removed: **{head_label(*step.head)}** (step {removed}, {step.seconds:.1f} s); "
         f"accuracy {step.accuracy:.4f}, AUROC {step.auroc:.4f}."
@@ -246,6 +278,11 @@ with show_error("Could not run the head search"):
         disabled=running,
     )
     previous = stored.get(objective)
+    if not running:  # its time at this budget, from the step cost a saved search measured
+        cost, where = measured_step_cost(stored, objective, total)
+        done = previous.steps if previous is not None and not fresh else 0
+        if note := search_note(cost, total, budget, done, where):
+            st.caption(note)
     b1, b2, _ = st.columns([1, 1, 4])
     if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
         start_search(
@@ -340,7 +377,7 @@ with show_error("Could not run the head search"):
             transfer_view(context, runs)
     transfer_matrix_view(context, objective, budget)
 
-    stability_view(context, inputs, objective, budget)
+    stability_view(context, inputs, objective, budget, measured_step_cost(stored, objective, total))
 # --- Evidence: every head's evidence with intervals (hydra_ui/evidence.py) -----------------------
 with show_error("Could not compute the evidence"):
     evidence_context = get_context()

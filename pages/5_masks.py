@@ -42,7 +42,7 @@ from hydra_ui.context import get_context, results
 from hydra_ui.figures import matrix_heatmap, member_masks_figure
 from hydra_ui.jobs import start_job
 from hydra_ui.portable import mask_downloads
-from hydra_ui.stability import reach_note, stable_ranking
+from hydra_ui.stability import member_defaults, reach_note, stable_ranking
 from hydra_ui.sweeps import show_sweeps
 from hydra_ui.widgets import (
     figure_with_download,
@@ -140,6 +140,12 @@ with show_error("Could not build the masks"):
             "the Headmap page's last Stability run (most often removed by its resamples first); "
             f"Taylor scores the heads on the ID search {context.noun}",
         )
+        made = None  # the removals the chosen ranking's search made (None: every head ranked)
+        if strategy in ("circuit", "seed-sampling") and ranking_name != TAYLOR_NAME:
+            made = stable[3] if stable and ranking_name == stable[0] else greedy[ranking_name].steps
+        elif strategy == "circuits" and stored:
+            made = min(run.steps for run in stored.values())
+        default_b, default_k = member_defaults(total, made, strategy == "seed-sampling")
         c1, c2, c3, c4 = st.columns(4)
         if strategy == "taylor":
             per_layer = int(
@@ -153,7 +159,12 @@ with show_error("Could not build the masks"):
         else:
             budget = int(
                 c1.number_input(
-                    "B: heads to prune", 1, total - 1, max(1, min(total // 3, total - 1))
+                    "B: heads to prune",
+                    1,
+                    total - 1,
+                    default_b,
+                    help="Default: a third of the heads, within the removals the ranking's "
+                    "search made (half the pool K for seed sampling)",
                 )
             )
         if strategy == "seed-sampling":
@@ -162,19 +173,19 @@ with show_error("Could not build the masks"):
                     "K: pool of least useful heads",
                     1,
                     total,
-                    min(total, max(budget + 1, 2 * total // 3)),
+                    max(default_k, min(total, budget + 1)),
+                    help="Default: two thirds of the heads, within the removals the ranking's "
+                    "search made",
                 )
             )
             count = int(c3.number_input("M: members", 2, 16, 3))
             first_seed = int(c4.number_input("First seed", 0, 10_000, 0))
         if strategy in ("circuit", "seed-sampling") and ranking_name != TAYLOR_NAME:
-            made = stable[3] if stable and ranking_name == stable[0] else greedy[ranking_name].steps
             what = "stability run" if stable and ranking_name == stable[0] else "search"
             note = reach_note(made, budget, pool if strategy == "seed-sampling" else None, what)
             if note:
                 st.warning(note)
         elif strategy == "circuits" and stored:
-            made = min(run.steps for run in stored.values())
             if note := reach_note(made, budget, None, "shortest of the searches"):
                 st.warning(note)
         replace = st.checkbox("Replace the current members", value=True, key="replace-ranking")

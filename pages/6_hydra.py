@@ -26,6 +26,7 @@ from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
 from hydra_core.models.preprocess import describe
 from hydra_core.ood_scores import SCORES, rescore_report
+from hydra_ui.comparisons import ensembling_verdict
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
@@ -53,7 +54,7 @@ DIFFERENCES = {
     "ece": "ECE",
     "near_auroc": "AUROC near",
     "far_auroc": "AUROC far",
-    "all_auroc": "AUROC all",
+    "all_auroc": "AUROC all (mean of sets)",
     "all_fpr95": "FPR@95 all",
     "ood_mi": "MI (OOD)",
 }
@@ -170,6 +171,8 @@ def stage_label(stage: str, done: int, total: int, noun: str) -> str:
     kind, _, what = stage.partition(": ")
     if kind == STAGES["evaluate"]:
         return f"**Evaluation** of {what}: {done:,} of {total:,} report {noun}"
+    if kind == STAGES["temperature"]:
+        return f"**Temperature** fit: {done:,} of {total:,} ID search {noun} predicted"
     if kind == STAGES["finetune"]:
         return f"**Fine-tuning** {what}: step {done:,} of {total:,}"
     if kind == STAGES["macs"]:
@@ -262,6 +265,31 @@ def baseline_choices(context, running: bool, train_split: bool) -> list:
     else:
         st.caption("MC Dropout: this model has no dropout modules to sample.")
     return chosen
+
+
+#: the comparisons' columns shown first
+COMPARED_FIRST = ("all_auroc", "near_auroc", "far_auroc", "all_fpr95")
+
+
+def against_baselines(report, label: str) -> None:
+    """The fused ensemble minus each baseline, its unfused members and its best member, paired."""
+    st.subheader(f"{label} (fused) against the baselines and its best member")
+    table = report.comparisons(label, list(DIFFERENCES))
+    shown = format_intervals(table, signed=True).rename(columns=DIFFERENCES)
+    shown = shown.rename(
+        columns={"macs_ratio": "MACs ratio", "against_macs_ratio": "its MACs ratio"}
+    )
+    # the AUROCs first, in view without a sideways scroll; the fused system is the heading's
+    first = ["against", "role", *(DIFFERENCES[c] for c in COMPARED_FIRST)]
+    shown = shown[first + [c for c in shown if c not in first and c != "system"]]
+    table_with_download(shown, "hydra_against_baselines.csv", pinned=("against",))
+    st.caption(
+        "Fused ensemble minus the system named in *against*, on the same items, with the paired "
+        "95% interval; **(n.s.)**: the interval contains 0. The best member is the member with "
+        "the highest AUROC all (mean over the OOD sets). MACs ratios: multiply-adds over the "
+        "single model's."
+    )
+    st.markdown(ensembling_verdict(table, "all_auroc", "AUROC all (mean over the OOD sets)"))
 
 
 def uncertain_view(context, report) -> None:
@@ -464,7 +492,9 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         st.caption(
             "Accuracy, NLL, Brier, ECE and adaptive ECE on ID; AUROC, FPR@95, AUPR-In/Out "
             f"(OOD = positive, score = {SCORE_NAMES[report.setup.get('score', 'msp')]}) averaged "
-            "over near, far and all OOD sets; MI and "
+            "over near, far and all OOD sets (the mean of the per-set values, each set counting "
+            "alike; the ROC plot's pooled AUROC puts the items of all sets in one curve instead, "
+            "so it differs a little); MI and "
             "disagreement are the ensembles' diversity on ID and OOD. ± is half the width of the "
             f"95% bootstrap interval ({setup['bootstrap']['n_boot']} resamples of the report "
             f"{context.noun}, ID within each class, each OOD set within itself); the exact bounds "
@@ -490,6 +520,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     difference_plot(differences, column, metric_title=DIFFERENCES[column]),
                     f"hydra_difference_{column}",
                 )
+            against_baselines(report, setup["label"])
         with st.expander("Every metric per OOD set", expanded=True):
             table_with_download(format_intervals(report.table()), "hydra_metrics_per_set.csv")
 
@@ -521,10 +552,12 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     ["all", *ood_names],
                     format_func=lambda n: "all OOD sets pooled" if n == "all" else n,
                 )
+                pooled = where == "all"
                 figure_with_download(
                     roc_curves(
                         {s: roc_frame(report, s, where) for s in chosen},
-                        title=f"ROC, OOD = positive ({where})",
+                        title=f"ROC, OOD = positive ({'all OOD sets pooled' if pooled else where})",
+                        auroc_name="pooled AUROC" if pooled else "AUROC",
                     ),
                     f"hydra_roc_{where}",
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -203,3 +204,29 @@ def test_a_stopped_evidence_job_ends_as_stopped(app, monkeypatch):
     assert job.status == "stopped" and job.result is None
     assert any("stopped" in w.value for w in app.warning)
     assert not app.error
+
+
+def test_the_table_shows_every_value_before_the_intervals():
+    """The values of all columns come right after rank and head, so that the ones that reorder
+    the ranking are in view in a wide table; intervals, marks and per-column ranks follow."""
+    from hydra_core.analysis.evidence import COLUMNS
+    from hydra_ui.evidence import shown_table
+
+    class Found:
+        table = pd.DataFrame(
+            {"label": ["L0H0", "L0H1"], "agreed_rank": [2, 1], "mean_rank": [1.5, 1.0],
+             "disagreement": [0.0, 0.0], "disagrees": ["", ""]}
+        )  # fmt: skip
+        for c in COLUMNS:
+            table[c.key] = [0.1, 0.2]
+            table[f"rank_{c.key}"] = [2.0, 1.0]
+            table[f"{c.key}_lo"], table[f"{c.key}_hi"] = [0.0, 0.1], [0.2, 0.3]
+            table[f"{c.key}_significant"] = [False, True]
+
+        def columns(self):
+            return COLUMNS
+
+    shown = shown_table(Found())
+    names = [c.name for c in COLUMNS]
+    assert list(shown.columns[: 2 + len(names)]) == ["rank", "head", *names]
+    assert list(shown["head"]) == ["L0H1", "L0H0"]  # by agreed rank

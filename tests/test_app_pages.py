@@ -133,12 +133,14 @@ def test_headmap_measures_the_circuit_on_the_report_sets(app, setup, reference):
     app.run()
     assert not app.exception, [e.value for e in app.exception]
     shown = app.dataframe[-1].value
-    assert list(shown["set"][: len(OOD)]) == list(OOD)
+    assert list(shown["report set"][: len(OOD)]) == list(OOD)  # readable column names
+    assert {"AUROC, dense model", "AUROC, circuit"} <= set(shown.columns)
+    assert any(f"{N_REPORT:,} ID report images" in c.value for c in app.caption)
     result = app.session_state["results"]["jobs"]["search"].result
     loaded, _ = reference
     benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
     expected = auroc_changes(loaded, benchmark, result.keep_mask(), device="cpu")
-    first = shown["delta_auroc"].iloc[0]
+    first = shown["circuit - dense"].iloc[0]
     assert first.startswith(f"{expected['delta_auroc'].iloc[0]:+.4f}")
 
 
@@ -346,12 +348,28 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert list(differences.index) == systems[1:]
     for system in systems[1:]:
         found = report.difference(system, "single", "auroc", set="all")
-        cell = differences.loc[system, "AUROC all"]
+        cell = differences.loc[system, "AUROC all (mean of sets)"]
         assert cell.startswith(f"{found.value:+.4f}")
         assert cell.endswith("(n.s.)") == (not found.significant)
-    per_set = app.dataframe[2].value
+    # the fused ensemble against each baseline and its best member, paired
+    against = app.dataframe[2].value.set_index("against")
+    assert list(against.columns[:3]) == ["role", "AUROC all (mean of sets)", "AUROC near"]
+    best = report.best_member("Hydra")
+    assert list(against.index) == ["single", "Temperature Scaling", "MC Dropout (p=0.1, post hoc)",
+                                   "Hydra (unfused)", best]  # fmt: skip
+    assert best in ("Hydra: a", "Hydra: b") and against.loc[best, "role"] == "best member"
+    for other in against.index:
+        found = report.difference("Hydra (fused)", other, "auroc", set="all")
+        cell = against.loc[other, "AUROC all (mean of sets)"]
+        assert cell.startswith(f"{found.value:+.4f}")
+        assert cell.endswith("(n.s.)") == (not found.significant)
+    verdict = next(m.value for m in app.markdown if "minus its best member" in m.value)
+    assert f"**{best}**" in verdict and ("pruning, not the ensembling" in verdict) == (
+        not report.difference("Hydra (fused)", best, "auroc", "all").lo > 0
+    )
+    per_set = app.dataframe[3].value
     assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
-    cost = app.dataframe[3].value.set_index("system")
+    cost = app.dataframe[4].value.set_index("system")
     assert (cost["latency_ms"] > 0).all() and cost.loc["single", "params_ratio"] == 1
     # the progress named every stage; the last was the intervals
     job = app.session_state["results"]["jobs"]["hydra"]

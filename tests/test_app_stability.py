@@ -30,11 +30,29 @@ def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F8
     app.run()
     assert any("fewer than 300" in w.value for w in app.warning)  # 40 search images per side
     assert sum("fewer than 300" in w.value for w in app.warning) == 1  # said once
+    # before any search, the view says how to get its time; after one, the time itself
+    assert any("run the search above first" in c.value for c in app.caption)
+    button(app, "Run").click()
+    app.run()
+    finish_job(app, "search")
+    assert any("At B = 3 and budget 3: up to about" in c.value for c in app.caption)
+    app.number_input[0].set_value(5)  # past the saved search: its 2 more steps' time is said
+    app.run()
+    assert any("At budget 5: about" in c.value and "(2 steps;" in c.value for c in app.caption)
+    app.number_input[0].set_value(3)
+    app.run()
     button(app, "Run stability").click()
     app.run()
     finish_job(app, "stability")
     assert not app.error, [e.value for e in app.error]
-    run = app.session_state["results"]["jobs"]["stability"].result
+    job = app.session_state["results"]["jobs"]["stability"]
+    run = job.result
+    # one estimate for the whole run: its steps are those of all three stages, all done
+    assert job.info["stage"] == "stage 3 of 3, 3 resamples"
+    total = 8  # heads
+    search_units = sum(total - t for t in range(3))
+    assert job._total == pytest.approx(search_units * 4 + 4 * 0.25 / 0.75)
+    assert job.fraction() == 1.0 and job.eta_seconds() == 0.0
 
     loaded, inputs = reference
     strata = inputs.ood_strata()
@@ -162,3 +180,36 @@ def test_evidence_takes_the_frequencies_of_the_stability_run(app):  # noqa: F811
     found = app.session_state["results"]["jobs"]["evidence"].result
     keep = 1 - run.stability.frequency().numpy()
     np.testing.assert_array_equal(found.map("keep_frequency"), keep)
+
+
+def test_member_defaults_stay_within_the_search():
+    from hydra_ui.stability import member_defaults
+
+    assert member_defaults(72, 24, pooled=True) == (12, 24)  # the default search: no warning
+    assert member_defaults(72, 24, pooled=False) == (24, 0)
+    assert member_defaults(72, None, pooled=True) == (24, 48)  # Taylor ranks every head
+    assert member_defaults(72, 100, pooled=True) == (24, 48)  # the paper's 1/3 and 2/3
+    # too short a search for three distinct members within it: the paper's sizes (and a warning)
+    assert member_defaults(18, 2, pooled=True) == (6, 12)
+
+
+def test_masks_page_opens_with_defaults_its_search_reaches(app, reference):  # noqa: F811
+    from hydra_core.hydra.members import CIRCUIT_NAMES
+    from hydra_ui.context import disk_cache
+
+    loaded, inputs = reference
+    greedy_circuit(  # a search as the Headmap page saves it, of budget 4 on the 8-head model
+        loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x, objective="avg", budget=4,
+        cache=disk_cache(),
+    )  # fmt: skip
+    open_page(app, "pages/5_masks.py")
+    app.radio[0].set_value("seed-sampling")
+    app.selectbox[0].set_value(CIRCUIT_NAMES["avg"])
+    app.run()
+    assert not app.exception
+    values = {n.label.split(":")[0]: n.value for n in app.number_input}
+    assert (values["B"], values["K"]) == (2, 4)
+    assert not any("reach past" in w.value for w in app.warning)
+    next(n for n in app.number_input if n.label.startswith("K:")).set_value(5)
+    app.run()
+    assert any("reach past the 4 removals the search made" in w.value for w in app.warning)

@@ -534,6 +534,43 @@ def test_hub_names_offline_are_one_line_at_once(monkeypatch, capsys, model, what
     assert len(attempts) == 1  # one quick check, no retries
 
 
+def test_a_text_hub_name_offline_is_refused_before_the_imports(monkeypatch, capsys, tmp_path):
+    """``python -m hydra_core`` asks for the hub before importing torch and the commands: a
+    text model's hub name, offline and not in the local cache, is its one line at once (the
+    commands cannot even be imported here)."""
+    import sys
+
+    import huggingface_hub.constants
+
+    import hydra_core.__main__ as entry
+    from hydra_core.hub import early_refusal, text_hub_repo
+    from tests.conftest import block_network
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    attempts = block_network(monkeypatch)
+    monkeypatch.setitem(sys.modules, "hydra_core.cli", None)  # importing it would fail
+    model = "hf:textattack/bert-base-uncased-SST-2"
+    monkeypatch.setattr(sys, "argv", ["hydra_core", "eval", "--model", model, *DATA])
+    with pytest.raises(SystemExit) as stopped:
+        entry.run()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and len(err.strip().splitlines()) == 1
+    line = one_error_line(err)
+    assert "cannot load Hugging Face model 'textattack/bert-base-uncased-SST-2'" in line
+    assert "huggingface.co cannot be reached" in line and "minilm-sentiment" in line
+    assert len(attempts) == 1
+    # in the local cache, or not a text hub name: the loaders decide, after the imports
+    (tmp_path / "hub" / "models--textattack--bert-base-uncased-SST-2").mkdir(parents=True)
+    assert early_refusal(["eval", "--model", model]) is None
+    assert early_refusal(["eval", "--model=vit_small_patch16_224"]) is None
+    assert text_hub_repo("openclip:ViT-B-32/laion2b_s34b_b79k") is None
+    assert text_hub_repo("models/tiny.safetensors") is None
+    assert text_hub_repo("owner/name") == "owner/name"
+
+
 # --- cause 8: degenerate inputs ------------------------------------------------------------------
 
 
@@ -648,26 +685,47 @@ def wait_for_handler(pid: int, signum: int, timeout: float = 60.0) -> None:
 
 
 def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path):
+    """A real SIGINT while the command's modules are imported. The child stops at the import of
+    torch (after the entry point's handler is in place) and says so in a file; the signal is sent
+    then, so it lands in start-up on any machine, however loaded (a fixed sleep let a fast start
+    finish the command first, exit 0)."""
     import signal
     import subprocess
     import sys
     import time
     from pathlib import Path
 
+    ready = tmp_path / "importing-torch"
+    stop_at_torch = (
+        "import runpy, sys, time\n"
+        "from pathlib import Path\n"
+        "class Pause:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        f"            Path({str(ready)!r}).touch()\n"
+        "            while True:\n"
+        "                time.sleep(0.05)  # until the Ctrl-C\n"
+        "sys.meta_path.insert(0, Pause())\n"
+        "sys.argv = ['hydra_core', 'info', '--device', 'cpu']\n"
+        "runpy.run_module('hydra_core', run_name='__main__', alter_sys=True)\n"
+    )
     started = subprocess.Popen(
-        [sys.executable, "-m", "hydra_core", "info", "--device", "cpu"],
+        [sys.executable, "-c", stop_at_torch],
         cwd=Path(__file__).parent.parent,
         env={**__import__("os").environ, "HYDRA_LAB_CACHE": str(tmp_path / "cache")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for_handler(started.pid, signal.SIGINT)  # before it, SIGINT kills without Python
-    time.sleep(1.0)  # start-up (imports) takes longer: the signal lands in it, or just after
+    deadline = time.monotonic() + 120
+    while not ready.exists() and started.poll() is None:
+        assert time.monotonic() < deadline, "the command did not reach the import of torch"
+        time.sleep(0.02)
+    wait_for_handler(started.pid, signal.SIGTERM)  # the entry point's handlers are in place
     started.send_signal(signal.SIGINT)
     _, err = started.communicate(timeout=120)
     assert started.returncode == 130, err
-    assert "Traceback" not in err and err.strip().startswith("stopped")
+    assert "Traceback" not in err and err.strip() == "stopped while starting; nothing was done"
 
 
 def test_sigterm_during_a_report_stops_it_as_ctrl_c_does_and_leaves_no_staging_folder(

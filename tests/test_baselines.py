@@ -134,10 +134,13 @@ def test_every_stage_is_named_in_the_progress(loaded, benchmark, members):
     evaluated = ["single", "Hydra: m0", "Hydra: m1", "Hydra (fused)"]
     assert list(seen) == [
         *(f"evaluation: {name}" for name in evaluated),  # the unfused ensemble and temperature
-        "multiply-adds",  # scaling reuse these predictions
+        "temperature fit",  # scaling reuse these predictions; the fit predicts the ID search
+        "multiply-adds",  # split (a silent wait before)
         "latency",
         "intervals",
     ]
+    n_fit = len(benchmark.id_search)
+    assert seen["temperature fit"][-1] == (n_fit, n_fit)
     ends = [steps[-1] for stage, steps in seen.items() if stage.startswith("evaluation")]
     assert ends == [(items, items)] * len(evaluated)
     assert seen["latency"] == [(1, 3), (2, 3), (3, 3)]  # warm-up round, then the timed ones

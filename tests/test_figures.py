@@ -256,7 +256,10 @@ def test_reliability_roc_and_cost_figures():
     scatter = figures.cost_scatter(cost, x="macs", log_x=True)
     assert [t.name for t in scatter.data] == ["single", "Hydra"]
     assert list(scatter.data[1].x) == [2.5e6] and scatter.layout.xaxis.type == "log"
-    # room for the labels: the axes reach past the outermost points, labels are not clipped
+    # named in a legend and on hover (labels of close points overlapped), each its own shape
+    assert scatter.layout.showlegend and scatter.data[0].mode == "markers"
+    assert scatter.data[0].marker.symbol != scatter.data[1].marker.symbol
+    assert "single" in scatter.data[0].hovertemplate
     low, high = scatter.layout.xaxis.range
     assert low < 6 < np.log10(2.5e6) < high and scatter.data[0].cliponaxis is False
     y_low, y_high = scatter.layout.yaxis.range

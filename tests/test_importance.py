@@ -195,3 +195,21 @@ def test_page_shows_the_maps_and_correlations_the_command_writes(checkpoint, tmp
     table = next(d.value for d in app.dataframe if "criterion" in d.value.columns)
     spearman = pd.read_csv(written / "spearman.csv", index_col=0)
     pd.testing.assert_frame_equal(table.set_index("criterion"), spearman, check_names=False)
+
+
+def test_single_head_importance_reports_its_progress():
+    """The ablation of every head says how many heads it scored (the page's progress bar), and
+    gives the maps it gives without a callback."""
+    from hydra_core.analysis.greedy import single_head_importance
+    from tests.conftest import make_tiny_vit
+
+    model = make_tiny_vit(depth=2, num_heads=3)
+    generator = torch.Generator().manual_seed(0)
+    id_x, ood_x = torch.randn(12, 1, 16, 16, generator=generator), torch.randn(10, 1, 16, 16)
+    id_y = torch.randint(0, 5, (12,), generator=generator)
+    seen = []
+    found = single_head_importance(model, id_x, id_y, ood_x, progress=lambda *p: seen.append(p))
+    plain = single_head_importance(model, id_x, id_y, ood_x)
+    assert seen[-1] == (6, 6) and all(total == 6 for _, total in seen)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    torch.testing.assert_close(found["delta_auroc"], plain["delta_auroc"], equal_nan=True)

@@ -251,6 +251,30 @@ def test_paired_differences_between_systems(report):
         report.difference("nope", "single", "auroc")
 
 
+def test_hydra_against_each_baseline_and_its_best_member(report):
+    summary = report.summary().set_index("system")
+    members = ["Hydra: m0", "Hydra: m1", "Hydra: m2"]
+    best = max(members, key=lambda m: summary.loc[m, "all_auroc"])  # plain argmax
+    assert report.best_member("Hydra") == best
+    worst_nll = min(members, key=lambda m: summary.loc[m, "nll"])
+    assert report.best_member("Hydra", "nll") == worst_nll  # lower NLL is better
+    table = report.comparisons("Hydra", ["all_auroc", "nll"])
+    assert list(table["against"]) == ["single", "Taylor", "Deep Ensembles", "Hydra (unfused)", best]
+    assert list(table["role"]) == ["baseline"] * 3 + ["unfused", "best member"]
+    assert set(table["system"]) == {"Hydra (fused)"}
+    for row in table.itertuples():
+        expected = summary.loc["Hydra (fused)", "all_auroc"] - summary.loc[row.against, "all_auroc"]
+        assert row.all_auroc == pytest.approx(expected, abs=1e-12)
+        paired = report.difference("Hydra (fused)", row.against, "auroc", "all")
+        assert (row.all_auroc_lo, row.all_auroc_hi) == (paired.lo, paired.hi)
+        assert row.against_macs_ratio == report.cost.loc[row.against, "macs_ratio"]
+    assert (table["macs_ratio"] == report.cost.loc["Hydra (fused)", "macs_ratio"]).all()
+    with pytest.raises(KeyError, match="no summary columns"):
+        report.comparisons("Hydra", ["auroc"])
+    with pytest.raises(ValueError, match="no better direction"):
+        report.best_member("Hydra", "id_mi")
+
+
 def test_cost(report, loaded, members):
     cost = report.cost
     assert cost.loc["single", "params"] == count_params(loaded.model)

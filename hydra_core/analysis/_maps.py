@@ -154,9 +154,11 @@ def candidate_maps(
     shape: tuple[int, int],
     should_stop: Callable[[], bool] | None,
     heads: Collection[Head] | None = None,
+    scored: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accuracy, auroc), each (L, H, *scorer.extra) float64, NaN where a head is not a
-    candidate; ``heads``: score only these candidates (the guided search's), all when None."""
+    candidate; ``heads``: score only these candidates (the guided search's), all when None;
+    ``scored(n)`` after each pass, with the candidates scored so far (one process)."""
     if distributed.active():
         return _shared_candidate_maps(evaluator, scorer, shape, should_stop, heads)
     accuracy = torch.full((*shape, *scorer.extra), math.nan, dtype=torch.float64)
@@ -166,10 +168,14 @@ def candidate_maps(
         if heads is None
         else evaluator.candidate_logits(should_stop, set(heads))
     )
+    done = 0
     for heads, logits in found:
         acc, roc = scorer(logits)
         for i, (layer, head) in enumerate(heads):
             accuracy[layer, head], auroc[layer, head] = acc[i], roc[i]
+        done += len(heads)
+        if scored is not None:
+            scored(done)
     return accuracy, auroc
 
 

@@ -726,8 +726,10 @@ def single_head_importance(
     *,
     batch_size: int = 256,
     cache: DiskCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor | float]:
-    """The effect of ablating each head alone: one greedy step's worth of evaluations (fast path).
+    """The effect of ablating each head alone: one greedy step's worth of evaluations (fast path);
+    ``progress(heads scored, heads)`` as it goes (not for a result read from the cache).
 
     Returns:
         ``delta_accuracy``, ``delta_auroc``, ``delta_avg``: (L, H) float64 maps of the score with
@@ -754,7 +756,9 @@ def single_head_importance(
         scorer = Scorer(id_y, len(id_x))
         evaluator = _fast_evaluator(model, inputs, batch_size)
         base_acc, base_roc = (float(v[0]) for v in scorer(evaluator.logits[None]))
-        acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, None)
+        heads = layout.total_heads
+        scored = None if progress is None else lambda done: progress(min(done, heads), heads)
+        acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, None, scored)
     with torch.inference_mode(False):
         acc_map, roc_map = acc_map.clone(), roc_map.clone()
     result = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from hydra_core.baselines.mc_dropout import MCDropout, dropout_rate
 from hydra_core.baselines.shared_backbone import (
@@ -22,7 +23,7 @@ from hydra_core.baselines.temperature import (
 )
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.provenance import ChosenOn
-from hydra_core.hydra.experiment import Run, System
+from hydra_core.hydra.experiment import STAGES, Run, System
 from hydra_core.hydra.systems import SystemInfo
 from hydra_core.models.adapter import head_layout
 from hydra_core.training.top import TopFinetuneConfig
@@ -94,6 +95,9 @@ class TemperatureBaseline(System):
                 run.loaded.preprocess,
                 device=run.device,
                 batch_size=run.options["batch_size"],
+                progress=None
+                if run.progress is None
+                else partial(run.progress, STAGES["temperature"]),
             ),
         )
         scaled = TemperatureScaled(run.model, self.temperature)

@@ -39,11 +39,18 @@ def fitted_temperature(
     *,
     device: torch.device | str = "cpu",
     batch_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
 ) -> float:
     """The temperature minimising the NLL of ``model``'s logits on ``inputs`` (raw items, turned
-    into model inputs by ``preprocess``) with ``labels``."""
+    into model inputs by ``preprocess``) with ``labels``; ``progress(done, total)`` after each
+    batch predicted."""
     logits = predict(
-        callable_model(model), inputs, preprocess, device=device, batch_size=batch_size
+        callable_model(model),
+        inputs,
+        preprocess,
+        device=device,
+        batch_size=batch_size,
+        progress=progress,
     )
     return fit_temperature(logits.float().cpu(), labels.cpu())
 

@@ -58,6 +58,7 @@ from hydra_core.types import StageProgress
 STAGES = {
     "finetune": "fine-tuning",
     "evaluate": "evaluation",
+    "temperature": "temperature fit",
     "macs": "multiply-adds",
     "latency": "latency",
     "intervals": "intervals",

@@ -240,6 +240,77 @@ class SystemsReport:
             rows.append(row)
         return pd.DataFrame(rows, columns=["system", "kind", *interval_columns(chosen)])
 
+    def best_member(self, label: str = "Hydra", column: str = "all_auroc") -> str:
+        """The member of the ensemble ``label`` with the best value of a summary column (highest
+        where higher is better, e.g. the all-OOD AUROC; lowest for NLL, ECE, FPR@95)."""
+        members = [
+            name
+            for name, info in self.info.items()
+            if info.kind == "member" and name.startswith(f"{label}: ")
+        ]
+        if not members:
+            raise KeyError(f"the ensemble {label!r} has no member systems in this report")
+        metric, _ = SUMMARY_METRICS[column]
+        higher = metrics.METRICS[metric].higher_is_better
+        if higher is None:
+            raise ValueError(f"{column} has no better direction to pick a best member by")
+        values = self.summary().set_index("system")[column].loc[members]
+        return str(values.idxmax() if higher else values.idxmin())
+
+    def comparisons(
+        self,
+        label: str = "Hydra",
+        columns: Sequence[str] | None = None,
+        *,
+        best_by: str = "all_auroc",
+    ) -> pd.DataFrame:
+        """The fused ensemble ``label`` against each other system a reader weighs it against:
+        the single model, every baseline (pruned single models, Deep Ensembles, MC Dropout,
+        temperature scaling), its members run one by one (unfused), and its best member (by
+        ``best_by``; see :meth:`best_member`). One row per comparison, ``system`` = the fused
+        ensemble, ``against`` = the other system, ``role`` = "baseline", "unfused" or "best
+        member"; each summary column ``c`` holds fused minus other with its paired 95% interval
+        (``c_lo``, ``c_hi``), as :meth:`differences`; with the cost measured, ``macs_ratio`` and
+        ``against_macs_ratio``: each system's multiply-adds over the single model's.
+
+        Where the best member matches the fused ensemble (an interval containing 0) at a
+        fraction of its cost, the pruning, not the ensembling, bought the gain over the single
+        model."""
+        fused = self.find(label, "fused")
+        chosen = list(SUMMARY_METRICS if columns is None else columns)
+        unknown = [c for c in chosen if c not in SUMMARY_METRICS]
+        if unknown:
+            raise KeyError(
+                f"no summary columns {unknown}; expected some of {list(SUMMARY_METRICS)}"
+            )
+        baseline_kinds = ("single", "pruned", "deep-ensemble", "mc-dropout", "temperature")
+        against = [(s, "baseline") for s in self.systems if self.info[s].kind in baseline_kinds]
+        against += [(s, "unfused") for s in self.systems if s == system_name(label, "unfused")]
+        try:
+            against.append((self.best_member(label, best_by), "best member"))
+        except KeyError:
+            pass  # an ensemble without member rows (a report read back in part)
+        ratios = None
+        if self.cost is not None and "macs_ratio" in self.cost:
+            ratios = self.cost["macs_ratio"]
+        rows = []
+        for other, role in against:
+            row = {"system": fused, "against": other, "role": role}
+            for column in chosen:
+                metric, which = SUMMARY_METRICS[column]
+                found = self.difference(fused, other, metric, which)
+                row.update(
+                    {column: found.value, f"{column}_lo": found.lo, f"{column}_hi": found.hi}
+                )
+            if ratios is not None:
+                row["macs_ratio"] = ratios.get(fused, math.nan)
+                row["against_macs_ratio"] = ratios.get(other, math.nan)
+            rows.append(row)
+        extra = ["macs_ratio", "against_macs_ratio"] if ratios is not None else []
+        return pd.DataFrame(
+            rows, columns=["system", "against", "role", *interval_columns(chosen), *extra]
+        )
+
     def reliability(self, system: str, n_bins: int = 15) -> pd.DataFrame:
         """Reliability-diagram data of a system on the ID set (equal-width confidence bins)."""
         ev = self._evaluation(system)

@@ -19,7 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from hydra_core.errors import InputError
-from hydra_core.hub import from_hub
+from hydra_core.hub import TEXT_OFFLINE_HINT, from_hub
 from hydra_core.models.text import MAX_TOKENS, SUPPORTED, TextClassifier, TextPreprocess
 
 #: ``model_type`` in config.json -> the classifier Hydra Lab builds for it
@@ -34,10 +34,7 @@ HUB_NAME_PREFIXES = ("bert", "roberta", "distilbert", "distilroberta", "mpnet", 
 #: a folder holds its tokenizer in one of these (transformers' AutoTokenizer makes an empty one
 #: from config.json alone, which turns every word into [UNK])
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model")
-OFFLINE_HINT = (
-    "offline, use --model minilm-sentiment or a local folder with config.json, the weights and "
-    "the tokenizer files (save_pretrained)"
-)
+OFFLINE_HINT = TEXT_OFFLINE_HINT
 
 
 @dataclass(frozen=True)

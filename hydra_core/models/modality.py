@@ -76,7 +76,8 @@ class Modality:
             arguments (:func:`~hydra_core.data.benchmark.folder_benchmark` or
             :func:`~hydra_core.data.benchmark.text_file_benchmark`, adapted).
         surface_features: (a set, the model's preprocess or None) -> (N, F) surface features
-            of its items as the model sees them, what a shortcut classifier sees (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
+            of its items as the model sees them, what a shortcut classifier sees
+            (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
         surface_feature_names: the F features' names.
     """
 

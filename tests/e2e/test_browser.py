@@ -198,13 +198,40 @@ def wait_idle(driver, timeout: float = PAGE_TIMEOUT) -> None:
         time.sleep(0.5)
 
 
+def on_fresh(driver, xpath: str, action, timeout: float = PAGE_TIMEOUT):
+    """``action(element)`` on the element matching ``xpath``, found again whenever a rerun of the
+    script replaced it in between (a StaleElementReferenceException), until ``timeout``: the
+    page's reruns are waited for, never slept through."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        element = wait_for(driver, xpath, max(1.0, deadline - time.monotonic()))
+        try:
+            return action(element)
+        except StaleElementReferenceException:
+            assert time.monotonic() < deadline, f"{xpath} kept being redrawn for {timeout} s"
+
+
+def texts(driver, by: str, selector: str, timeout: float = PAGE_TIMEOUT) -> list[str]:
+    """The texts of every element matching, read again if a rerun replaced one meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return [e.text for e in driver.find_elements(by, selector)]
+        except StaleElementReferenceException:
+            assert time.monotonic() < deadline, f"{selector} kept being redrawn for {timeout} s"
+
+
 def no_errors(driver) -> None:
     from selenium.webdriver.common.by import By
 
-    problems = driver.find_elements(
-        By.CSS_SELECTOR, "[data-testid='stException'], [data-testid='stAlertContentError']"
+    problems = texts(
+        driver, By.CSS_SELECTOR, "[data-testid='stException'], [data-testid='stAlertContentError']"
     )
-    assert not problems, [p.text for p in problems]
+    assert not problems, problems
 
 
 def button(label: str) -> str:
@@ -212,9 +239,11 @@ def button(label: str) -> str:
 
 
 def click(driver, xpath: str) -> None:
-    element = wait_for(driver, xpath)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
-    element.click()
+    def scroll_and_click(element) -> None:
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+        element.click()
+
+    on_fresh(driver, xpath, scroll_and_click)
 
 
 def open_page(driver, title: str) -> None:
@@ -226,9 +255,60 @@ def open_page(driver, title: str) -> None:
 def type_into(driver, label: str, text: str) -> None:
     from selenium.webdriver.common.keys import Keys
 
-    field = wait_for(driver, f"//input[@aria-label='{label}']")
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(text, Keys.ENTER)
+    def select_and_type(field) -> None:
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(text, Keys.ENTER)
+
+    on_fresh(driver, f"//input[@aria-label='{label}']", select_and_type)
+
+
+#: what must fit the main column: figures (their drawn canvas or SVG) and tables
+FITTED = (
+    "[data-testid='stPlotlyChart'] .main-svg, [data-testid='stVegaLiteChart'] canvas, "
+    "[data-testid='stVegaLiteChart'] svg.marks, [data-testid='stDataFrame'], "
+    "[data-testid='stTable'] table, [data-testid='stImage'] img"
+)
+
+
+def overflowing(driver) -> list[str]:
+    """Figures and tables that reach past the right edge of the page's main column (cut off or
+    behind a sideways scroll of the page), each as "what: its right edge > the column's"."""
+    return driver.execute_script(
+        """
+        const main = document.querySelector('[data-testid="stMainBlockContainer"]')
+            || document.querySelector('[data-testid="stMain"]');
+        const right = main.getBoundingClientRect().right + 2;
+        const out = [];
+        for (const e of document.querySelectorAll(arguments[0])) {
+            const r = e.getBoundingClientRect();
+            if (r.width > 0 && r.right > right) {
+                const box = e.closest('[data-testid]');
+                const text = (box && box.innerText || '').trim();
+                const title = text.split(String.fromCharCode(10))[0].slice(0, 60);
+                out.push(`${box ? box.dataset.testid : e.tagName} (${title}): ` +
+                         `${Math.round(r.right)} > ${Math.round(right)}`);
+            }
+        }
+        return out;
+        """,
+        FITTED,
+    )
+
+
+#: screenshot name -> what overflowed in it; each walk asserts at its end that it stayed empty
+#: (so that one overflow does not hide the pages after it)
+OVERFLOWS: dict[str, list[str]] = {}
+
+
+def all_fitted(walk: str) -> None:
+    """No screenshot of this walk showed a figure or table past the page's right edge; what did
+    is in e2e-artifacts/overflow-<walk>.json."""
+    found = dict(OVERFLOWS)
+    OVERFLOWS.clear()
+    if found:
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / f"overflow-{walk}.json").write_text(json.dumps(found, indent=1))
+    assert not found, f"past the page's right edge: {found}"
 
 
 #: what shows once the mouse is on a point: Plotly's hover label, Vega-Lite's tooltip picture
@@ -248,7 +328,6 @@ def screenshot(
     window made taller so that more of the page shows; with the mouse on the element ``hover``
     (an XPath), and what hovering shows (``shown``, an XPath) on screen, when given."""
     from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
     driver.set_window_size(WINDOW[0], height)
@@ -258,16 +337,21 @@ def screenshot(
         "if (main) main.scrollTo(0, 0); window.scrollTo(0, 0);"
     )
     if start is not None:
-        driver.execute_script(
-            "arguments[0].scrollIntoView({block: 'start'});", driver.find_element(By.XPATH, start)
+        on_fresh(
+            driver,
+            start,
+            lambda e: driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", e),
         )
     if hover is not None:
         time.sleep(0.5)  # the scroll settles before the mouse moves
-        ActionChains(driver).move_to_element(driver.find_element(By.XPATH, hover)).perform()
+        on_fresh(driver, hover, lambda e: ActionChains(driver).move_to_element(e).perform())
         wait_for(driver, shown)
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))
+    problems = overflowing(driver)  # at the screenshot's size: what it shows is what is checked
     driver.set_window_size(*WINDOW)
+    if problems:
+        OVERFLOWS[name] = problems
     return path
 
 
@@ -286,7 +370,7 @@ def refused_on_apply(driver, message: str) -> None:
     error = "//*[@data-testid='stAlertContentError']"
     wait_for(driver, f"{error}[contains(., '{message}')]")
     wait_idle(driver)
-    errors = [e.text for e in driver.find_elements(By.XPATH, error)]
+    errors = texts(driver, By.XPATH, error)
     assert len(errors) == 1 and "\n" not in errors[0].strip(), errors
     assert not driver.find_elements(By.CSS_SELECTOR, "[data-testid='stException']")
     details = "//*[@data-testid='stExpander'][contains(., 'Details')]"
@@ -298,9 +382,11 @@ def clear_field(driver, xpath: str) -> None:
     """Empty a text field (without Enter, which would submit the setup form)."""
     from selenium.webdriver.common.keys import Keys
 
-    field = wait_for(driver, xpath)
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.DELETE)
+    def select_and_delete(field) -> None:
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.DELETE)
+
+    on_fresh(driver, xpath, select_and_delete)
 
 
 def bad_folders_refused(driver, nowhere: Path) -> None:
@@ -313,8 +399,9 @@ def bad_folders_refused(driver, nowhere: Path) -> None:
     refused_on_apply(driver, f"the ID folder {nowhere} does not exist")
     screenshot(driver, "setup-bad-folder", 1100, start=button("Apply"))  # the error, the card
     clear_field(driver, id_field)
+    wait_idle(driver)  # the rerun the emptied field may start is over before the next field
     click(driver, ood_field)
-    wait_for(driver, ood_field).send_keys(f"near: {nowhere}")
+    on_fresh(driver, ood_field, lambda field: field.send_keys(f"near: {nowhere}"))
     refused_on_apply(driver, f"the OOD folder {nowhere} does not exist")
     clear_field(driver, ood_field)
     click(driver, button("Apply"))
@@ -374,11 +461,20 @@ def pick_a_head(driver) -> str:
         "((//*[@data-testid='stPlotlyChart'])[1]//*[contains(@class, 'scatterlayer')]"
         "//*[local-name()='path'][contains(@class, 'point')])[8]"
     )
+    from selenium.common.exceptions import StaleElementReferenceException
+
     wait_for(driver, "(//*[@data-testid='stPlotlyChart'])[1]//*[contains(@class, 'heatmaplayer')]")
-    element = driver.find_element(By.XPATH, point)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
-    time.sleep(0.5)
-    ActionChains(driver).move_to_element(driver.find_element(By.XPATH, point)).click().perform()
+    deadline = time.monotonic() + PAGE_TIMEOUT
+    while True:  # found again when a rerun redrew the map in between
+        try:
+            element = driver.find_element(By.XPATH, point)
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+            time.sleep(0.5)  # the scroll settles before the mouse moves
+            element = driver.find_element(By.XPATH, point)
+            ActionChains(driver).move_to_element(element).click().perform()
+            break
+        except StaleElementReferenceException:
+            assert time.monotonic() < deadline, "the head map kept being redrawn"
     caption = wait_for(driver, "//*[contains(., 'picked: ')][@data-testid='stCaptionContainer']")
     wait_idle(driver)
     return re.search(r"picked: (L\d+H\d+)", caption.text).group(1)
@@ -396,7 +492,7 @@ def build_masks(driver, shot: str | None = None) -> None:
 
 
 #: the stages the Hydra page's progress names (pages/6_hydra.py, stage_label)
-HYDRA_STAGES = ("Evaluation", "Fine-tuning", "Cost", "Latency", "Intervals")
+HYDRA_STAGES = ("Evaluation", "Temperature", "Fine-tuning", "Cost", "Latency", "Intervals")
 
 
 def assemble_hydra(
@@ -414,6 +510,7 @@ def assemble_hydra(
         wait_idle(driver)
     click(driver, button("Assemble and evaluate"))
     start, labels = time.monotonic(), []
+    moved = start  # when the bar last said something new (the times it shows aside)
     while not driver.find_elements(By.XPATH, f"//h3[contains(., '{ready}')]"):
         for bar in driver.find_elements(By.CSS_SELECTOR, "[data-testid='stProgress']"):
             try:
@@ -421,8 +518,12 @@ def assemble_hydra(
             except StaleElementReferenceException:
                 continue  # redrawn by the fragment in between
             if text and (not labels or labels[-1] != text):
+                if not labels or labels[-1].split(" · ")[0] != text.split(" · ")[0]:
+                    moved = time.monotonic()
                 labels.append(text)
-        assert time.monotonic() - start < timeout, f"no {ready} after {timeout} s: {labels[-3:]}"
+        # a loaded machine makes the work slow, not stuck: what fails is a bar that stands still
+        still = time.monotonic() - moved
+        assert still < timeout, f"no {ready}; no progress for {still:.0f} s: {labels[-3:]}"
         time.sleep(0.5)
     seconds = time.monotonic() - start
     wait_idle(driver)
@@ -447,6 +548,7 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
 
     from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
+    OVERFLOWS.clear()
     driver = browser
     driver.get(url)
     wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
@@ -486,9 +588,21 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
     screenshot(driver, "representations", 1250, start=layers, hover=point, shown=VEGA_PICTURE)
     picture = driver.find_element(By.XPATH, VEGA_PICTURE).get_attribute("src")
     assert picture.startswith("data:image/png;base64,")
+    # the most and least important heads side by side: both panels and the legend on the page
+    click(driver, "//*[@role='tab'][contains(., 'Most vs least important')]")
+    least = "//*[@data-testid='stVegaLiteChart']//*[local-name()='text'][starts-with(., 'least')]"
+    wait_for(driver, least)
+    wait_idle(driver)
+    no_errors(driver)
+    ranking = (
+        "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Ranking from the saved search']]"
+    )
+    screenshot(driver, "representations-most-least", 1250, start=ranking)
 
     build_masks(driver, "masks")
     seconds, stages = assemble_hydra(driver, TIMED_CALLS, "hydra", ready="Cost", height=2000)
+    against = "//h3[contains(., 'against the baselines and its best member')]"
+    screenshot(driver, "hydra-against", 1100, start=against)  # paired: Hydra - each baseline
     plots = "//*[@data-testid='stWidgetLabel'][.//p[normalize-space()='Systems in the plots']]"
     screenshot(driver, "hydra-figures", 1700, start=plots)  # reliability, ROC, cost
     timing = {"seconds": round(seconds, 1), "stages_shown": stages, "load": os.getloadavg()}
@@ -502,6 +616,7 @@ def test_setup_search_masks_hydra(server, browser, tmp_path):
             f"//*[@data-testid='stDataFrame' or @data-testid='stTable']"
             f"[contains(., '{system}')] | //*[contains(text(), '{system}')]",
         )
+    all_fitted("images")
 
 
 @pytest.mark.slow  # about 5-9 minutes on 2 cores: `make test-e2e` runs it, CI does not
@@ -509,6 +624,7 @@ def test_text_setup_search_representations_hydra(server, browser):
     """The same walk on the offline text default: MiniLM sentiment, Rotten Tomatoes and the text
     OOD sets."""
     url, _ = server
+    OVERFLOWS.clear()
     driver = browser
     driver.get(url)
     wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
@@ -553,6 +669,7 @@ def test_text_setup_search_representations_hydra(server, browser):
         start="//h3[contains(., 'Summary')]",
     )
     wait_for(driver, "//h3[contains(., 'Where the ensemble is most uncertain')]")
+    all_fitted("text")
 
 
 def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
@@ -563,6 +680,7 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     from tests.conftest import save_tiny_clip
 
     url, _ = server
+    OVERFLOWS.clear()
     driver = browser
     driver.get(url)
     wait_for(driver, "//h1[contains(., 'Setup')]", timeout=120)
@@ -615,6 +733,7 @@ def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     headmap_search(driver, "clip-image-headmap")
     rows = driver.find_elements("xpath", text_row)
     assert not rows, "the image-only heatmap shows a text row"
+    all_fitted("clip")
 
 
 @pytest.mark.parametrize(
