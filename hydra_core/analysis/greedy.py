@@ -758,7 +758,7 @@ def single_head_importance(
         base_acc, base_roc = (float(v[0]) for v in scorer(evaluator.logits[None]))
         heads = layout.total_heads
         scored = None if progress is None else lambda done: progress(min(done, heads), heads)
-        acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, None, scored)
+        acc_map, roc_map = candidate_maps(evaluator, scorer, layout.shape, None, scored=scored)
     with torch.inference_mode(False):
         acc_map, roc_map = acc_map.clone(), roc_map.clone()
     result = {
