@@ -526,15 +526,19 @@ def search_repeat(
 ) -> Benchmark:
     """``benchmark`` with its search split drawn again for repeat ``repeat``: another fixed
     subsample of ``n`` items of the ID search pool and of each search OOD pool (the same items in
-    another order when ``n`` takes them all); the report split stays."""
+    another order when ``n`` takes them all); the report split stays. Under the ``"synthetic"``
+    protocol the synthetic sets are made again from the new ID search items, with seed
+    ``repeat`` (``ood_pools`` is not used)."""
     from hydra_core.data.images import take
+    from hydra_core.data.synthetic import remade
 
     purpose = f"search-repeat-{repeat}"
-    return replace(
-        benchmark,
-        id_search=take(id_pool, n, purpose=purpose),
-        ood_search=tuple(take(pool, n, purpose=purpose) for pool in ood_pools),
-    )
+    id_search = take(id_pool, n, purpose=purpose)
+    if benchmark.protocol == "synthetic":
+        ood_search = remade(benchmark.ood_search, id_search, seed=repeat)
+    else:
+        ood_search = tuple(take(pool, n, purpose=purpose) for pool in ood_pools)
+    return replace(benchmark, id_search=id_search, ood_search=ood_search)
 
 
 def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
