@@ -69,6 +69,8 @@ def _checked_logits(logits: torch.Tensor, top_label: int) -> torch.Tensor:
 #: how the search AUROC combines its OOD search sets: ``pooled`` (one AUROC of ID against every OOD
 #: item at once), ``mean`` (the mean of the per-set AUROCs), ``min`` (the worst set's AUROC)
 OOD_AGGREGATES = ("pooled", "mean", "min")
+#: the aggregate the command line, the app and the reports use unless told otherwise
+DEFAULT_OOD_AGGREGATE = "pooled"
 
 
 def check_ood_aggregate(ood_aggregate: str) -> None:

@@ -100,11 +100,12 @@ def _search(args: argparse.Namespace) -> int:
     loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
     searched = search_data(args, inputs)
     data = (loaded.model, searched.id_x, searched.id_y, searched.ood_x)
+    sets = {"ood_sets": searched.ood_strata, "ood_aggregate": args.ood_aggregate}
     if distributed.is_main():
         warn_few_samples(searched)
     saved = None
     if distributed.is_main():  # the note on a saved search is rank 0's to print
-        saved = load_greedy(*data, args.objective, cache, args.method)
+        saved = load_greedy(*data, args.objective, cache, args.method, **sets)
     if saved is not None and saved.steps:
         if args.no_resume:
             note = f"starting over; the saved {saved.steps}-step search is kept unless this one "
@@ -135,9 +136,11 @@ def _search(args: argparse.Namespace) -> int:
         cache=cache,
         resume=not args.no_resume,
         progress=progress,
+        **sets,
     )
     bar.close()
     identity = {"model": loaded.identity(), "data": data_identity(benchmark, "search")}
+    identity["ood_aggregate"] = args.ood_aggregate
     if args.holdout is not None:  # the search chose on the rest of the search split
         identity["holdout"] = {"fraction": args.holdout, "seed": args.seed}
     found = None

@@ -218,6 +218,7 @@ def _build_members(
             cache=DiskCache(),
             batch_size=args.batch_size,
             progress=progress_bar(f"{CIRCUIT_NAMES[objective]} search"),
+            ood_aggregate=args.ood_aggregate,
         )
 
     if args.strategy == "circuits":

@@ -22,6 +22,7 @@ from hydra_core import distributed
 from hydra_core.analysis.holdout import FEW_SAMPLES, HeldOutCurve, held_out_curve, holdout_split
 from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
 from hydra_core.cli.common import read_result_file, shows_progress, warn, write_json
+from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout
 
 
@@ -65,6 +66,12 @@ class SearchData:
 
 def search_data(args: argparse.Namespace, inputs) -> SearchData:
     """The search inputs, cut into search and held-out parts under ``--holdout``."""
+    aggregate = getattr(args, "ood_aggregate", "pooled")
+    if aggregate != "pooled" and (args.holdout is not None or args.stability):
+        raise InputError(
+            f"--holdout and --stability score the pooled AUROC, not --ood-aggregate {aggregate}: "
+            "leave them out, or search with --ood-aggregate pooled"
+        )
     strata = inputs.ood_strata()
     if args.holdout is None:
         return SearchData(inputs.id_x, inputs.id_y, inputs.ood_x, strata)
@@ -230,7 +237,6 @@ def read_stability_result(
 ) -> tuple[StabilityResult, list]:
     """A stability result (``search --stability`` wrote it) of the loaded model, and the ranking
     of its search (for ties); another model's file is refused, an unreadable one named."""
-    from hydra_core.errors import InputError
 
     hint = "give the stability_<objective>.json that search --stability wrote"
 

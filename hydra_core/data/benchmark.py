@@ -69,6 +69,8 @@ from hydra_core.errors import InputError
 
 #: how OOD data is divided between head selection and the report (docs/search-protocols.md)
 PROTOCOLS = ("dedicated", "halves", "synthetic", "far-to-near", "near-to-far")
+#: the protocol the command line, the app and the reports use unless told otherwise
+DEFAULT_PROTOCOL = "dedicated"
 #: the protocols whose search sets are named sets or sets of your own (not halves, not synthetic)
 NAMED_SEARCH = ("dedicated", "far-to-near", "near-to-far")
 #: the leave-one-group-out protocols: the group that selects heads

@@ -154,6 +154,7 @@ class Pipeline:
         self.cache = cache or DiskCache()
         self.device = resolve_device(device)
         self.progress, self.log = progress, log
+        self.ood_aggregate = "pooled"  # how the searches' AUROC combines the OOD search sets
         self.seconds: dict[str, float] = {}
         self.started = time.perf_counter()
         self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -282,6 +283,8 @@ class Pipeline:
                 budget=budget,
                 cache=self.cache,
                 progress=on_step,
+                ood_sets=inputs.ood_sets,
+                ood_aggregate=self.ood_aggregate,
                 **sizes,
             )
 
@@ -448,7 +451,7 @@ class Pipeline:
         facts = {
             "created": self.created,
             "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-            "protocol": protocol_facts(self.benchmark, seeds),
+            "protocol": protocol_facts(self.benchmark, seeds, self.ood_aggregate),
             "model": self.loaded.card(),
             "model_description": self.loaded.description,
             "data": data.drop(columns="description").to_dict(orient="records"),
@@ -541,12 +544,15 @@ def search_repeat(
     return replace(benchmark, id_search=id_search, ood_search=ood_search)
 
 
-def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
+def protocol_facts(
+    benchmark: Benchmark, seeds: Mapping[str, object], ood_aggregate: str = "pooled"
+) -> dict:
     """``setup["protocol"]``: which samples selected heads and which were reported, and the
     run's ``seeds``."""
     return {
         "name": benchmark.protocol,
         "note": benchmark.protocol_note(),
+        "ood_aggregate": ood_aggregate,
         "search_ood": benchmark.search_names(),
         "report_ood": benchmark.report_names(),
         "id_search_n": len(benchmark.id_search),
