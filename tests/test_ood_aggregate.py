@@ -156,3 +156,15 @@ def test_bad_aggregate_or_sets_are_refused(data):
         greedy_circuit(model, id_x, id_y, ood_x, budget=1, ood_sets=sets[1:], ood_aggregate="min")
     with pytest.raises(ValueError, match="needs the OOD items"):
         Scorer(id_y, N_ID, None, "mean")
+
+
+def test_mean_equals_pooled_when_every_set_gives_as_many_items():
+    """Pooled AUROC is the per-set AUROCs' mean weighted by set size: on a balanced pool (what
+    search_inputs builds) ``mean`` and ``pooled`` are the same number, and only ``min`` differs."""
+    g = torch.Generator().manual_seed(1)
+    id_scores, ood_scores = torch.rand(3, 16, generator=g), torch.rand(3, 12, generator=g)
+    balanced = torch.tensor([0, 1, 2] * 4)
+    pooled = aggregate_auroc(id_scores, ood_scores, balanced, "pooled")
+    torch.testing.assert_close(aggregate_auroc(id_scores, ood_scores, balanced, "mean"), pooled)
+    unbalanced = torch.tensor([0] * 8 + [1] * 3 + [2])
+    assert not torch.allclose(aggregate_auroc(id_scores, ood_scores, unbalanced, "mean"), pooled)
