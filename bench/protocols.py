@@ -147,7 +147,8 @@ def markdown(table: pd.DataFrame, frame: pd.DataFrame, command: str) -> str:
         "# Search protocols: transfer to the near and the far report sets",
         "",
         f"CircOOD (objective `ood`, budget {first['budget']}) searched on "
-        f"{first['n_id_search']} ID + {first['n_ood_search']} OOD search items per repeat; "
+        f"{first['n_id_search']} ID + {first['n_ood_search']} OOD search items per repeat (the OOD "
+        "items balanced across the search sets); "
         "AUROC (MSP, x100) of the circuit minus the dense model on the protocol's report sets, "
         "near and far means. Mean over repeats with a Student t 95% interval over the repeats "
         "(each repeat's own paired bootstrap interval is in `protocols.csv`). A leave-one-group-"
@@ -173,6 +174,21 @@ def markdown(table: pd.DataFrame, frame: pd.DataFrame, command: str) -> str:
             f"{ci(r['far_lo'], r['far_hi'])} | {r['near_repeats'] or '-'} | "
             f"{r['far_repeats'] or '-'} |"
         )
+    per_set = frame[~frame["set"].str.contains("average")].pivot_table(
+        index="protocol", columns="set", values="delta_auroc", aggfunc="mean", sort=False
+    )
+    per_set = per_set.reindex([p for p in PROTOCOLS if p in per_set.index])
+    sets = [c for c in dict.fromkeys(frame["set"]) if c in per_set.columns]
+    lines += [
+        "",
+        "Per report set, mean over repeats (x100):",
+        "",
+        "| protocol | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
+    for name, row in per_set.iterrows():
+        cells = [fmt(100 * row[c]) if c in row else "-" for c in sets]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +208,11 @@ def main() -> int:
     out = Path(args.out or "docs/report/protocols" + ("" if args.model == "default" else "/text"))
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "protocols.csv"
-    command = "python bench/protocols.py " + " ".join(sys.argv[1:])
+    command = (  # the run's command (a --table-only or --merge call rewrites the same table)
+        f"HYDRA_LAB_CACHE=/work/cache nice -n 10 python bench/protocols.py --model {args.model} "
+        f"--n-search {args.n_search} --n-report {args.n_report} --budget {args.budget} "
+        f"--repeats {args.repeats}"
+    )
     frame = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
     for extra in args.merge:  # the CSVs of runs that measured other protocols in parallel
         frame = pd.concat([frame, pd.read_csv(extra)], ignore_index=True)
