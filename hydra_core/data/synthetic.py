@@ -181,7 +181,7 @@ def synthetic_sets(source: DataSet, names: tuple[str, ...], *, seed: int = 0) ->
 
 
 def synthetic_search(
-    id_search: DataSet, reported: list, names: tuple[str, ...] | None
+    id_search: DataSet, reported: list, names: tuple[str, ...] | None, *, seed: int = 0
 ) -> list[DataSet]:
     """The search sets of protocol ``"synthetic"``: ``names`` (None: every one of the items' kind)
     made from ``id_search``, the ID search part and nothing else. A made-up text that is also an
@@ -189,7 +189,7 @@ def synthetic_search(
     has two roles."""
     texts = isinstance(id_search, TextSet)
     names = tuple(names or (TEXT_SYNTHETIC if texts else IMAGE_SYNTHETIC))
-    made = list(synthetic_sets(id_search, names))
+    made = list(synthetic_sets(id_search, names, seed=seed))
     if not texts:
         return made
     known = {text_key(t) or t for other in (id_search, *reported) for t in other.texts}
@@ -200,8 +200,9 @@ def synthetic_search(
     return kept
 
 
-def remade(made: tuple, source: DataSet, *, seed: int) -> tuple:
+def remade(made: tuple, source: DataSet, reported: list, *, seed: int) -> tuple:
     """The synthetic sets ``made`` (as :func:`synthetic_sets` named them) made again from
-    ``source`` with ``seed``: another search subsample's."""
+    ``source`` with ``seed``, as :func:`synthetic_search` makes them: another search
+    subsample's."""
     names = tuple(s.name.removeprefix("synthetic_") for s in made)
-    return synthetic_sets(source, names, seed=seed)
+    return tuple(synthetic_search(source, reported, names, seed=seed))

@@ -538,7 +538,8 @@ def search_repeat(
     purpose = f"search-repeat-{repeat}"
     id_search = take(id_pool, n, purpose=purpose)
     if benchmark.protocol == "synthetic":
-        ood_search = remade(benchmark.ood_search, id_search, seed=repeat)
+        reported = [benchmark.id_report, *benchmark.ood_report]
+        ood_search = remade(benchmark.ood_search, id_search, reported, seed=repeat)
     else:
         ood_search = tuple(take(pool, n, purpose=purpose) for pool in ood_pools)
     return replace(benchmark, id_search=id_search, ood_search=ood_search)
