@@ -112,31 +112,46 @@ def measure(loaded, name: str, repeat: int, args, cache) -> list[dict]:
     ]
 
 
-def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per protocol and group (near, far): the mean change over repeats with a t interval."""
+def t_interval(values) -> tuple[float, float, float]:
+    """Mean and Student t 95% interval over repeats (NaN bounds for one repeat)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    half = T_975.get(len(values) - 1, 1.96) * sd / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def group_changes(frame: pd.DataFrame, name: str, label: str) -> dict[int, float]:
+    """Repeat -> the protocol's change (x100) of one group average."""
+    mine = frame[(frame["protocol"] == name) & (frame["set"] == label)]
+    return {
+        int(r): 100 * float(d) for r, d in zip(mine["repeat"], mine["delta_auroc"], strict=True)
+    }
+
+
+def summary(frame: pd.DataFrame, reference: str = "pooled") -> pd.DataFrame:
+    """Per protocol and group (near, far): the mean change over repeats with a t interval, and
+    the paired difference to ``reference`` (same repeat: same ID search items, same report
+    items) with its t interval over repeats."""
     rows = []
     for name in [p for p in PROTOCOLS if p in set(frame["protocol"])]:
         mine = frame[frame["protocol"] == name]
         row = {"protocol": name, "searched_on": mine["searched_on"].iloc[0]}
         row["repeats"] = int(mine["repeat"].nunique())
         for group, label in (("near", "near-OOD average"), ("far", "far-OOD average")):
-            values = mine.loc[mine["set"] == label, "delta_auroc"].to_numpy() * 100
-            if len(values) == 0:
-                row[f"{group}_delta"] = row[f"{group}_lo"] = row[f"{group}_hi"] = math.nan
-                row[f"{group}_repeats"] = ""
-                continue
-            mean = float(values.mean())
-            half = (
-                T_975.get(len(values) - 1, 1.96) * float(values.std(ddof=1)) / len(values) ** 0.5
-                if len(values) > 1
-                else math.nan
+            changes = group_changes(frame, name, label)
+            base = group_changes(frame, reference, label)
+            row[f"{group}_delta"], row[f"{group}_lo"], row[f"{group}_hi"] = t_interval(
+                list(changes.values())
             )
-            row[f"{group}_delta"], row[f"{group}_lo"], row[f"{group}_hi"] = (
-                mean,
-                mean - half,
-                mean + half,
-            )
-            row[f"{group}_repeats"] = "; ".join(f"{v:+.2f}" for v in values)
+            row[f"{group}_repeats"] = "; ".join(f"{v:+.2f}" for v in changes.values())
+            paired = [changes[r] - base[r] for r in changes if r in base]
+            d = t_interval(paired)
+            row[f"{group}_vs_{reference}"], row[f"{group}_vs_lo"], row[f"{group}_vs_hi"] = d
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -152,13 +167,15 @@ def markdown(table: pd.DataFrame, frame: pd.DataFrame, command: str) -> str:
         "AUROC (MSP, x100) of the circuit minus the dense model on the protocol's report sets, "
         "near and far means. Mean over repeats with a Student t 95% interval over the repeats "
         "(each repeat's own paired bootstrap interval is in `protocols.csv`). A leave-one-group-"
-        "out protocol is not reported on the group it searched on (`-`).",
+        "out protocol is not reported on the group it searched on (`-`). *vs pooled*: the "
+        "protocol's change minus pooled's in the same repeat (same ID search items, same report "
+        "items), mean and t interval over the repeats.",
         "",
         f"Command: `{command}`",
         "",
         "| protocol | searched on | repeats | near Δ | near 95% CI | far Δ | far 95% CI | "
-        "near per repeat | far per repeat |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "near per repeat | far per repeat | near vs pooled | far vs pooled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(v: float) -> str:
@@ -167,12 +184,18 @@ def markdown(table: pd.DataFrame, frame: pd.DataFrame, command: str) -> str:
     def ci(lo: float, hi: float) -> str:
         return "-" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]"
 
+    def versus(r: dict, group: str) -> str:
+        value = r[f"{group}_vs_pooled"]
+        if math.isnan(value):
+            return "-"
+        return f"{fmt(value)} {ci(r[f'{group}_vs_lo'], r[f'{group}_vs_hi'])}"
+
     for r in table.to_dict("records"):
         lines.append(
             f"| {r['protocol']} | {r['searched_on']} | {r['repeats']} | {fmt(r['near_delta'])} "
             f"| {ci(r['near_lo'], r['near_hi'])} | {fmt(r['far_delta'])} | "
             f"{ci(r['far_lo'], r['far_hi'])} | {r['near_repeats'] or '-'} | "
-            f"{r['far_repeats'] or '-'} |"
+            f"{r['far_repeats'] or '-'} | {versus(r, 'near')} | {versus(r, 'far')} |"
         )
     per_set = frame[~frame["set"].str.contains("average")].pivot_table(
         index="protocol", columns="set", values="delta_auroc", aggfunc="mean", sort=False

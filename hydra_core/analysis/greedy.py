@@ -9,6 +9,10 @@ logits so that equal counts tie exactly:
   P(msp_ood < msp_id) + 0.5 P(msp_ood == msp_id);
 - ``"avg"``: S_avg = (S_acc + S_ood) / 2.
 
+With several OOD search sets, ``ood_aggregate`` says how S_ood combines them: ``"pooled"`` (one
+AUROC against all OOD items, the default), ``"mean"`` or ``"min"`` of one AUROC per set
+(``ood_sets`` names each OOD item's set; docs/search-protocols.md).
+
 Ties go to the lowest (layer, head). Two implementations give the same choices:
 ``method="plain"`` runs the whole model under :func:`ablate` per candidate (the reference);
 ``method="fast"`` recomputes only the layers after the candidate's, shares its layer's attention
