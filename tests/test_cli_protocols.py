@@ -99,3 +99,9 @@ def test_report_refuses_a_protocol_for_the_zero_shot_task(capsys):
     args = ["report", "--task", "zero-shot", "--protocol", "synthetic", "--out", "x"]
     assert main(args) == 2
     assert "--protocol and --ood-aggregate apply to" in capsys.readouterr().err
+
+
+def test_only_the_commands_that_search_take_the_aggregate(checkpoint, capsys):
+    args = ["importance", "--model", checkpoint, *DATA, "--ood-aggregate", "min"]
+    assert main(args) == 2  # importance scores single heads on the pooled AUROC
+    assert "unrecognized arguments: --ood-aggregate" in capsys.readouterr().err

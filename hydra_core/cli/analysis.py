@@ -20,6 +20,7 @@ from hydra_core import distributed
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
     add_analysis_arguments,
+    add_ood_aggregate_argument,
     add_other_weights_argument,
     command,
     head_map_frame,
@@ -45,6 +46,7 @@ from hydra_core.outputs import data_identity
 
 def _search_arguments(p: argparse.ArgumentParser) -> None:
     add_analysis_arguments(p)
+    add_ood_aggregate_argument(p)
     p.add_argument(
         "--objective",
         default="avg",

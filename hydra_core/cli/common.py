@@ -142,7 +142,6 @@ def add_data_arguments(
 ) -> None:
     """--n-search/--n-report/--ood/--search-ood/--protocol and folders: which images the command
     uses, and in which role."""
-    from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE, OOD_AGGREGATES
     from hydra_core.data.benchmark import DEFAULT_PROTOCOL, PROTOCOLS
     from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
     from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
@@ -189,14 +188,6 @@ def add_data_arguments(
         "group's report sets are reported on; halves: one half of each report set, reporting on "
         "the other half, so the search sees the reported distributions (optimistic OOD numbers; "
         "a warning says so) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--ood-aggregate",
-        default=DEFAULT_OOD_AGGREGATE,
-        choices=OOD_AGGREGATES,
-        help="how the search's AUROC combines its OOD search sets: pooled (one AUROC of ID "
-        "against all of them at once), mean (the mean of one AUROC per set) or min (the worst "
-        "set's AUROC) (default: %(default)s)",
     )
     p.add_argument(
         "--id-folder",
@@ -479,4 +470,18 @@ def add_search_protocol_arguments(p: argparse.ArgumentParser) -> None:
         choices=OOD_AGGREGATES,
         help="how the searches' AUROC combines the OOD search sets: pooled, mean or min "
         f"(default: {DEFAULT_OOD_AGGREGATE})",
+    )
+
+
+def add_ood_aggregate_argument(p: argparse.ArgumentParser) -> None:
+    """--ood-aggregate, for the commands that run greedy searches."""
+    from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE, OOD_AGGREGATES
+
+    p.add_argument(
+        "--ood-aggregate",
+        default=DEFAULT_OOD_AGGREGATE,
+        choices=OOD_AGGREGATES,
+        help="how the search's AUROC combines its OOD search sets: pooled (one AUROC of ID "
+        "against all of them at once), mean (the mean of one AUROC per set) or min (the worst "
+        "set's AUROC) (docs/search-protocols.md; default: %(default)s)",
     )

@@ -10,6 +10,7 @@ from hydra_core.cli.common import (
     add_analysis_arguments,
     add_data_arguments,
     add_model_arguments,
+    add_ood_aggregate_argument,
     add_output_arguments,
     command,
     load_for_cli,
@@ -38,6 +39,7 @@ COMPUTED_STRATEGIES = (
 def _masks_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
+    add_ood_aggregate_argument(p)
     p.add_argument(
         "--strategy",
         default="seed-sampling",
