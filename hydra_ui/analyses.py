@@ -86,11 +86,22 @@ def report_images(context: Context) -> dict[str, torch.Tensor]:
     return _report_images(context.config.key, context)
 
 
-def stored_greedy_runs(context: Context, inputs: SearchInputs) -> dict[str, GreedyResult]:
+def stored_greedy_runs(
+    context: Context, inputs: SearchInputs, ood_aggregate: str = "pooled"
+) -> dict[str, GreedyResult]:
     """The greedy searches saved in the disk cache for this model and search split, by objective
-    (finished or interrupted; read fresh each time, since a running search extends them)."""
+    (finished or interrupted; read fresh each time, since a running search extends them), for
+    one way of combining the OOD search sets (``ood_aggregate``)."""
     model = context.loaded.model
-    return saved_searches(model, inputs.id_x, inputs.id_y, inputs.ood_x, disk_cache())
+    return saved_searches(
+        model,
+        inputs.id_x,
+        inputs.id_y,
+        inputs.ood_x,
+        disk_cache(),
+        ood_sets=inputs.ood_sets,
+        ood_aggregate=ood_aggregate,
+    )
 
 
 @st.cache_data(show_spinner=False, max_entries=4)

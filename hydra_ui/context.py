@@ -13,12 +13,20 @@ import streamlit as st
 import torch
 
 from hydra_core.cache import DiskCache, cache_key
-from hydra_core.data.benchmark import Benchmark
+from hydra_core.data.benchmark import DEFAULT_PROTOCOL, NAMED_SEARCH, Benchmark
 from hydra_core.evaluate import resolve_device
 from hydra_core.models.modality import Modality, modality_named
 from hydra_core.models.zero_shot import folder_classes
 from hydra_core.zoo.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
 
+#: each protocol in a few words, for choosers
+PROTOCOL_LABELS = {
+    "dedicated": "dedicated search sets",
+    "halves": "halves of the report sets (leaks: the search sees the reported sets)",
+    "synthetic": "synthetic OOD from the ID search items",
+    "far-to-near": "far sets search, near sets report",
+    "near-to-far": "near sets search, far sets report",
+}
 CONFIG_KEY = "setup_config"
 RESULTS_KEY = "results"
 
@@ -35,7 +43,7 @@ class SetupConfig:
     dinov2_img_size: int = 56  # 4x4 patches: the accuracy of 112 px at a quarter of the cost
     ood: tuple[str, ...] | None = None  # OOD sets reported on (None: the modality's defaults)
     search_ood: tuple[str, ...] | None = None  # OOD sets that select heads (None: the defaults)
-    protocol: str = "dedicated"  # "halves": search on halves of the report sets (leaks them)
+    protocol: str = DEFAULT_PROTOCOL  # which data selects heads (docs/search-protocols.md)
     # ID data of your own instead of the modality's (Fashion-MNIST, Rotten Tomatoes): an
     # ImageFolder for an image model, a CSV/JSONL of text,label for a text model
     id_source: str | None = None
@@ -60,9 +68,9 @@ class SetupConfig:
 
     def search_sets(self, modality: Modality) -> tuple[str, ...] | None:
         """The named OOD sets the benchmark selects heads on (the chosen ones, else the
-        modality's defaults); None under "halves", whose search uses halves of the report
-        sets instead."""
-        if self.protocol == "halves":
+        modality's defaults); None under "halves" and "synthetic", whose search uses halves of
+        the report sets or sets made from the ID search items instead."""
+        if self.protocol not in NAMED_SEARCH:
             return None
         return modality.search_ood if self.search_ood is None else self.search_ood
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from hydra_core.data.benchmark import PROTOCOLS
+from hydra_core.data.benchmark import DEFAULT_PROTOCOL, PROTOCOLS
 from hydra_core.data.generic import class_order_note
 from hydra_core.errors import InputError
 from hydra_core.evaluate import model_card
@@ -16,6 +16,7 @@ from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, PROMPT_SETS
 from hydra_core.zoo.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
 from hydra_ui.context import (
+    PROTOCOL_LABELS,
     SetupConfig,
     disk_cache,
     get_config,
@@ -381,14 +382,15 @@ def protocol_field(config) -> str:
         "Protocol",
         PROTOCOLS,
         index=PROTOCOLS.index(config.protocol),
-        format_func={
-            "dedicated": "dedicated search sets (default)",
-            "halves": "halves of the report sets (leaks: the search sees the reported sets)",
-        }.get,
+        format_func=lambda p: PROTOCOL_LABELS[p] + (" (default)" if p == DEFAULT_PROTOCOL else ""),
         horizontal=True,
-        help="halves, the earlier protocol, selects heads on one half of each report set and "
-        "reports on the other half: the search sees the reported distributions, so OOD numbers "
-        "come out optimistic. The search sets above are not used then.",
+        help="Which data selects heads (docs/search-protocols.md). synthetic: sets made from the "
+        "ID search items (shuffled patches or words, permuted pixels, random words, strong "
+        "corruptions), no outside set. far-to-near / near-to-far: every set of one group selects "
+        "heads and only the other group's report sets are reported on. halves, the earlier "
+        "protocol, selects heads on one half of each report set and reports on the other half: "
+        "the search sees the reported distributions, so OOD numbers come out optimistic. The "
+        "search sets above are used by dedicated, far-to-near and near-to-far only.",
     )
 
 

@@ -5,8 +5,9 @@ import copy
 import pandas as pd
 import streamlit as st
 
+from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
 from hydra_core.analysis.greedy import OBJECTIVES as SEARCH_ORDER
-from hydra_core.analysis.greedy import GreedyResult, greedy_circuit
+from hydra_core.analysis.greedy import OOD_AGGREGATES, GreedyResult, greedy_circuit
 from hydra_core.analysis.holdout import FEW_SAMPLES
 from hydra_core.evaluate import auroc_changes, format_intervals
 from hydra_core.models.adapter import head_label, head_layout
@@ -31,6 +32,11 @@ OBJECTIVES = {
     "acc": "S_acc: ID accuracy",
     "ood": "S_ood: OOD AUROC (MSP)",
 }
+AGGREGATES = {
+    "pooled": "pooled: one AUROC against all OOD search items",
+    "mean": "mean of the per-set AUROCs",
+    "min": "worst set's AUROC",
+}
 
 
 def candidates(budget: int, total: int) -> list[int]:
@@ -52,18 +58,19 @@ def measured_step_cost(
     return None, ""
 
 
-def saved_searches_shown(context, inputs, job) -> dict[str, GreedyResult]:
-    """The saved searches by objective: read from the disk cache once per setup, then kept up to
-    date from the search job (its latest step while it runs, its result once it ended) rather
-    than read and hashed again on every rerun."""
+def saved_searches_shown(context, inputs, job, aggregate: str) -> dict[str, GreedyResult]:
+    """The saved searches by objective, for the OOD aggregate chosen: read from the disk cache
+    once per setup and aggregate, then kept up to date from the search job (its latest step while
+    it runs, its result once it ended) rather than read and hashed again on every rerun."""
     store = results()
-    if "searches" not in store:
-        store["searches"] = stored_greedy_runs(context, inputs)
-    if job is not None and job.info["extends"]:
+    key = f"searches-{aggregate}"
+    if key not in store:
+        store[key] = stored_greedy_runs(context, inputs, aggregate)
+    if job is not None and job.info["extends"] and job.info["aggregate"] == aggregate:
         latest = job.result if job.result is not None else getattr(job.progress, "result", None)
         if latest is not None:
-            store["searches"][job.info["objective"]] = latest
-    return {o: store["searches"][o] for o in SEARCH_ORDER if o in store["searches"]}
+            store[key][job.info["objective"]] = latest
+    return {o: store[key][o] for o in SEARCH_ORDER if o in store[key]}
 
 
 def start_search(
@@ -74,6 +81,7 @@ def start_search(
     resume: bool,
     previous: GreedyResult | None,
     k: int | None = None,
+    aggregate: str = DEFAULT_OOD_AGGREGATE,
 ) -> None:
     """Run the search in a background job. It starts from ``previous`` (the saved search for
     ``objective``) when ``resume``; a saved search at least ``budget`` long only gives a prefix,
@@ -106,10 +114,18 @@ def start_search(
             resume=resume,
             should_stop=job.should_stop,
             progress=lambda step: job.report(step, steps=step.step + 1),
+            ood_sets=inputs.ood_sets,
+            ood_aggregate=aggregate,
         )
 
     extends = k is None and (not continued or previous.steps < budget)
-    info = {"objective": objective, "budget": budget, "extends": extends, "candidates": k}
+    info = {
+        "objective": objective,
+        "budget": budget,
+        "extends": extends,
+        "candidates": k,
+        "aggregate": aggregate,
+    }
     info["towers"] = head_layout(model).towers  # the heatmap's rows named by tower
     results()["jobs"][JOB] = start_job(JOB, work, info)
 
@@ -137,7 +153,7 @@ TRANSFER_COLUMNS = {
 }
 
 
-def transfer_view(context, runs: dict) -> None:
+def transfer_view(context, runs: dict, aggregate: str) -> None:
     """Does the search's OOD gain reach the report sets, which it never saw?"""
     st.subheader("Transfer to the report sets")
     st.caption(
@@ -158,7 +174,7 @@ def transfer_view(context, runs: dict) -> None:
     results()["transfer"] = True
     for objective, run in runs.items():
         table = transfer_table(
-            context.config.key, f"{objective}-{run.steps}", context, run.keep_mask()
+            context.config.key, f"{objective}-{aggregate}-{run.steps}", context, run.keep_mask()
         )
         st.markdown(f"**{OBJECTIVES[objective]}**, {run.steps} heads removed")
         table_with_download(
@@ -227,15 +243,27 @@ with show_error("Could not run the head search"):
     total = layout.total_heads
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
-    stored = saved_searches_shown(context, inputs, job)
+    aggregate = st.radio(
+        "OOD search sets combined as",
+        OOD_AGGREGATES,
+        index=OOD_AGGREGATES.index(DEFAULT_OOD_AGGREGATE),
+        format_func=AGGREGATES.get,
+        horizontal=True,
+        disabled=running,
+        help="How the search's AUROC (S_ood, and S_avg through it) combines the OOD search sets: "
+        "pooled scores ID against all of them at once; mean averages one AUROC per set; min "
+        "takes the worst set's, so no one set can carry the search (docs/search-protocols.md). "
+        "Which data searches is the Setup page's protocol.",
+    )
+    stored = saved_searches_shown(context, inputs, job, aggregate)
 
     leak = context.benchmark.protocol_note()  # None unless the search saw the report sets
     roles = (
         "" if leak else "; these OOD search sets select heads only, no reported number uses them"
     )
     st.caption(
-        f"Search data: {describe_search(context, inputs)}{roles} (sets and sizes are chosen on the "
-        "Setup page). "
+        f"Search data: {describe_search(context, inputs)}{roles}; protocol "
+        f"{context.benchmark.protocol} (sets, sizes and protocol are chosen on the Setup page). "
         f"{layout.describe()} = {total} heads."
     )
     if leak:
@@ -286,7 +314,14 @@ with show_error("Could not run the head search"):
     b1, b2, _ = st.columns([1, 1, 4])
     if b1.button("Run", type="primary", icon=":material/play_arrow:", disabled=running):
         start_search(
-            context, inputs, objective, budget, resume=not fresh, previous=previous, k=k or None
+            context,
+            inputs,
+            objective,
+            budget,
+            resume=not fresh,
+            previous=previous,
+            k=k or None,
+            aggregate=aggregate,
         )
         st.rerun()
     can_resume = previous is not None and not previous.complete and previous.steps < previous.budget
@@ -296,7 +331,7 @@ with show_error("Could not run the head search"):
         disabled=running or not can_resume,
         help="Continue the interrupted search for this objective up to its budget",
     ):
-        start_search(context, inputs, objective, previous.budget, resume=True, previous=previous)
+        start_search(context, inputs, objective, previous.budget, True, previous, aggregate)
         st.rerun()
 
     if running:
@@ -374,7 +409,7 @@ with show_error("Could not run the head search"):
                     )
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
-            transfer_view(context, runs)
+            transfer_view(context, runs, aggregate)
     transfer_matrix_view(context, objective, budget)
 
     stability_view(context, inputs, objective, budget, measured_step_cost(stored, objective, total))

@@ -67,22 +67,91 @@ def _checked_logits(logits: torch.Tensor, top_label: int) -> torch.Tensor:
     return logits
 
 
+#: how the search AUROC combines its OOD search sets: ``pooled`` (one AUROC of ID against every OOD
+#: item at once), ``mean`` (the mean of the per-set AUROCs), ``min`` (the worst set's AUROC)
+OOD_AGGREGATES = ("pooled", "mean", "min")
+#: the aggregate the command line, the app and the reports use unless told otherwise
+DEFAULT_OOD_AGGREGATE = "pooled"
+
+
+def check_ood_aggregate(ood_aggregate: str) -> None:
+    if ood_aggregate not in OOD_AGGREGATES:
+        raise ValueError(
+            f"ood_aggregate must be one of {', '.join(OOD_AGGREGATES)}, got {ood_aggregate!r}"
+        )
+
+
+def set_ids(ood_sets) -> torch.Tensor:
+    """The OOD search set of each OOD item (names or ints, one per item) as int64 ids numbered in
+    order of first appearance."""
+    if isinstance(ood_sets, torch.Tensor):
+        ood_sets = ood_sets.tolist()
+    numbers: dict = {}
+    return torch.tensor([numbers.setdefault(s, len(numbers)) for s in ood_sets], dtype=torch.long)
+
+
+def aggregate_auroc(
+    id_scores: torch.Tensor, ood_scores: torch.Tensor, groups: torch.Tensor | None, how: str
+) -> torch.Tensor:
+    """The search AUROC of (..., n_id) ID and (..., n_ood) OOD scores: pooled over every OOD item,
+    or the mean or the minimum of one AUROC per OOD set (``groups``: (n_ood,) set ids)."""
+    if how == "pooled" or groups is None:
+        return batched_auroc(id_scores, ood_scores)
+    per_set = torch.stack(
+        [
+            batched_auroc(id_scores, ood_scores[..., groups == g])
+            for g in range(int(groups.max()) + 1)
+        ],
+        dim=-1,
+    )  # (..., G) float64
+    return per_set.mean(-1) if how == "mean" else per_set.amin(-1)
+
+
 class Scorer:
-    """Logits of candidates -> their (accuracy, AUROC) in float64."""
+    """Logits of candidates -> their (accuracy, AUROC) in float64.
+
+    Args:
+        labels: (n_id,) labels of the ID samples (the logits' first ``n_id`` rows).
+        n_id: how many ID samples lead the logits.
+        ood_sets: the OOD search set of each remaining row (names or ids); needed by the
+            ``mean`` and ``min`` aggregates.
+        ood_aggregate: ``pooled`` (one AUROC over all OOD rows, the default), ``mean`` or
+            ``min`` over the per-set AUROCs (:data:`OOD_AGGREGATES`).
+    """
 
     extra: tuple[int, ...] = ()
 
-    def __init__(self, labels: torch.Tensor, n_id: int) -> None:
+    def __init__(
+        self,
+        labels: torch.Tensor,
+        n_id: int,
+        ood_sets=None,
+        ood_aggregate: str = "pooled",
+    ) -> None:
+        check_ood_aggregate(ood_aggregate)
         self.labels = labels.cpu().long()  # (n_id,)
         self.n_id = n_id
         self.top_label = int(labels.max())
+        self.ood_aggregate = ood_aggregate
+        self.groups = None
+        if ood_aggregate != "pooled":
+            if ood_sets is None:
+                raise ValueError(f"ood_aggregate {ood_aggregate!r} needs the OOD items' sets")
+            self.groups = set_ids(ood_sets)
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(C, S, K) logits, ID samples first -> (accuracy (C,), auroc (C,)), float64 on the CPU."""
         logits = _checked_logits(logits, self.top_label)
         correct = (logits[:, : self.n_id].argmax(-1) == self.labels).sum(-1)  # (C,)
         msp = logits.softmax(-1).amax(-1)  # (C, S)
-        auroc = batched_auroc(msp[:, : self.n_id], msp[:, self.n_id :])
+        if self.groups is not None and len(self.groups) != msp.shape[1] - self.n_id:
+            raise ValueError(
+                f"ood_sets names {len(self.groups)} OOD items but the logits hold "
+                f"{msp.shape[1] - self.n_id}"
+            )
+        auroc = aggregate_auroc(
+            msp[:, : self.n_id], msp[:, self.n_id :], self.groups, self.ood_aggregate
+        )
         return correct.double() / self.n_id, auroc
 
 

@@ -9,6 +9,10 @@ logits so that equal counts tie exactly:
   P(msp_ood < msp_id) + 0.5 P(msp_ood == msp_id);
 - ``"avg"``: S_avg = (S_acc + S_ood) / 2.
 
+With several OOD search sets, ``ood_aggregate`` says how S_ood combines them: ``"pooled"`` (one
+AUROC against all OOD items, the default), ``"mean"`` or ``"min"`` of one AUROC per set
+(``ood_sets`` names each OOD item's set; docs/search-protocols.md).
+
 Ties go to the lowest (layer, head). Two implementations give the same choices:
 ``method="plain"`` runs the whole model under :func:`ablate` per candidate (the reference);
 ``method="fast"`` recomputes only the layers after the candidate's, shares its layer's attention
@@ -44,9 +48,13 @@ from torch import nn
 
 from hydra_core import distributed
 from hydra_core.analysis._maps import (
+    OOD_AGGREGATES as OOD_AGGREGATES,  # re-exported: how the search AUROC combines OOD sets
+)
+from hydra_core.analysis._maps import (
     Scorer,
     best_head,
     candidate_maps,
+    check_ood_aggregate,
     objective_of,
 )
 from hydra_core.analysis._maps import (
@@ -391,10 +399,18 @@ def greedy_cache_key(
     objective: str,
     method: str = "fast",
     candidates: int | None = None,
+    *,
+    ood_sets=None,
+    ood_aggregate: str = "pooled",
 ) -> str:
     """The cache key of a search (kind :data:`GREEDY_CACHE_KIND`): everything but the budget;
-    a guided search's ``candidates`` (K) too (None: the exact search, its key unchanged)."""
-    guided = {} if candidates is None else {"candidates": candidates}
+    a guided search's ``candidates`` (K) too (None: the exact search, its key unchanged). A
+    ``mean`` or ``min`` search adds its aggregate and the OOD items' sets, so searches that score
+    the same items another way never share an entry; ``pooled`` keeps the key it always had."""
+    extra = {} if candidates is None else {"candidates": candidates}
+    if ood_aggregate != "pooled":
+        sets = [str(s) for s in (ood_sets.tolist() if hasattr(ood_sets, "tolist") else ood_sets)]
+        extra |= {"ood_aggregate": ood_aggregate, "ood_sets": ",".join(sets)}
     return cache_key(
         GREEDY_VERSION,
         model_fingerprint(model),
@@ -403,8 +419,21 @@ def greedy_cache_key(
         ood_x,
         objective=objective,
         method=method,
-        **guided,
+        **extra,
     )
+
+
+def _check_sets(ood_sets, ood_aggregate: str, n_ood: int) -> None:
+    check_ood_aggregate(ood_aggregate)
+    if ood_sets is None:
+        if ood_aggregate != "pooled":
+            raise ValueError(
+                f"ood_aggregate {ood_aggregate!r} scores each OOD search set apart: give "
+                "ood_sets, the set of each ood_x item"
+            )
+        return
+    if len(ood_sets) != n_ood:
+        raise ValueError(f"ood_sets names {len(ood_sets)} OOD items but ood_x holds {n_ood}")
 
 
 def _check_objective(objective: str) -> None:
@@ -448,6 +477,9 @@ def load_greedy(
     cache: DiskCache,
     method: str = "fast",
     candidates: int | None = None,
+    *,
+    ood_sets=None,
+    ood_aggregate: str = "pooled",
 ) -> GreedyResult | None:
     """The search for ``objective`` saved in ``cache`` for this model and these inputs, finished or
     interrupted, as :func:`greedy_circuit` with ``method`` left it; None when there is none.
@@ -457,7 +489,17 @@ def load_greedy(
     _check_objective(objective)
     layout = head_layout(model)
     candidates = _guided(candidates, layout.total_heads)
-    key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method, candidates)
+    key = greedy_cache_key(
+        model,
+        id_x,
+        id_y,
+        ood_x,
+        objective,
+        method,
+        candidates,
+        ood_sets=ood_sets,
+        ood_aggregate=ood_aggregate,
+    )
     return _load_stored(cache, key, objective, method, layout.num_heads, candidates)
 
 
@@ -467,11 +509,23 @@ def saved_searches(
     id_y: torch.Tensor,
     ood_x: torch.Tensor,
     cache: DiskCache,
+    *,
+    ood_sets=None,
+    ood_aggregate: str = "pooled",
 ) -> dict[str, GreedyResult]:
     """Every search :func:`load_greedy` finds for this model and these inputs, by objective (in the
     order of :data:`OBJECTIVES`; objectives without a saved search are left out)."""
     found = {
-        objective: load_greedy(model, id_x, id_y, ood_x, objective, cache)
+        objective: load_greedy(
+            model,
+            id_x,
+            id_y,
+            ood_x,
+            objective,
+            cache,
+            ood_sets=ood_sets,
+            ood_aggregate=ood_aggregate,
+        )
         for objective in OBJECTIVES
     }
     return {objective: result for objective, result in found.items() if result is not None}
@@ -492,6 +546,8 @@ def greedy_circuit(
     resume: bool = True,
     progress: Callable[[GreedyStep], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    ood_sets=None,
+    ood_aggregate: str = "pooled",
 ) -> GreedyResult:
     """Greedy circuit extraction: remove ``budget`` heads one at a time, least useful first.
 
@@ -517,6 +573,12 @@ def greedy_circuit(
         resume: when False, ignore a stored run and start again. The new run replaces the
             stored one only once it has as many steps: starting over never loses a longer
             finished search.
+        ood_sets: the OOD search set of each ``ood_x`` item (names or ints), for the ``mean``
+            and ``min`` aggregates.
+        ood_aggregate: how S_ood combines the OOD search sets (:data:`OOD_AGGREGATES`):
+            ``"pooled"`` (one AUROC of ID against all of ``ood_x``, the default), ``"mean"`` (the
+            mean of one AUROC per set) or ``"min"`` (the worst set's). S_avg then averages
+            accuracy with that AUROC.
         progress: called after every step with a :class:`GreedyStep`.
         should_stop: polled between steps and between batched passes; when it returns True the
             partial result (``complete=False``) is returned, its finished steps saved.
@@ -529,6 +591,7 @@ def greedy_circuit(
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     model, id_x, ood_x = model_and_inputs(model, id_x, ood_x, names=("id_x", "ood_x"))
     layout = _check_inputs(model, id_x, id_y, ood_x, batch_size)
+    _check_sets(ood_sets, ood_aggregate, len(ood_x))
     total = layout.total_heads
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= total:
         raise InputError(
@@ -539,7 +602,17 @@ def greedy_circuit(
     save = None
     stored = None
     if cache is not None:
-        key = greedy_cache_key(model, id_x, id_y, ood_x, objective, method, candidates)
+        key = greedy_cache_key(
+            model,
+            id_x,
+            id_y,
+            ood_x,
+            objective,
+            method,
+            candidates,
+            ood_sets=ood_sets,
+            ood_aggregate=ood_aggregate,
+        )
         previous = distributed.from_main(
             lambda: _load_stored(cache, key, objective, method, layout.num_heads, candidates)
         )
@@ -568,6 +641,7 @@ def greedy_circuit(
             save=save,
             progress=progress,
             should_stop=should_stop,
+            scorer=Scorer(id_y, len(id_x), ood_sets, ood_aggregate),
         )
 
 
@@ -585,6 +659,7 @@ def _search(
     save: Callable[[GreedyResult], object] | None,
     progress: Callable[[GreedyStep], None] | None,
     should_stop: Callable[[], bool] | None,
+    scorer: Scorer | None = None,
 ) -> GreedyResult:
     """The greedy loop, from ``stored`` (a prefix already computed) or from the dense model."""
     id_x, id_y, ood_x = data
@@ -592,7 +667,7 @@ def _search(
     device, dtype = _device_and_dtype(model)
     inputs = torch.cat([id_x, ood_x])
     inputs = inputs.to(device, dtype if inputs.is_floating_point() else None)
-    scorer = Scorer(id_y, len(id_x))
+    scorer = Scorer(id_y, len(id_x)) if scorer is None else scorer
     evaluator = _evaluator(method, model, inputs, layout, batch_size)
     if stored is None:
         accuracy, auroc = scorer(evaluator.logits[None])

@@ -20,6 +20,7 @@ from hydra_core import distributed
 from hydra_core.analysis.inputs import REPORT_SAMPLE
 from hydra_core.cli.common import (
     add_analysis_arguments,
+    add_ood_aggregate_argument,
     add_other_weights_argument,
     command,
     head_map_frame,
@@ -48,6 +49,7 @@ from hydra_core.outputs import data_identity
 
 def _search_arguments(p: argparse.ArgumentParser) -> None:
     add_analysis_arguments(p)
+    add_ood_aggregate_argument(p)
     p.add_argument(
         "--objective",
         default="avg",
@@ -118,11 +120,12 @@ def _search(args: argparse.Namespace) -> int:
     shortcut = shortcut_summary(loaded, benchmark, cache, args)  # warns before the search
     searched = search_data(args, inputs)
     data = (loaded.model, searched.id_x, searched.id_y, searched.ood_x)
+    sets = {"ood_sets": searched.ood_strata, "ood_aggregate": args.ood_aggregate}
     if distributed.is_main():
         warn_few_samples(searched)
     saved = None
     if distributed.is_main():  # the note on a saved search is rank 0's to print
-        saved = load_greedy(*data, args.objective, cache, args.method, args.candidates)
+        saved = load_greedy(*data, args.objective, cache, args.method, args.candidates, **sets)
     if saved is not None and saved.steps:
         if args.no_resume:
             note = f"starting over; the saved {saved.steps}-step search is kept unless this one "
@@ -154,9 +157,11 @@ def _search(args: argparse.Namespace) -> int:
         cache=cache,
         resume=not args.no_resume,
         progress=progress,
+        **sets,
     )
     bar.close()
     identity = {"model": loaded.identity(), "data": data_identity(benchmark, "search")}
+    identity["ood_aggregate"] = args.ood_aggregate
     if args.holdout is not None:  # the search chose on the rest of the search split
         identity["holdout"] = {"fraction": args.holdout, "seed": args.seed}
     found = None

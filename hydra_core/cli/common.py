@@ -142,7 +142,7 @@ def add_data_arguments(
 ) -> None:
     """--n-search/--n-report/--ood/--search-ood/--protocol and folders: which images the command
     uses, and in which role."""
-    from hydra_core.data.benchmark import PROTOCOLS
+    from hydra_core.data.benchmark import DEFAULT_PROTOCOL, PROTOCOLS
     from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
     from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
 
@@ -179,12 +179,15 @@ def add_data_arguments(
     )
     p.add_argument(
         "--protocol",
-        default="dedicated",
+        default=DEFAULT_PROTOCOL,
         choices=PROTOCOLS,
-        help="dedicated: heads are selected on the search sets only (the paper's protocol); "
-        "halves: on one half of each report set, reporting on the other half, so the search sees "
-        "the reported distributions (earlier protocol, optimistic OOD numbers; a warning says so) "
-        "(default: %(default)s)",
+        help="which data selects heads (docs/search-protocols.md). dedicated: the search sets "
+        "only (the paper's protocol); synthetic: sets made from the ID search items (shuffled "
+        "patches or words, permuted pixels, random words, strong corruptions), no outside set; "
+        "far-to-near / near-to-far: every set of one group selects heads and only the other "
+        "group's report sets are reported on; halves: one half of each report set, reporting on "
+        "the other half, so the search sees the reported distributions (optimistic OOD numbers; "
+        "a warning says so) (default: %(default)s)",
     )
     p.add_argument(
         "--id-folder",
@@ -514,3 +517,39 @@ def add_analysis_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
     add_output_arguments(p, "results/<command>")
+
+
+def add_search_protocol_arguments(p: argparse.ArgumentParser) -> None:
+    """--protocol and --ood-aggregate for a command whose defaults come from elsewhere (the
+    report's configuration): None keeps them."""
+    from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE, OOD_AGGREGATES
+    from hydra_core.data.benchmark import DEFAULT_PROTOCOL, PROTOCOLS
+
+    p.add_argument(
+        "--protocol",
+        default=None,
+        choices=PROTOCOLS,
+        help="which data selects heads, as for search (docs/search-protocols.md; default: "
+        f"{DEFAULT_PROTOCOL})",
+    )
+    p.add_argument(
+        "--ood-aggregate",
+        default=None,
+        choices=OOD_AGGREGATES,
+        help="how the searches' AUROC combines the OOD search sets: pooled, mean or min "
+        f"(default: {DEFAULT_OOD_AGGREGATE})",
+    )
+
+
+def add_ood_aggregate_argument(p: argparse.ArgumentParser) -> None:
+    """--ood-aggregate, for the commands that run greedy searches."""
+    from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE, OOD_AGGREGATES
+
+    p.add_argument(
+        "--ood-aggregate",
+        default=DEFAULT_OOD_AGGREGATE,
+        choices=OOD_AGGREGATES,
+        help="how the search's AUROC combines its OOD search sets: pooled (one AUROC of ID "
+        "against all of them at once), mean (the mean of one AUROC per set) or min (the worst "
+        "set's AUROC) (docs/search-protocols.md; default: %(default)s)",
+    )

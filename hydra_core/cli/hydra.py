@@ -19,6 +19,7 @@ from hydra_core.cli.common import (
     add_model_arguments,
     add_other_weights_argument,
     add_output_arguments,
+    add_search_protocol_arguments,
     claim_output,
     command,
     format_table,
@@ -448,6 +449,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "--n-report", type=options.positive_int, default=None, help="images per report part"
     )
     p.add_argument("--ood", nargs="+", default=None, metavar="NAME", help="OOD sets (default: all)")
+    add_search_protocol_arguments(p)
     p.add_argument(
         "--seeds", type=options.seed, nargs="+", default=None, help="pruning seeds, one per member"
     )
@@ -513,7 +515,14 @@ def _report(args: argparse.Namespace) -> int:
         ood=tuple(args.ood) if args.ood else None,
         seeds=tuple(args.seeds) if args.seeds else None,
         removed_per_layer=args.removed_per_layer,
+        protocol=args.protocol,
+        ood_aggregate=args.ood_aggregate,
     )
+    if args.task == "zero-shot" and (args.protocol, args.ood_aggregate) != (None, None):
+        raise InputError(
+            "--protocol and --ood-aggregate apply to the image and text reports (--task image or "
+            "text); the zero-shot report searches on its default sets"
+        )
     if args.task != "zero-shot" and (args.id_folder or args.prompts or args.towers):
         raise InputError(
             "--id-folder, --prompts and --towers apply to the zero-shot report (--task zero-shot)"

@@ -10,6 +10,7 @@ from hydra_core.cli.common import (
     add_analysis_arguments,
     add_data_arguments,
     add_model_arguments,
+    add_ood_aggregate_argument,
     add_output_arguments,
     command,
     input_paths,
@@ -41,6 +42,7 @@ COMPUTED_STRATEGIES = (
 def _masks_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
+    add_ood_aggregate_argument(p)
     p.add_argument(
         "--strategy",
         default="seed-sampling",
@@ -253,6 +255,7 @@ def _build_members(
             cache=DiskCache(),
             batch_size=args.batch_size,
             progress=progress_bar(f"{CIRCUIT_NAMES[objective]} search"),
+            ood_aggregate=args.ood_aggregate,
         )
 
     if args.strategy == "circuits":

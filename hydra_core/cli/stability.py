@@ -35,6 +35,7 @@ from hydra_core.cli.common import (
     write_csv,
     write_json,
 )
+from hydra_core.errors import InputError
 from hydra_core.models.adapter import head_label, head_layout
 
 
@@ -78,6 +79,12 @@ class SearchData:
 
 def search_data(args: argparse.Namespace, inputs) -> SearchData:
     """The search inputs, cut into search and held-out parts under ``--holdout``."""
+    aggregate = getattr(args, "ood_aggregate", "pooled")
+    if aggregate != "pooled" and (args.holdout is not None or args.stability):
+        raise InputError(
+            f"--holdout and --stability score the pooled AUROC, not --ood-aggregate {aggregate}: "
+            "leave them out, or search with --ood-aggregate pooled"
+        )
     strata = inputs.ood_strata()
     if args.holdout is None:
         return SearchData(inputs.id_x, inputs.id_y, inputs.ood_x, strata)
@@ -261,7 +268,6 @@ def read_stability_result(
     its search (for ties) and the data it was computed on (its ``data`` entry, None in an older
     file); another model's file (or, given ``data``, one of other search data) is refused, an
     unreadable one named."""
-    from hydra_core.errors import InputError
 
     hint = "give the stability_<objective>.json that search --stability wrote"
 

@@ -19,6 +19,11 @@ that no head selection used (paper Appendix D.1.2, "OOD sets and fairness"):
   reported on the other. The images are disjoint but the distributions are the same: the search
   saw the reported distributions, so the OOD numbers come out optimistic.
   :meth:`Benchmark.protocol_note` says so in words, and the command line and the app show it.
+- OOD, protocol ``"synthetic"``: the search sets are made from the ID search items
+  (:mod:`hydra_core.data.synthetic`); every report set is reported on.
+- OOD, ``"far-to-near"`` / ``"near-to-far"`` (leave one group out): every set of the searched
+  group, search- and report-role alike, selects heads; only the other group's report sets are
+  reported on (docs/search-protocols.md).
 
 ``n_search`` and ``n_report`` cap each part at the first n items of a fixed shuffle (the one
 :func:`~hydra_core.data.images.take` uses), so the same request always gives the same items and a
@@ -35,13 +40,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.images import ImageSet, kind_of, split_in_two, stable_permutation, take
+from hydra_core.data.images import resampled as resampled  # re-exported: moved to images
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD, load_ood_set
 from hydra_core.data.sources import (
     Source,
@@ -62,8 +67,14 @@ from hydra_core.data.text import (
 from hydra_core.data.text_files import load_text_file
 from hydra_core.errors import InputError, choice
 
-#: how OOD data is divided between head selection and the report (see the module docstring)
-PROTOCOLS = ("dedicated", "halves")
+#: how OOD data is divided between head selection and the report (docs/search-protocols.md)
+PROTOCOLS = ("dedicated", "halves", "synthetic", "far-to-near", "near-to-far")
+#: the protocol the command line, the app and the reports use unless told otherwise
+DEFAULT_PROTOCOL = "dedicated"
+#: the protocols whose search sets are named sets or sets of your own (not halves, not synthetic)
+NAMED_SEARCH = ("dedicated", "far-to-near", "near-to-far")
+#: the leave-one-group-out protocols: the group that selects heads
+SEARCHED_GROUP = {"far-to-near": "far", "near-to-far": "near"}
 #: the default ID sets' names (:func:`~hydra_core.data.fashion_mnist.load_fashion_mnist`,
 #: :func:`~hydra_core.data.text.load_rotten_tomatoes`)
 FASHION_MNIST, ROTTEN_TOMATOES = "fashion_mnist", "rotten_tomatoes"
@@ -111,7 +122,7 @@ class Benchmark:
                 "needs a name of its own (tables and results are keyed by it); rename one "
                 "(NAME=PATH for a folder or file of your own)"
             )
-        if self.protocol == "dedicated":
+        if self.protocol != "halves":
             _check_disjoint(search_names, report_names)
         elif search_names != report_names:
             raise ValueError(
@@ -308,8 +319,8 @@ def _check_texts_apart(benchmark: Benchmark) -> None:
 def _check_protocol(protocol: str) -> None:
     if protocol not in PROTOCOLS:
         raise InputError(
-            f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)} ('dedicated': "
-            "search sets of their own, the default; 'halves': halves of the report sets)"
+            f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)} (see "
+            "docs/search-protocols.md)"
         )
 
 
@@ -345,13 +356,16 @@ def check_ood_choice(
             "choose at least one OOD set or OOD folder to report on (a near: or far: folder or "
             "file)"
         )
-    if protocol == "halves":
+    if protocol not in NAMED_SEARCH:  # halves, synthetic: no search set of their own
         if search_ood is not None or "search" in roles:
+            what = "halves of the report sets" if protocol == "halves" else "the ID search items"
             raise InputError(
                 "search OOD sets and search: folders apply to the 'dedicated' protocol; under "
-                "'halves' heads are selected on halves of the report sets: leave them out"
+                f"{protocol!r} heads are selected on {what}: leave them out"
             )
         return
+    if protocol in SEARCHED_GROUP:
+        return  # the groups are known once the sets are loaded (build_benchmark)
     if search_ood is None:
         search_ood = () if "search" in roles else default_search
     elif not search_ood and "search" not in roles:
@@ -384,6 +398,7 @@ def build_benchmark(
     n_search: int | None = None,
     n_report: int | None = None,
     image_format: tuple[int, int] | None = None,
+    synthetic: Sequence[str] | None = None,
 ) -> Benchmark:
     """Cut the pools into a :class:`Benchmark`, of images or of texts as the ID pool is.
 
@@ -408,6 +423,8 @@ def build_benchmark(
             (:func:`resampled`) once it is cut, for pools of different formats. None keeps the
             parts as they are, except that image sets given by name (28 x 28 grey) are brought
             to the ID pool's format. Must stay None for texts.
+        synthetic: under ``"synthetic"``, the synthetic sets to make from the ID search part
+            (:mod:`hydra_core.data.synthetic`); None for every one of its kind of item.
     """
     _check_size(n_search, "n_search")
     _check_size(n_report, "n_report")
@@ -449,17 +466,34 @@ def build_benchmark(
         return cut if fmt is None else resampled(cut, fmt[1], fmt[0])
 
     reports = resolve(report_sets)
+    id_search = part(id_search_pool, image_format, n_search, "search")
+    id_report = part(id_report_pool, image_format, n_report, "report")
     if protocol == "halves":
         halves = [(split_in_two(pool), fmt) for pool, fmt in reports]
         ood_search = [part(search, fmt, n_search, "search") for (search, _), fmt in halves]
         ood_report = [part(report, fmt, n_report, "report") for (_, report), fmt in halves]
+    elif protocol == "synthetic":
+        from hydra_core.data.synthetic import synthetic_search
+
+        ood_report = [part(pool, fmt, n_report, "report") for pool, fmt in reports]
+        ood_search = synthetic_search(id_search, [id_report, *ood_report], synthetic)
+    elif protocol in SEARCHED_GROUP:
+        group = SEARCHED_GROUP[protocol]
+        searched = resolve(default_search if search_sets is None else search_sets) + reports
+        ood_search = [part(p, f, n_search, "search") for p, f in searched if p.group == group]
+        ood_report = [part(p, f, n_report, "report") for p, f in reports if p.group != group]
+        if not ood_search or not ood_report:
+            raise InputError(
+                f"protocol {protocol!r} needs a {group} set to search on and a report set of the "
+                "other group: add one (--ood, --search-ood) or choose another protocol"
+            )
     else:
         searched = default_search if search_sets is None else search_sets
         ood_search = [part(pool, fmt, n_search, "search") for pool, fmt in resolve(searched)]
         ood_report = [part(pool, fmt, n_report, "report") for pool, fmt in reports]
     return Benchmark(
-        id_search=part(id_search_pool, image_format, n_search, "search"),
-        id_report=part(id_report_pool, image_format, n_report, "report"),
+        id_search=id_search,
+        id_report=id_report,
         ood_search=tuple(ood_search),
         ood_report=tuple(ood_report),
         protocol=protocol,
@@ -473,6 +507,7 @@ def default_benchmark(
     ood: Sequence[str | ImageSet] | None = None,
     search_ood: Sequence[str | ImageSet] | None = None,
     protocol: str = "dedicated",
+    synthetic: Sequence[str] | None = None,
 ) -> Benchmark:
     """The embedded default: Fashion-MNIST (validation to search, test to report) and OOD sets.
 
@@ -484,7 +519,8 @@ def default_benchmark(
             when None.
         search_ood: the search-role OOD sets, the same way; the default search sets
             (:data:`~hydra_core.data.ood.SEARCH_OOD`) when None. None under ``"halves"``.
-        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
+        protocol: one of :data:`PROTOCOLS` (see the module docstring).
+        synthetic: the synthetic sets under ``"synthetic"`` (None: every image one).
     """
     return build_benchmark(
         load_fashion_mnist("validation"),
@@ -492,6 +528,7 @@ def default_benchmark(
         REPORT_OOD if ood is None else ood,
         search_ood=search_ood,
         protocol=protocol,
+        synthetic=synthetic,
         n_search=n_search,
         n_report=n_report,
     )
@@ -504,6 +541,7 @@ def default_text_benchmark(
     ood: Sequence[str | TextSet] | None = None,
     search_ood: Sequence[str | TextSet] | None = None,
     protocol: str = "dedicated",
+    synthetic: Sequence[str] | None = None,
 ) -> Benchmark:
     """The embedded text default: Rotten Tomatoes sentences (validation to search, test to
     report) and the text OOD sets (:mod:`hydra_core.data.text`).
@@ -518,7 +556,8 @@ def default_text_benchmark(
         search_ood: the search-role OOD sets, the same way; the default search set
             (:data:`~hydra_core.data.text.TEXT_SEARCH_OOD`, ``guardian``) when None. None under
             ``"halves"``.
-        protocol: ``"dedicated"`` (the default) or ``"halves"`` (see the module docstring).
+        protocol: one of :data:`PROTOCOLS` (see the module docstring).
+        synthetic: the synthetic sets under ``"synthetic"`` (None: every text one).
     """
     return build_benchmark(
         load_rotten_tomatoes("validation"),
@@ -526,6 +565,7 @@ def default_text_benchmark(
         TEXT_REPORT_OOD if ood is None else ood,
         search_ood=search_ood,
         protocol=protocol,
+        synthetic=synthetic,
         n_search=n_search,
         n_report=n_report,
     )
@@ -559,7 +599,7 @@ def own_sources(
     own_id = None if id_source is None else parse_id_source(id_source, files=files)
     entries = [parse_source(entry, files=files) for entry in ood_sources]
     check_paths([s for s in (own_id, *entries) if s is not None])
-    if search_ood is None and protocol == "dedicated":
+    if search_ood is None and protocol in NAMED_SEARCH:
         search_ood = () if any(e.role == "search" for e in entries) else default_search
     named = [(n, "report") for n in ood] + [(n, "search") for n in search_ood or ()]
     check_names(default_id if own_id is None else own_id.name, own_id, named, entries)
@@ -578,7 +618,7 @@ def _with_own_sets(
     then each entry (:func:`own_sources`) loaded by ``load(source)`` in its role. Under
     ``"dedicated"`` and without ``search_ood``, ``search:`` entries replace the default search
     sets."""
-    if search_ood is None and protocol == "dedicated":
+    if search_ood is None and protocol in NAMED_SEARCH:
         search_ood = [] if any(e.role == "search" for e in entries) else default_search
     search_sets: list[str | DataSet] | None = None if search_ood is None else list(search_ood)
     report_sets: list[str | DataSet] = list(ood)
@@ -599,6 +639,7 @@ def folder_benchmark(
     n_search: int | None = 512,
     n_report: int | None = None,
     classes: Sequence[str] | None = None,
+    synthetic: Sequence[str] | None = None,
 ) -> Benchmark:
     """A benchmark mixing the embedded sets with image folders of your own.
 
@@ -646,6 +687,7 @@ def folder_benchmark(
             ood=list(ood),
             search_ood=search_ood,
             protocol=protocol,
+            synthetic=synthetic,
         )
     grayscale = channels == 1
     report_sets, search_sets = _with_own_sets(
@@ -664,6 +706,7 @@ def folder_benchmark(
         "n_search": n_search,
         "n_report": n_report,
         "image_format": (channels, size),
+        "synthetic": synthetic,
     }
     if id_folder is None:
         return build_benchmark(
@@ -696,6 +739,7 @@ def text_file_benchmark(
     n_report: int | None = None,
     classes: Sequence[str] | None = None,
     model_classes: Sequence[str] | None = None,
+    synthetic: Sequence[str] | None = None,
 ) -> Benchmark:
     """A text benchmark mixing the embedded text sets with CSV or JSONL files of your own (see
     :func:`~hydra_core.data.text_files.load_text_file`), as :func:`folder_benchmark` does for
@@ -743,6 +787,7 @@ def text_file_benchmark(
         "protocol": protocol,
         "n_search": n_search,
         "n_report": n_report,
+        "synthetic": synthetic,
     }
     if id_file is None:
         return build_benchmark(
@@ -757,22 +802,3 @@ def text_file_benchmark(
             "need at least 2 each"
         )
     return build_benchmark(id_pool, None, report_sets, **options)
-
-
-def resampled(image_set: ImageSet, size: int, channels: int) -> ImageSet:
-    """The set as uint8 (N, channels, size, size): bilinear, antialiased resampling; grey copied
-    to three channels, colour averaged to one. Returned as it is when it already has that format."""
-    images = image_set.images
-    if tuple(images.shape[1:]) == (channels, size, size):
-        return image_set
-    x = images.float()
-    if x.shape[1] != channels:
-        x = x.expand(-1, 3, -1, -1) if channels == 3 else x.mean(dim=1, keepdim=True)
-    if x.shape[-2:] != (size, size):
-        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
-    x = x.round_().clamp_(0, 255).to(torch.uint8)  # (N, channels, size, size)
-    return replace(
-        image_set,
-        images=x,
-        description=f"{image_set.description}; resampled to {channels}x{size}x{size}",
-    )

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 
 #: an :class:`ImageSet` or a :class:`~hydra_core.data.text.TextSet` (text.py builds on this
 #: module, so it is not imported here): anything with ``name``, ``__len__`` and ``subset``
@@ -130,3 +131,22 @@ def split_in_two(data_set: DataSet, first_share: float = 0.5) -> tuple[DataSet, 
     order = stable_permutation(len(data_set), data_set.name, "search-report")
     cut = min(max(1, round(len(data_set) * first_share)), len(data_set) - 1)
     return data_set.subset(order[:cut]), data_set.subset(order[cut:])
+
+
+def resampled(image_set: ImageSet, size: int, channels: int) -> ImageSet:
+    """The set as uint8 (N, channels, size, size): bilinear, antialiased resampling; grey copied
+    to three channels, colour averaged to one. Returned as it is when it already has that format."""
+    images = image_set.images
+    if tuple(images.shape[1:]) == (channels, size, size):
+        return image_set
+    x = images.float()
+    if x.shape[1] != channels:
+        x = x.expand(-1, 3, -1, -1) if channels == 3 else x.mean(dim=1, keepdim=True)
+    if x.shape[-2:] != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+    x = x.round_().clamp_(0, 255).to(torch.uint8)  # (N, channels, size, size)
+    return replace(
+        image_set,
+        images=x,
+        description=f"{image_set.description}; resampled to {channels}x{size}x{size}",
+    )

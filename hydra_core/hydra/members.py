@@ -71,6 +71,7 @@ def greedy_ranking(
     cache: DiskCache | None = None,
     batch_size: int = 256,
     progress: Progress | None = None,
+    ood_aggregate: str = "pooled",
 ) -> list[Head]:
     """Every head, least useful first, from a greedy Headmap search of ``budget`` steps (paper
     Algorithm 1); members built from it are named ``CIRCUIT_NAMES[objective]``.
@@ -82,6 +83,8 @@ def greedy_ranking(
         budget: heads the search removes; the rest of the ranking follows the last step's scores.
         cache: the search is read from and saved to it.
         progress: ``progress(done, total)`` after each search step.
+        ood_aggregate: how the search AUROC combines the OOD search sets (``pooled``, ``mean``,
+            ``min``; :func:`~hydra_core.analysis.greedy.greedy_circuit`).
     """
     from hydra_core.analysis.greedy import greedy_circuit
 
@@ -97,6 +100,8 @@ def greedy_ranking(
         batch_size=batch_size,
         cache=cache,
         progress=report,
+        ood_sets=inputs.ood_sets,
+        ood_aggregate=ood_aggregate,
     )
     return result.ranking()
 

@@ -36,6 +36,7 @@ from hydra_core.data.surface import (
     image_surface_features,
     text_surface_features,
 )
+from hydra_core.data.synthetic import IMAGE_SYNTHETIC, TEXT_SYNTHETIC
 from hydra_core.data.text import (
     TEXT_OOD,
     TEXT_REPORT_OOD,
@@ -72,6 +73,8 @@ class Modality:
             head per seed, Table 2).
         results_folder: where the committed results of this modality's default model lie below
             ``docs/report`` (``""``: there itself; the sweeps in ``sweeps/`` below it).
+        synthetic_ood: the synthetic OOD sets the ``"synthetic"`` protocol makes from the ID
+            search items (:mod:`hydra_core.data.synthetic`): image or text transforms.
         builder: the data module's builder behind :meth:`benchmark`, which calls it with its own
             arguments (:func:`~hydra_core.data.benchmark.folder_benchmark` or
             :func:`~hydra_core.data.benchmark.text_file_benchmark`, adapted).
@@ -97,6 +100,7 @@ class Modality:
     builder: Callable[..., Benchmark]
     surface_features: Callable[[DataSet, object], np.ndarray]
     surface_feature_names: tuple[str, ...]
+    synthetic_ood: tuple[str, ...] = ()
 
     def benchmark(
         self,
@@ -126,7 +130,7 @@ class Modality:
             ood_sources: OOD data of your own (folders or files): ``"near: path"`` or
                 ``"far: path"`` (a bare path is far) to report on, ``"search: path"`` to select
                 heads on.
-            protocol: ``"dedicated"`` or ``"halves"``.
+            protocol: one of :data:`~hydra_core.data.benchmark.PROTOCOLS`.
             n_search: items per search part (ID and each search set); all when None.
             n_report: items per report part (ID and each report set); all when None.
             classes: the model's classes in output order, to label ``id_source`` by class name.
@@ -152,6 +156,7 @@ class Modality:
             classes=classes,
             model_classes=model_classes if self.follows_model_classes else None,
             image_format=image_format,
+            synthetic=self.synthetic_ood or None,
         )
 
     def check_choice(
@@ -235,6 +240,7 @@ IMAGE_MODALITY = Modality(
     builder=_image_benchmark,
     surface_features=image_surface_features,
     surface_feature_names=IMAGE_FEATURES,
+    synthetic_ood=IMAGE_SYNTHETIC,
 )
 TEXT_MODALITY = Modality(
     name="text",
@@ -253,6 +259,7 @@ TEXT_MODALITY = Modality(
     builder=_text_benchmark,
     surface_features=text_surface_features,
     surface_feature_names=TEXT_FEATURES,
+    synthetic_ood=TEXT_SYNTHETIC,
 )
 #: every modality, by name
 MODALITIES = {m.name: m for m in (IMAGE_MODALITY, TEXT_MODALITY)}

@@ -165,6 +165,7 @@ class Pipeline:
         self.cache = cache or DiskCache()
         self.device = resolve_device(device)
         self.progress, self.log = progress, log
+        self.ood_aggregate = "pooled"  # how the searches' AUROC combines the OOD search sets
         self.seconds: dict[str, float] = {}
         self.started = time.perf_counter()
         self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -307,6 +308,8 @@ class Pipeline:
                 budget=budget,
                 cache=self.cache,
                 progress=on_step,
+                ood_sets=inputs.ood_sets,
+                ood_aggregate=self.ood_aggregate,
                 **sizes,
             )
 
@@ -473,7 +476,7 @@ class Pipeline:
         facts = {
             "created": self.created,
             "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-            "protocol": protocol_facts(self.benchmark, seeds),
+            "protocol": protocol_facts(self.benchmark, seeds, self.ood_aggregate),
             "model": self.loaded.card(),
             "model_description": self.loaded.description,
             "data": data.drop(columns="description").to_dict(orient="records"),
@@ -569,23 +572,31 @@ def search_repeat(
 ) -> Benchmark:
     """``benchmark`` with its search split drawn again for repeat ``repeat``: another fixed
     subsample of ``n`` items of the ID search pool and of each search OOD pool (the same items in
-    another order when ``n`` takes them all); the report split stays."""
+    another order when ``n`` takes them all); the report split stays. Under the ``"synthetic"``
+    protocol the synthetic sets are made again from the new ID search items, with seed
+    ``repeat`` (``ood_pools`` is not used)."""
     from hydra_core.data.images import take
+    from hydra_core.data.synthetic import remade
 
     purpose = f"search-repeat-{repeat}"
-    return replace(
-        benchmark,
-        id_search=take(id_pool, n, purpose=purpose),
-        ood_search=tuple(take(pool, n, purpose=purpose) for pool in ood_pools),
-    )
+    id_search = take(id_pool, n, purpose=purpose)
+    if benchmark.protocol == "synthetic":
+        reported = [benchmark.id_report, *benchmark.ood_report]
+        ood_search = remade(benchmark.ood_search, id_search, reported, seed=repeat)
+    else:
+        ood_search = tuple(take(pool, n, purpose=purpose) for pool in ood_pools)
+    return replace(benchmark, id_search=id_search, ood_search=ood_search)
 
 
-def protocol_facts(benchmark: Benchmark, seeds: Mapping[str, object]) -> dict:
+def protocol_facts(
+    benchmark: Benchmark, seeds: Mapping[str, object], ood_aggregate: str = "pooled"
+) -> dict:
     """``setup["protocol"]``: which samples selected heads and which were reported, and the
     run's ``seeds``."""
     return {
         "name": benchmark.protocol,
         "note": benchmark.protocol_note(),
+        "ood_aggregate": ood_aggregate,
         "search_ood": benchmark.search_names(),
         "report_ood": benchmark.report_names(),
         "id_search_n": len(benchmark.id_search),

@@ -17,9 +17,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
 from hydra_core.baselines.deep_ensembles import deep_ensemble_for
 from hydra_core.baselines.systems import MC_DROPOUT, MCDropoutBaseline
 from hydra_core.cache import DiskCache
+from hydra_core.data.benchmark import DEFAULT_PROTOCOL, NAMED_SEARCH
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.errors import InputError
@@ -85,9 +87,13 @@ class ReportConfig:
         ood: report OOD sets by name (None: the five default report sets).
         search_ood: search OOD sets by name, used only to select heads and never reported
             (None: the default search sets, see :data:`hydra_core.data.ood.SEARCH_OOD`).
-        protocol: ``"dedicated"`` (search sets apart from report sets, the paper's) or
-            ``"halves"`` (halves of the report sets, which leaks them into head selection; the
-            report says so at the top).
+        protocol: which data selects heads (:data:`~hydra_core.data.benchmark.PROTOCOLS`,
+            docs/search-protocols.md): ``"dedicated"`` (search sets apart from report sets, the
+            paper's), ``"synthetic"``, ``"far-to-near"``, ``"near-to-far"``, or ``"halves"``
+            (halves of the report sets, which leaks them into head selection; the report says so
+            at the top).
+        ood_aggregate: how the greedy searches' AUROC combines the OOD search sets (``pooled``,
+            ``mean``, ``min``); the stability resamples score the pooled AUROC.
         repeats: how often the seeded systems are repeated (search subsample, pruning seeds and
             fine-tuning batch order change together); their mean ± std is Table 12.
         loso_set: the report set left out of a CircOOD search over halves of the other report
@@ -116,7 +122,8 @@ class ReportConfig:
     n_report: int | None = None
     ood: tuple[str, ...] | None = None
     search_ood: tuple[str, ...] | None = None
-    protocol: str = "dedicated"
+    protocol: str = DEFAULT_PROTOCOL
+    ood_aggregate: str = DEFAULT_OOD_AGGREGATE
     repeats: int = 5
     loso_set: str | None = "mnist"
     removed_per_layer: int | None = None
@@ -171,6 +178,7 @@ def run_report(
     run = Pipeline(
         out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
     )
+    run.ood_aggregate = config.ood_aggregate
     device, cache, stages = run.device, run.cache, run.stage
 
     def benchmark_of(n_search: int | None):
@@ -444,7 +452,7 @@ def _repeats(
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
     id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
     pools = [
-        load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol == "dedicated" else s
+        load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol in NAMED_SEARCH else s
         for s in benchmark.ood_search
     ]
     share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731

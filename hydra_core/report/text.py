@@ -73,6 +73,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
 from hydra_core.analysis.inputs import SearchInputs, search_inputs
 from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS, has_train_text_recipe
 from hydra_core.baselines.systems import (
@@ -81,8 +82,9 @@ from hydra_core.baselines.systems import (
     SharedBackboneBaseline,
 )
 from hydra_core.cache import DiskCache
+from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.data.provenance import ChosenOn
-from hydra_core.data.text import load_rotten_tomatoes, load_text_ood_set
+from hydra_core.data.text import TEXT_OOD, load_rotten_tomatoes, load_text_ood_set
 from hydra_core.evaluate import callable_model, probabilities
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
 from hydra_core.hydra.experiment import Run
@@ -168,6 +170,8 @@ class TextReportConfig:
     n_report: int | None = None  # all 1,500 test sentences
     ood_cap: int | None = 1000
     ood: tuple[str, ...] | None = None
+    protocol: str = DEFAULT_PROTOCOL  # which data selects heads (docs/search-protocols.md)
+    ood_aggregate: str = DEFAULT_OOD_AGGREGATE  # how the searches combine the OOD search sets
     removed_per_layer: int | None = None
     pool_fraction: float = 2 / 3
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -223,7 +227,10 @@ def text_benchmark(config: TextReportConfig) -> Benchmark:
     from hydra_core.data.benchmark import default_text_benchmark
 
     benchmark = default_text_benchmark(
-        config.n_search, config.n_report, ood=list(config.ood) if config.ood else None
+        config.n_search,
+        config.n_report,
+        ood=list(config.ood) if config.ood else None,
+        protocol=config.protocol,
     )
     if config.ood_cap is None:
         return benchmark
@@ -275,6 +282,7 @@ def run_text_report(
     run = Pipeline(
         out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
     )
+    run.ood_aggregate = config.ood_aggregate
     (train_set,) = run.load(lambda: _load(config))
     loaded, benchmark, stages = run.loaded, run.benchmark, run.stage
     model, layout = loaded.model, run.layout
@@ -289,7 +297,9 @@ def run_text_report(
         """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
         if config.repeats > 1:
             id_pool = load_rotten_tomatoes("validation")
-            pools = [load_text_ood_set(s.name) for s in benchmark.ood_search]
+            pools = [
+                load_text_ood_set(s.name) if s.name in TEXT_OOD else s for s in benchmark.ood_search
+            ]
         share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731
         for r in run.repeats(config.repeats, before_wait=share):
             sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
