@@ -525,6 +525,22 @@ def test_heads_and_masks_refuse_a_stability_file_of_other_data(checkpoint, tmp_p
     assert snapshot(tmp_path) == before
 
 
+def test_importance_refuses_a_search_of_other_data(checkpoint, tmp_path, capsys):
+    """``importance --greedy`` checks the search file's data as ``heads`` and ``masks`` check a
+    stability file's: a search of the same model on other search data is refused, in one line,
+    before any work, and nothing is written."""
+    searched = tmp_path / "search"
+    other = ["--n-search", "12", *DATA[2:]]  # another search sample: another data fingerprint
+    code, err = run(capsys, "search", "--model", checkpoint, *other, "--budget", "1",
+                    "--out", str(searched))  # fmt: skip
+    assert code == 0, err
+    before = snapshot(tmp_path)
+    line = refused(capsys, "importance", "--model", checkpoint, *DATA, "--greedy",
+                   str(searched / "greedy_avg.json"), "--out", str(tmp_path / "imp"))  # fmt: skip
+    assert f"--greedy {searched / 'greedy_avg.json'} was computed on other data" in line
+    assert snapshot(tmp_path) == before
+
+
 def test_a_mask_file_from_a_stability_ranking_records_the_files_sample_sizes(
     checkpoint, tmp_path, capsys
 ):

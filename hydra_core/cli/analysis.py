@@ -104,7 +104,7 @@ def _search(args: argparse.Namespace) -> int:
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
 
-    def check_budget(loaded) -> None:
+    def check_budget(loaded, benchmark) -> None:
         total = head_layout(loaded.model).total_heads
         if not 1 <= args.budget < total:  # the search writes a circuit, which keeps a head
             raise InputError(
@@ -273,9 +273,10 @@ def _importance(args: argparse.Namespace) -> int:
 
     greedy = None
 
-    def read_greedy(loaded) -> None:  # another model's search is refused before any work
+    def read_greedy(loaded, benchmark) -> None:  # another model's or data's search: refused
         nonlocal greedy
-        greedy = _read_greedy(args.greedy, loaded) if args.greedy else None
+        data = data_identity(benchmark, "search")
+        greedy = _read_greedy(args.greedy, loaded, data) if args.greedy else None
 
     loaded, _, inputs, cache, out = prepare(args, check=read_greedy)
     single = single_head_importance(
@@ -345,14 +346,15 @@ def _importance(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_greedy(path: str, loaded):
-    """A search result (``--greedy``) of the loaded model: another model's is refused, one that
-    names no model (an older file) warned about."""
+def _read_greedy(path: str, loaded, data: dict | None = None):
+    """A search result (``--greedy``) of the loaded model and, given ``data``, of this run's
+    search data: another model's or other data's is refused, one that names no model (an older
+    file) warned about."""
     from hydra_core.analysis.greedy import GreedyResult
 
-    hint = "give a search result"
+    hint = "give a search result of this model on this run's search data"
     return read_result_file(
-        path, loaded, "--greedy", "a search result", hint, GreedyResult.from_dict
+        path, loaded, "--greedy", "a search result", hint, GreedyResult.from_dict, data
     )
 
 
@@ -398,7 +400,7 @@ def _represent(args: argparse.Namespace) -> int:
 
     layer, heads, member = 0, [], None
 
-    def check_choice(loaded) -> None:  # the layer, the heads and the mask file, before any work
+    def check_choice(loaded, benchmark) -> None:  # layer, heads, mask file: before any work
         nonlocal layer, heads, member
         layout = head_layout(loaded.model)
         if not -layout.num_layers <= args.layer < layout.num_layers:

@@ -361,7 +361,7 @@ def prepare(
     args: argparse.Namespace,
     *,
     report_sample_size: int | None = None,
-    check: Callable[[object], None] | None = None,
+    check: Callable[[object, object], None] | None = None,
 ):
     """Model (on the requested device), benchmark, input tensors, the cache and the output folder,
     for a command.
@@ -369,9 +369,9 @@ def prepare(
     The tensors are the search data (:func:`~hydra_core.analysis.inputs.search_inputs`) for
     commands that select heads; with ``report_sample_size``, a sample of that many report images
     per set (:func:`~hydra_core.analysis.inputs.report_sample`) for commands that describe the
-    reported distributions. ``check(loaded)`` refuses the command's own options that the model
-    decides (a budget, a layer, a file made for another model) before the output folder is
-    claimed (:func:`claim_output`): a refused command writes nothing."""
+    reported distributions. ``check(loaded, benchmark)`` refuses the command's own options that the
+    model or the data decide (a budget, a layer, a file made for another model or on other data)
+    before the output folder is claimed (:func:`claim_output`): a refused command writes nothing."""
     from hydra_core.analysis.inputs import report_sample, search_inputs
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
@@ -379,7 +379,7 @@ def prepare(
 
     loaded, benchmark = load_for_cli(args)
     if check is not None:
-        check(loaded)
+        check(loaded, benchmark)
     device = resolve_device(args.device)
     loaded.model.to(device)
     if report_sample_size is None:
