@@ -1,5 +1,5 @@
-"""Evaluation harness: batched predictions on any device, and the metrics table of the README's
-Metric conventions with a 95% bootstrap interval on every number (README, "Intervals").
+"""Evaluation harness: batched predictions on any device, and the metrics table of
+docs/metrics.md with a 95% bootstrap interval on every number (docs/intervals.md).
 
 A *system* is anything that maps a batch of model inputs to logits: a single model (B, C), a model
 under a head mask, or an ensemble returning member logits (B, M, C). Ensemble probabilities are the
@@ -163,8 +163,8 @@ def probabilities(logits: torch.Tensor) -> torch.Tensor:
 
 
 def ood_score(logits: torch.Tensor, score: str = "msp") -> np.ndarray:
-    """Per-sample "higher = more in-distribution" score; ensembles as the README's Metric
-    conventions say. MSP is Hydra Lab's own; the other logit scores are pytorch-ood's outlier
+    """Per-sample "higher = more in-distribution" score; ensembles as docs/metrics.md
+    says. MSP is Hydra Lab's own; the other logit scores are pytorch-ood's outlier
     scores negated (:func:`hydra_core.detectors.logit_outlier_scores`)."""
     if score not in SCORES:
         raise ValueError(

@@ -7,7 +7,7 @@ A member mask is a bool tensor (layers, heads), True = kept. Strategies (paper 4
 - Taylor and CAHP rankings/masks plug into the same two functions; masks drawn by hand are plain
   tensors.
 
-Mask file (README, "Mask files"), JSON::
+Mask file (docs/cli.md, "Mask files"), JSON::
 
     {"format": "hydra-masks", "version": 1,
      "model": {"name": ..., "layers": L, "heads": H, "weights": <fingerprint>},

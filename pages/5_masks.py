@@ -332,7 +332,7 @@ with show_error("Could not build the masks"):
 
     with tabs[3]:
         upload = st.file_uploader(
-            "Import a mask file (JSON; its format: README, Mask files)", type=["json"]
+            "Import a mask file (JSON; its format: docs/cli.md, Mask files)", type=["json"]
         )
         other = st.checkbox("Accept masks made for other weights of the same shape")
         if upload is not None:

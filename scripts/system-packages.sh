@@ -13,7 +13,7 @@ case "$what" in
 esac
 present && exit 0
 if ! command -v apt-get >/dev/null; then
-  echo "note: apt-get not found; install ${packages[*]} yourself (see README)." >&2; exit 0
+  echo "note: apt-get not found; install ${packages[*]} yourself (see docs/index.md)." >&2; exit 0
 fi
 if [ "$(id -u)" -eq 0 ]; then sudo=(); elif sudo -n true 2>/dev/null; then sudo=(sudo -n); else
   echo "note: not root and no passwordless sudo; run: sudo apt-get install ${packages[*]}" >&2; exit 0

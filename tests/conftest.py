@@ -164,7 +164,7 @@ def text_batch(
     return ids, mask
 
 
-# --- tiny random OpenCLIP models (no weights exist offline: README, Zero-shot CLIP) -------------
+# --- tiny random OpenCLIP models (no weights exist offline: docs/clip.md) -------------
 
 CLIP_CLASSES = ("cat", "dog", "car", "ship", "plane")
 

@@ -1,6 +1,6 @@
 """A user's own files and options, wrong in the ways users get them wrong: each case ends in one
 line that names the input and the fix (exit code 2), or a warning, never in a traceback or a
-silently wrong number. The table in the README ("Bad inputs") lists these cases."""
+silently wrong number. The table in docs/bad-inputs.md lists these cases."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Loading OpenCLIP models as zero-shot classifiers (``load_model("openclip:...")``): tiny random
 models saved as open_clip folders, exactly as open_clip 3.3 reads them (no CLIP weights exist
-offline: README, Zero-shot CLIP), every refusal as one line, the prompt templates and the cache of
+offline: docs/clip.md), every refusal as one line, the prompt templates and the cache of
 the class embeddings."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Head selection never sees a reported OOD set (README, The embedded default, "Protocol";
+"""Head selection never sees a reported OOD set (docs/default.md, The embedded default, "Protocol";
 paper D.1.2).
 
 Checked on what the search is actually given: the tensors that reach ``greedy_circuit`` in a

@@ -1,5 +1,5 @@
-"""The disjoint search and report data that every result is computed on (README, The embedded
-default, "Protocol").
+"""The disjoint search and report data that every result is computed on (docs/default.md,
+"Protocol").
 
 Heads are selected with scores computed on *search* data; results are reported on *report* data
 that no head selection used (paper Appendix D.1.2, "OOD sets and fairness"):

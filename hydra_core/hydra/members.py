@@ -24,7 +24,7 @@ report:
   official variant or accuracy-knee), one clustering seed per member; CAHP chooses how many heads
   each member keeps.
 - :func:`manual_members`: masks drawn by hand, as (L, H) bool tensors or :class:`MemberMask`
-  objects. The members of a mask file (README, Mask files) come from
+  objects. The members of a mask file (docs/cli.md, Mask files) come from
   :func:`~hydra_core.masks.load_masks`.
 
 Members must differ: the functions that make several members refuse identical masks with a message

@@ -1,5 +1,5 @@
-"""The systems of a Hydra experiment, evaluated on the same report split (README, Metric
-conventions), as one report: :class:`SystemsReport`.
+"""The systems of a Hydra experiment, evaluated on the same report split (docs/metrics.md),
+as one report: :class:`SystemsReport`.
 :func:`~hydra_core.hydra.experiment.evaluate_systems` makes it; its usual systems, on the ID
 report split and every OOD report set:
 
@@ -158,7 +158,7 @@ class SystemsReport:
 
     def table(self) -> pd.DataFrame:
         """Every system x every set (ID, each OOD set, near / far / all-OOD averages): the metrics
-        of the README's Metric conventions, with mutual information and disagreement for
+        of docs/metrics.md, with mutual information and disagreement for
         ensembles (also averaged over the OOD sets of each group); each metric ``m`` with its 95%
         interval in ``m_lo`` and ``m_hi``."""
         self._paired()

@@ -1,4 +1,4 @@
-"""Uncertainty metrics of Hydra Lab (README, Metric conventions): classification and
+"""Uncertainty metrics of Hydra Lab (docs/metrics.md): classification and
 calibration, OOD detection, OOD scores, ensemble diversity.
 
 Conventions shared by every metric:

@@ -1,5 +1,5 @@
-"""Percentile bootstrap intervals over the report images, stratified and paired (README, The
-embedded default, "Intervals": every reported metric carries a 95% bootstrap interval;
+"""Percentile bootstrap intervals over the report images, stratified and paired (docs/metrics.md,
+"Intervals": every reported metric carries a 95% bootstrap interval;
 comparisons between systems use paired intervals).
 
 What is resampled, and why:
@@ -31,7 +31,7 @@ fewer; :func:`check_n_boot` for other callers) and :data:`MIN_ITEMS` items per p
 intervals with a warning, :func:`blank_small_parts`, so nothing is marked significant).
 
 How it is fast: a resample is stored as counts, ``counts[b, i]`` = how often image i is drawn in
-resample b (shape (B, N)). Every metric of the README's Metric conventions is a function of
+resample b (shape (B, N)). Every metric of docs/metrics.md is a function of
 per-image values and these counts, so all B resamples are computed together and each set is sorted
 once per system, not once per resample:
 

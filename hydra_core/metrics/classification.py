@@ -1,6 +1,6 @@
 """Classification and calibration metrics: accuracy, NLL, Brier, ECE, adaptive ECE.
 
-Conventions (README, Metric conventions):
+Conventions (docs/metrics.md):
 
 - Signature ``name(probs, labels, *, options)``: ``probs`` (N, C) class probabilities, ``labels``
   (N,) integer class indices in [0, C). For an ensemble, ``probs`` is the mean of the members'

@@ -1,6 +1,6 @@
 """Ensemble diversity: mutual information and pairwise disagreement of the members.
 
-Conventions (README, Metric conventions):
+Conventions (docs/metrics.md):
 
 - Input ``member_probs`` of shape (N, M, C): the softmax probabilities of each of M members for N
   samples; every row must sum to 1. Numpy arrays or torch tensors of any float dtype on any device,

@@ -1,6 +1,6 @@
 """OOD detection metrics: AUROC, FPR@95, AUPR-In, AUPR-Out, and the classic FPR@95TPR.
 
-Conventions (README, Metric conventions):
+Conventions (docs/metrics.md):
 
 - Signature ``name(id_scores, ood_scores)``: one score per sample, shape (N,), where a **higher
   score means more in-distribution** (MSP by default; see :mod:`hydra_core.metrics.scores`).

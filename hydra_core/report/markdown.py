@@ -209,7 +209,7 @@ def _setup_section(setup: dict) -> list[str]:
             if setup.get("mc_dropout_skipped")
             else "in the tables."
         ),
-        "- **Metrics** (README, Metric conventions): ensemble probabilities are the mean of "
+        "- **Metrics** (docs/metrics.md): ensemble probabilities are the mean of "
         "member softmax probabilities; ECE with 15 equal-width bins, aECE with 15 equal-mass "
         "bins; OOD score = maximum softmax probability, OOD is the positive class (OpenOOD): "
         "AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is caught), AUPR-In / AUPR-Out; "

@@ -119,7 +119,7 @@ def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
         f"Model: {setup.get('model', {}).get('name', '')}. Heads chosen on "
         f"{protocol.get('id_search_n')} ID search items and the search sets "
         f"{', '.join(protocol.get('search_ood', []))}; every number on {data}, with its 95% "
-        "stratified-bootstrap interval. See README, Sweeps.",
+        "stratified-bootstrap interval. See docs/sweeps.md.",
         "",
         _table(table),
         "",

@@ -111,7 +111,7 @@ def _setup_section(setup: dict) -> list[str]:
         f"{config['mc_passes']} passes with seeds {p['seeds']['mc_dropout']} (each re-seeded at "
         "every batch), probabilities averaged.",
         f"- **Fine-tuning after pruning**: {_finetune_sentence(ft)}",
-        "- **Metrics** (README, Metric conventions): ECE with 15 equal-width bins, aECE with 15 "
+        "- **Metrics** (docs/metrics.md): ECE with 15 equal-width bins, aECE with 15 "
         "equal-mass bins, Brier summed over the classes; OOD score = maximum softmax probability, "
         "OOD is the positive class: AUROC, FPR95 (share of ID flagged OOD when 95% of OOD is "
         "caught), AUPR-In / AUPR-Out (the paper's AUPR is AUPR-Out; both depend on the ratio of "
