@@ -331,7 +331,9 @@ with show_error("Could not run the head search"):
         disabled=running or not can_resume,
         help="Continue the interrupted search for this objective up to its budget",
     ):
-        start_search(context, inputs, objective, previous.budget, True, previous, aggregate)
+        start_search(
+            context, inputs, objective, previous.budget, True, previous, aggregate=aggregate
+        )
         st.rerun()
 
     if running:

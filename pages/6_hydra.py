@@ -24,6 +24,7 @@ from hydra_core.evaluate import format_intervals
 from hydra_core.hydra.experiment import STAGES, evaluate_systems, hydra_systems
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
+from hydra_core.hydra.systems import system_name
 from hydra_core.models.preprocess import describe
 from hydra_core.ood_scores import SCORES, rescore_report
 from hydra_ui.comparisons import ensembling_verdict
@@ -520,7 +521,14 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
                     difference_plot(differences, column, metric_title=DIFFERENCES[column]),
                     f"hydra_difference_{column}",
                 )
-            against_baselines(report, setup["label"])
+            if system_name(setup["label"], "fused") in report.systems:
+                against_baselines(report, setup["label"])
+            else:  # a feature score: the fused model gives no features of its own (see above)
+                st.caption(
+                    "The comparison of the fused ensemble with its baselines and best member "
+                    "needs the fused model, which this score does not apply to: choose MSP or a "
+                    "logit score for it."
+                )
         with st.expander("Every metric per OOD set", expanded=True):
             table_with_download(format_intervals(report.table()), "hydra_metrics_per_set.csv")
 

@@ -31,7 +31,7 @@ def test_the_matrix_is_computed_in_a_job_and_equals_the_library(app, reference):
     checks = benchmark_shortcuts(loaded, benchmark, device="cpu")
     shown = [w.value for w in app.warning if "surface features alone" in w.value]
     assert len(shown) == sum(c.warns for c in checks.values()) > 0
-    app.radio[0].set_value("ood")
+    next(r for r in app.radio if r.label == "Objective").set_value("ood")
     app.number_input[0].set_value(2)  # budget
     app.run()
     button(app, "Compute the transfer matrix").click()

@@ -106,7 +106,10 @@ def test_scale_heads_is_a_differentiable_head_mask(family):
             masked = model(x)
         with ablate(model, keep):
             ablated = model(x)
-    torch.testing.assert_close(ones, plain, rtol=0, atol=0)
+    # OpenCLIP's nn.MultiheadAttention runs its own fused path unless the projection is called
+    # as a module (family.projection_called), so there the two routes agree up to rounding, which
+    # differs between CPUs (3e-15 seen on AVX-512); elsewhere the hook is the only change: exact
+    torch.testing.assert_close(ones, plain, rtol=0, atol=1e-12 if family == "openclip" else 0)
     torch.testing.assert_close(masked, ablated, rtol=0, atol=1e-12)
     # The gradient against central differences of the loss, one head at a time.
     labels = torch.arange(len(plain)) % plain.shape[1]

@@ -716,6 +716,9 @@ def test_a_real_ctrl_c_early_in_a_command_exits_130_without_a_traceback(tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a test runner's worker (pytest-xdist) may ignore SIGINT, and an
+        # ignored signal stays ignored in its children
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not ready.exists() and started.poll() is None:

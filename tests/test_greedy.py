@@ -73,6 +73,7 @@ def assert_same_search(a: GreedyResult, b: GreedyResult, tol: float = TOL) -> No
                 top = float(scores.nan_to_num(-math.inf).max())
                 assert abs(float(scores[a.order[t]]) - top) <= tol
                 assert abs(float(scores[b.order[t]]) - top) <= tol
+            break  # the removed sets differ from here on: their maps are other searches' maps
             return
         assert (a.scores[t], a.accuracy[t], a.auroc[t]) == pytest.approx(
             (b.scores[t], b.accuracy[t], b.auroc[t]), abs=tol

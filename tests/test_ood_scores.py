@@ -343,7 +343,8 @@ def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noq
     assert "Hydra (fused)" in msp.index  # MSP: every system, as before
     next(s for s in app.selectbox if s.label == "OOD score").set_value("knn")
     app.run()
-    assert not app.exception and not app.error
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert any("needs the fused model" in c.value for c in app.caption)  # no comparison table
     shown = app.dataframe[0].value.set_index("system")
     assert list(shown.index) == ["single", "Hydra: a", "Hydra: b", "Hydra (unfused)"]
     assert any("Hydra (fused)" in i.value and "Temperature Scaling" in i.value for i in app.info)

@@ -19,6 +19,7 @@ import torch
 from hydra_core.analysis import greedy
 from hydra_core.cli import main
 from hydra_core.data import REPORT_OOD, SEARCH_OOD, load_fashion_mnist, load_ood_sets
+from hydra_core.models.adapter import head_layout
 from hydra_core.zoo.registry import load_model
 from tests.conftest import missing_data
 
@@ -104,7 +105,13 @@ def test_search_json_is_one_object(checkpoint, tmp_path, capsys):
         "n_id",
         "n_ood",
         "seconds",
+        "candidates",  # the guided search's K (None: exact)
+        "evaluated",  # candidates evaluated per step
+        "shortcut",  # the shortcut check of each search set
     }
+    total = head_layout(load_model(checkpoint).model).total_heads
+    assert found["candidates"] is None and found["evaluated"] == [total, total - 1]  # exact
+    assert set(found["shortcut"]) == set(SEARCH_OOD)
     assert (found["objective"], found["budget"]) == ("avg", 2)
     assert len(found["order"]) == len(found["scores"]) == 2
     assert all(label.startswith("L") and "H" in label for label in found["order"])

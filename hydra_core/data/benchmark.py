@@ -13,17 +13,13 @@ that no head selection used (paper Appendix D.1.2, "OOD sets and fairness"):
   far sets, :data:`~hydra_core.data.ood.REPORT_OOD`) are reported on and never select heads. No set
   has both roles, so head selection never sees a reported distribution, as the paper extracts its
   circuits against a dedicated OOD validation set that no final table uses.
-- OOD, protocol ``"halves"`` (this project's earlier protocol, kept only as an explicit option):
-  every report set is cut once, by a fixed shuffle of its own, into two halves
-  (:func:`~hydra_core.data.images.split_in_two`); heads are selected on one half and results are
-  reported on the other. The images are disjoint but the distributions are the same: the search
-  saw the reported distributions, so the OOD numbers come out optimistic.
-  :meth:`Benchmark.protocol_note` says so in words, and the command line and the app show it.
-- OOD, protocol ``"synthetic"``: the search sets are made from the ID search items
-  (:mod:`hydra_core.data.synthetic`); every report set is reported on.
-- OOD, ``"far-to-near"`` / ``"near-to-far"`` (leave one group out): every set of the searched
-  group, search- and report-role alike, selects heads; only the other group's report sets are
-  reported on (docs/search-protocols.md).
+- ``"halves"`` (an explicit option only): every report set is cut once into two halves
+  (:func:`~hydra_core.data.images.split_in_two`), one selects heads, the other is reported on:
+  the search saw the reported distributions, so OOD numbers come out optimistic
+  (:meth:`Benchmark.protocol_note` says so, as the command line and the app do).
+- ``"synthetic"``: search sets made from the ID search items (:mod:`hydra_core.data.synthetic`).
+- ``"far-to-near"`` / ``"near-to-far"`` (leave one group out): every set of the searched group
+  selects heads; only the other group's report sets are reported on (docs/search-protocols.md).
 
 ``n_search`` and ``n_report`` cap each part at the first n items of a fixed shuffle (the one
 :func:`~hydra_core.data.images.take` uses), so the same request always gives the same items and a
