@@ -104,6 +104,7 @@ def claim_folder(
     reads: Mapping | None = None,
     options: Mapping | None = None,
     record: bool = True,
+    run: str | None = None,
 ) -> Path:
     """Make ``folder`` the output of this run, or refuse it (InputError) when it holds the results
     of another: another model, the same command on other data, or files no run claims; unless
@@ -124,7 +125,10 @@ def claim_folder(
         record: write the manifest now (False: only check; the caller records the run when its
             files are in place, so that a run that fails leaves no folder holding only the
             manifest).
+        run: the name ``options`` are kept under (default ``command``): a command that writes
+            several runs into one folder (a search per objective) names each.
     """
+    run = run or command
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{option} {folder} is a file; give a folder (it is created if missing)")
@@ -152,12 +156,12 @@ def claim_folder(
                 f"{', '.join(earlier.get('sets', []))}, fingerprint {earlier.get('fingerprint')}; "
                 f"now {', '.join(data.get('sets', []))}, {data.get('fingerprint')}); {again}"
             )
-        before = (record.get("options") or {}).get(command)
+        before = (record.get("options") or {}).get(run)
         now = _plain(options) if options is not None else None
         if before is not None and now is not None and before != now:
             name = next(k for k in sorted({*before, *now}) if before.get(k) != now.get(k))
             raise InputError(
-                f"{folder} holds {command} results made with {name} {_shown(before.get(name))}, "
+                f"{folder} holds {run} results made with {name} {_shown(before.get(name))}, "
                 f"not {_shown(now.get(name))} (other options are another run, not a resume); "
                 f"{again}"
             )
@@ -167,7 +171,7 @@ def claim_folder(
         record = {"format": FORMAT, "model": model, "data": {}}
     record["data"] = {**record.get("data", {}), command: data}
     if options is not None:
-        record["options"] = {**(record.get("options") or {}), command: _plain(options)}
+        record["options"] = {**(record.get("options") or {}), run: _plain(options)}
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     if created:

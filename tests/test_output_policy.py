@@ -525,6 +525,35 @@ def test_heads_and_masks_refuse_a_stability_file_of_other_data(checkpoint, tmp_p
     assert snapshot(tmp_path) == before
 
 
+def test_a_search_of_other_options_is_another_run_not_a_resume(checkpoint, tmp_path, capsys):
+    """A search folder holds one search per objective; the same objective again with an option
+    that changes its files (a guided search's K, the OOD aggregate, a held-out part) would
+    replace them without a word, so it is refused (one line naming the option) unless
+    ``--overwrite``; the same search again (a longer budget: it continues) and another objective
+    are not."""
+    out = tmp_path / "search"
+    base = ["search", "--model", checkpoint, *DATA, "--out", str(out)]
+    code, err = run(capsys, *base, "--budget", "2")
+    assert code == 0, err
+    code, err = run(capsys, *base, "--budget", "3")  # the same search, continued
+    assert code == 0, err
+    before = snapshot(tmp_path)
+    for extra, option in (
+        (["--candidates", "4"], "--candidates"),
+        (["--ood-aggregate", "min"], "--ood-aggregate"),
+        (["--holdout", "0.5"], "--holdout"),
+    ):
+        line = refused(capsys, *base, "--budget", "3", *extra)
+        assert f"holds search greedy_avg results made with {option}" in line
+        assert "--overwrite" in line
+    assert snapshot(tmp_path) == before
+    code, err = run(capsys, *base, "--budget", "2", "--objective", "ood", "--candidates", "4")
+    assert code == 0, err  # another objective: its own files, its own options
+    code, err = run(capsys, *base, "--budget", "3", "--candidates", "4", "--overwrite")
+    assert code == 0, err
+    assert json.loads((out / "greedy_avg.json").read_text())["candidates"] == 4
+
+
 def test_importance_refuses_a_search_of_other_data(checkpoint, tmp_path, capsys):
     """``importance --greedy`` checks the search file's data as ``heads`` and ``masks`` check a
     stability file's: a search of the same model on other search data is refused, in one line,

@@ -116,7 +116,14 @@ def _search(args: argparse.Namespace) -> int:
         raise InputError(
             "--stability resamples the exact search: leave out --candidates (or --stability)"
         )
-    loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget)
+    # the options that change the files greedy_<objective>*: another value is another search
+    changes = {
+        "--candidates": args.candidates,
+        "--ood-aggregate": args.ood_aggregate,
+        "--holdout": None if args.holdout is None else [args.holdout, args.seed],
+    }
+    run = (f"greedy_{args.objective}", changes)
+    loaded, benchmark, inputs, cache, out = prepare(args, check=check_budget, run=run)
     shortcut = shortcut_summary(loaded, benchmark, cache, args)  # warns before the search
     searched = search_data(args, inputs)
     data = (loaded.model, searched.id_x, searched.id_y, searched.ood_x)

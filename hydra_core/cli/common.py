@@ -362,6 +362,7 @@ def prepare(
     *,
     report_sample_size: int | None = None,
     check: Callable[[object, object], None] | None = None,
+    run: tuple[str, dict] | None = None,
 ):
     """Model (on the requested device), benchmark, input tensors, the cache and the output folder,
     for a command.
@@ -371,7 +372,9 @@ def prepare(
     per set (:func:`~hydra_core.analysis.inputs.report_sample`) for commands that describe the
     reported distributions. ``check(loaded, benchmark)`` refuses the command's own options that the
     model or the data decide (a budget, a layer, a file made for another model or on other data)
-    before the output folder is claimed (:func:`claim_output`): a refused command writes nothing."""
+    before the output folder is claimed (:func:`claim_output`): a refused command writes nothing.
+    ``run``: (the name of the files it writes, the options that change them), part of the run's
+    identity in the folder (a folder of other options is refused without ``--overwrite``)."""
     from hydra_core.analysis.inputs import report_sample, search_inputs
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import resolve_device
@@ -389,7 +392,7 @@ def prepare(
     out = Path(args.out or f"results/{args.command}")
     data = data_identity(benchmark, "search" if report_sample_size is None else "report")
     if distributed.is_main():
-        claim_output(args, out, loaded, data)
+        claim_output(args, out, loaded, data, run)
         print(f"{loaded.name} on {device}: {inputs.describe()}", file=sys.stderr)
     return loaded, benchmark, inputs.to(device), DiskCache(), out
 
@@ -412,11 +415,16 @@ def input_paths(args: argparse.Namespace) -> dict[str, str]:
     return found
 
 
-def claim_output(args: argparse.Namespace, out: Path, loaded, data: dict) -> None:
+def claim_output(
+    args: argparse.Namespace, out: Path, loaded, data: dict, run: tuple[str, dict] | None = None
+) -> None:
     """Refuse an output folder that holds another run's results, unless --overwrite (see
-    :mod:`hydra_core.outputs`); create it and record this run."""
+    :mod:`hydra_core.outputs`); create it and record this run. ``run``: (the files' name, the
+    options that change them): the same files of other options are another run's, refused (a
+    search's folder holds one search per objective, each with its own options)."""
     from hydra_core.outputs import claim_folder
 
+    name, options = (None, None) if run is None else (f"{args.command} {run[0]}", run[1])
     claim_folder(
         out,
         model=loaded.identity(),
@@ -424,6 +432,8 @@ def claim_output(args: argparse.Namespace, out: Path, loaded, data: dict) -> Non
         command=args.command,
         overwrite=args.overwrite,
         reads=input_paths(args),
+        options=options,
+        run=name,
     )
 
 
