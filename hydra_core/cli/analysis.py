@@ -62,12 +62,7 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         default=24,
         help="heads to remove (default: %(default)s)",
     )
-    p.add_argument(
-        "--method",
-        default="fast",
-        choices=("fast", "plain"),
-        help="fast: suffix recomputation; plain: full forward per candidate (reference)",
-    )
+    options.add_search_method_argument(p)
     p.add_argument(
         "--candidates",
         type=options.positive_int,

@@ -193,15 +193,8 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
     )
     for option in ("--mc-passes", "--mc-dropout-rate"):
         options.only_with(p, option, "--baselines mc-dropout", _with_mc_dropout)
-    p.add_argument(
-        "--scores",
-        type=options.ood_scores,
-        default=("msp",),
-        metavar="SCORE[,SCORE...]",
-        help="OOD scores, comma-separated, or all: msp, max_logit, energy, entropy, "
-        "mutual_information (ensembles), mahalanobis, vim, knn (fitted on the ID search split); "
-        "the system tables stay MSP, other scores add scores_table.csv and score_gains.csv "
-        "(default: msp)",
+    options.add_scores_argument(
+        p, "the system tables stay MSP, other scores add scores_table.csv and score_gains.csv"
     )
     p.add_argument("--bf16", action="store_true", help="predict under bfloat16 autocast (CUDA)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency measurement")

@@ -105,15 +105,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_data_arguments(p)
-    p.add_argument(
-        "--scores",
-        type=options.ood_scores,
-        default=("msp",),
-        metavar="SCORE[,SCORE...]",
-        help="OOD scores, comma-separated, or all: msp, max_logit, energy, entropy, "
-        "mutual_information (ensembles), mahalanobis, vim, knn (fitted on the ID search split); "
-        "the first gives the main table, every one its OOD metrics (default: msp)",
-    )
+    options.add_scores_argument(p, "the first gives the main table, every one its OOD metrics")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 

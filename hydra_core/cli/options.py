@@ -189,3 +189,27 @@ def ood_scores(text: str) -> tuple[str, ...]:
         return parse_scores(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_search_method_argument(p: argparse.ArgumentParser) -> None:
+    """``--method`` of every command that runs greedy searches (search, transfer)."""
+    p.add_argument(
+        "--method",
+        default="fast",
+        choices=("fast", "plain"),
+        help="fast: suffix recomputation; plain: full forward per candidate (reference)",
+    )
+
+
+def add_scores_argument(p: argparse.ArgumentParser, effect: str) -> None:
+    """``--scores`` of every command that reports OOD metrics (eval, hydra); ``effect``: what
+    the scores beyond the first change in this command's output."""
+    p.add_argument(
+        "--scores",
+        type=ood_scores,
+        default=("msp",),
+        metavar="SCORE[,SCORE...]",
+        help="OOD scores, comma-separated, or all: msp, max_logit, energy, entropy, "
+        "mutual_information (ensembles), mahalanobis, vim, knn (fitted on the ID search split); "
+        f"{effect} (default: msp)",
+    )

@@ -59,12 +59,7 @@ def _transfer_arguments(p: argparse.ArgumentParser) -> None:
         default=24,
         help="heads each search removes (default: %(default)s, as search)",
     )
-    p.add_argument(
-        "--method",
-        default="fast",
-        choices=("fast", "plain"),
-        help="fast: suffix recomputation; plain: full forward per candidate (reference)",
-    )
+    options.add_search_method_argument(p)
     p.add_argument(
         "--json",
         action="store_true",
