@@ -70,12 +70,17 @@ def test_heads_writes_csv_json_and_prints_json(checkpoint, tmp_path, capsys):
     assert first["agreed_rank"] == 1 and len(first["delta_auroc_ci95"]) == 2
     assert first["keep_frequency"] is None and printed["model"]["heads"] == 4
 
-    # a stability file joins its frequencies; the same folder takes the same model again
+    # a stability file joins its frequencies: another run, so the folder of the run without it is
+    # refused (nothing changed), and replaced with --overwrite
     stability = tmp_path / "stability.json"
     frequency = [[0.1, 0.9, 0.0, 0.5], [1.0, 0.2, 0.3, None]]
     stability.write_text(json.dumps({"format": "hydra-stability", "frequency": frequency}))
     argv = ["heads", "--model", checkpoint, *DATA, "--boot", "50", "--out", str(out)]
-    assert main([*argv, "--stability", str(stability)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([*argv, "--stability", str(stability)]) == 2
+    assert "made with --stability not given" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*argv, "--stability", str(stability), "--overwrite"]) == 0
     shown = capsys.readouterr().out
     assert "rank  head" in shown and "wrote" in shown
     as_array = np.array([[np.nan if v is None else v for v in r] for r in frequency])

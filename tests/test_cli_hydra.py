@@ -298,7 +298,9 @@ def test_hydra_with_baselines(checkpoint, tmp_path, capsys):
     assert summary.loc["Temperature Scaling", "kind"] == "temperature"
     assert "MC Dropout" not in summary.index
     rate = [*common, "--out", str(out), "--baselines", "mc-dropout", "--mc-dropout-rate", "0.1"]
-    assert main([*rate, "--mc-passes", "2"]) == 0
+    assert main([*rate, "--mc-passes", "2"]) == 2  # other options: another run, not a resume
+    assert "made with --baselines temperature mc-dropout, not mc-dropout" in capsys.readouterr().err
+    assert main([*rate, "--mc-passes", "2", "--overwrite"]) == 0
     summary = pd.read_csv(out / "summary.csv").set_index("system")
     assert summary.loc["MC Dropout (p=0.1, post hoc)", "kind"] == "mc-dropout"
     capsys.readouterr()

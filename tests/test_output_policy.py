@@ -199,10 +199,13 @@ def _writer_calls(path: Path) -> list[str]:
 
 
 def test_no_writer_bypasses_the_policy():
-    """Every file the command line, the exports and the app write goes through
+    """Every file the command line, the exports, the reports and the app write goes through
     :func:`hydra_core.outputs.write_output` (a writer's target is its temporary file ``tmp``) or
     into memory (``buffer``, a download)."""
-    folders = [PACKAGE_DIR / "cli", PACKAGE_DIR / "export", ROOT / "hydra_ui", ROOT / "pages"]
+    folders = [
+        PACKAGE_DIR / "cli", PACKAGE_DIR / "export", PACKAGE_DIR / "report", ROOT / "hydra_ui",
+        ROOT / "pages",
+    ]  # fmt: skip
     files = [p for folder in folders for p in sorted(folder.rglob("*.py"))] + [ROOT / "app.py"]
     bypass = {str(p.relative_to(ROOT)): calls for p in files if (calls := _writer_calls(p))}
     assert not bypass, f"writers outside the output policy: {bypass}"
@@ -413,6 +416,41 @@ def test_a_sweep_of_other_points_into_a_finished_sweep_is_refused(tmp_path, monk
     assert snapshot(out) == before and finished["n"] == 1
     sweeps.run_sweep("layers", config, out, log=lambda *_: None)  # the same run again: a resume
     assert finished["n"] == 2
+
+
+#: for each command whose folder records its options: a run, and the same run with one option
+#: changed that changes its results
+OTHER_OPTIONS = {
+    "importance": (["--taylor-samples", "8"], ["--taylor-samples", "12"]),
+    "heads": (["--boot", "50"], ["--boot", "60"]),
+    "cahp": (  # CAHP clusters each class: 40 items give every class two
+        ["--n-search", "40", "--variant", "accuracy-knee"],
+        ["--n-search", "40", "--variant", "accuracy-knee", "--k-step", "2"],
+    ),
+    "hydra": (["--no-latency"], ["--no-latency", "--baselines", "temperature"]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(OTHER_OPTIONS))
+def test_a_command_with_other_options_is_another_run(command, checkpoint, masks, tmp_path, capsys):
+    """Cause 2 for every command that writes a folder: the same command again is a resume, the
+    command with an option that changes its results is refused (one line naming the option,
+    nothing on disk changed), and replaces the folder with --overwrite."""
+    first, second = OTHER_OPTIONS[command]
+    out = tmp_path / command
+    base = [command, "--model", checkpoint, *DATA, "--out", str(out)]
+    if command == "hydra":
+        base += ["--masks", str(masks)]
+    assert run(capsys, *base, *first)[0] == 0
+    assert run(capsys, *base, *first)[0] == 0  # the same run again
+    before = snapshot(tmp_path)
+    line = refused(capsys, *base, *second)
+    assert f"holds {command} results made with" in line and "--overwrite" in line
+    assert snapshot(tmp_path) == before
+    assert run(capsys, *base, *second, "--overwrite")[0] == 0
+    recorded = json.loads((out / MANIFEST).read_text())["options"][command]
+    changed, value = second[-2:]
+    assert str(recorded[changed]) in (value, str([value]))
 
 
 class _Figure:

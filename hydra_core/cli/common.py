@@ -415,6 +415,30 @@ def input_paths(args: argparse.Namespace) -> dict[str, str]:
     return found
 
 
+#: options that change where or how fast a command runs, or what it prints, never its results
+NOT_RESULT_OPTIONS = (
+    *OUTPUT_OPTIONS, "overwrite", "threads", "debug", "json", "device", "batch_size",
+)  # fmt: skip
+
+
+def result_options(args: argparse.Namespace) -> dict:
+    """The options of a command that change its results (every option, less
+    :data:`NOT_RESULT_OPTIONS`), as the user gives them (``--name`` -> value; a path as its
+    resolved absolute path): part of the identity of the run in its output folder, so that the
+    same command with another ``--budget``, ``--masks`` or ``--boot`` is another run, refused
+    without ``--overwrite``, not taken as a resume."""
+    found = {}
+    for name, value in sorted(vars(args).items()):
+        if name in NOT_RESULT_OPTIONS or name in ("command", "run") or name.startswith("_"):
+            continue
+        if callable(value):
+            continue
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            value = str(Path(value).expanduser().resolve())
+        found[f"--{name.replace('_', '-')}"] = value
+    return found
+
+
 def claim_output(
     args: argparse.Namespace, out: Path, loaded, data: dict, run: tuple[str, dict] | None = None
 ) -> None:
@@ -424,7 +448,10 @@ def claim_output(
     search's folder holds one search per objective, each with its own options)."""
     from hydra_core.outputs import claim_folder
 
-    name, options = (None, None) if run is None else (f"{args.command} {run[0]}", run[1])
+    if run is None:
+        name, options = None, result_options(args)
+    else:
+        name, options = f"{args.command} {run[0]}", run[1]
     claim_folder(
         out,
         model=loaded.identity(),

@@ -429,9 +429,13 @@ def _cahp(args: argparse.Namespace) -> int:
     from hydra_core.hydra.members import refuse_towers_for_cahp
     from hydra_core.masks import MemberMask, save_masks
 
-    loaded, _, inputs, _, out = prepare(args)
+    def check(loaded, benchmark) -> None:  # the options the model decides, before the folder
+        layout = head_layout(loaded.model)
+        refuse_towers_for_cahp(layout)
+        _cahp_options(args, layout.total_heads)
+
+    loaded, _, inputs, _, out = prepare(args, check=check)
     layout = head_layout(loaded.model)
-    refuse_towers_for_cahp(layout)
     result = cahp_select(
         loaded.model,
         inputs.id_x,

@@ -18,6 +18,7 @@ from hydra_core.cli.common import (
     claim_output,
     command,
     load_for_cli,
+    result_options,
     shows_progress,
     warn,
     write_csv,
@@ -106,7 +107,10 @@ def _transfer(args: argparse.Namespace) -> int:
     cache = DiskCache()
     out = Path(args.out or "results/transfer")
     if distributed.is_main():
-        claim_output(args, out, loaded, data_identity(benchmark, "all"))
+        # one matrix per objective in a folder (transfer_<objective>*), each with its options
+        changes = {k: v for k, v in result_options(args).items() if k != "--objective"}
+        run = (f"transfer_{args.objective}", changes)
+        claim_output(args, out, loaded, data_identity(benchmark, "all"), run)
         sizes = ", ".join(
             f"{s.name} {len(s)} + {len(r)}"
             for s, r in zip(benchmark.ood_search, benchmark.ood_report, strict=True)

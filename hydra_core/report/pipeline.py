@@ -58,6 +58,7 @@ from hydra_core.outputs import (
     leftover_staging,
     write_csv,
     write_json,
+    write_output,
     write_text,
 )
 from hydra_core.types import Log, StageProgress
@@ -440,7 +441,8 @@ class Pipeline:
 
     def save_members(self, masks: Sequence[MemberMask]) -> None:
         """``members.json``: the masks of the run, with the model's identity."""
-        save_masks(self.out / "members.json", list(masks), self.loaded.identity())
+        identity = self.loaded.identity()
+        write_output(self.out / "members.json", lambda tmp: save_masks(tmp, list(masks), identity))
 
     def evaluate(
         self, systems: Sequence[System], *, benchmark: Benchmark | None = None, **options
