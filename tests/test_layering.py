@@ -32,13 +32,14 @@ LAYERS = (
     ("hydra_core.detectors",),  # pytorch-ood's OOD detectors on logits and features
     ("hydra_core.evaluate",),
     ("hydra_core.training",),
-    ("hydra_core.zoo",),  # the shipped, named models: each one's loader and training recipe
+    # the named models (one record each: loader, options, training recipe) and load_model for
+    # every model source; fused Hydra files are a kind of source hydra/ registers
+    ("hydra_core.zoo",),
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
     ("hydra_core.ood_scores",),  # systems' evaluations under every OOD score
     ("hydra_core.baselines",),
     ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
-    ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )
