@@ -80,7 +80,9 @@ _EXPORTS = {
     ),
     "hydra_core.models.adapter": ("ablate", "head_label", "head_layout", "prune_heads"),
     "hydra_core.zoo.default": ("load_default_model",),
-    "hydra_core.zoo.registry": ("LoadedModel", "load_model"),
+    "hydra_core.zoo.registry": ("LoadedModel",),
+    # load_model through the module that registers fused Hydra files as a model source
+    "hydra_core.hydra.source": ("load_model",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -15,9 +15,12 @@ import torch
 from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL, NAMED_SEARCH, Benchmark
 from hydra_core.evaluate import resolve_device
+from hydra_core.hydra.source import load_model  # fused Hydra files registered as a source
 from hydra_core.models.modality import Modality, modality_named
 from hydra_core.models.zero_shot import folder_classes
-from hydra_core.zoo.registry import OPENCLIP_PREFIX, LoadedModel, load_model, parse_arch_kwargs
+from hydra_core.zoo.named import named_model
+from hydra_core.zoo.registry import LoadedModel, parse_arch_kwargs
+from hydra_core.zoo.sources import is_zero_shot
 
 #: each protocol in a few words, for choosers
 PROTOCOL_LABELS = {
@@ -109,36 +112,42 @@ def set_config(config: SetupConfig) -> None:
 def cached_model(
     model: str,
     arch: str | None,
-    dinov2_img_size: int,
+    options: tuple[tuple[str, object], ...] = (),
     arch_kwargs: str = "",
     classes: tuple[str, ...] | None = None,
     prompts: tuple[str, ...] | None = None,
     towers: str | None = None,
 ) -> LoadedModel:
-    """The model of a setup; ``classes``, ``prompts`` and ``towers`` for an OpenCLIP model
-    only."""
-    if model.startswith(OPENCLIP_PREFIX):
+    """The model of a setup; ``options`` (name, value) for a named model's loader (its
+    :attr:`~hydra_core.zoo.named.NamedModel.options`), ``classes``, ``prompts`` and ``towers``
+    for an OpenCLIP model only."""
+    if is_zero_shot(model):
         return load_model(model, classes=classes, templates=prompts, towers=towers)
-    options = {"img_size": dinov2_img_size} if model in ("dinov2-s", "dinov2") else {}
-    return load_model(model, arch=arch, arch_kwargs=parse_arch_kwargs(arch_kwargs), **options)
+    return load_model(model, arch=arch, arch_kwargs=parse_arch_kwargs(arch_kwargs), **dict(options))
+
+
+def model_options(config: SetupConfig) -> tuple[tuple[str, object], ...]:
+    """The settings a setup gives its named model's loader (none for other sources)."""
+    named = named_model(config.model)
+    return tuple((o.name, getattr(config, o.setting)) for o in named.options) if named else ()
 
 
 def setup_model(config: SetupConfig) -> LoadedModel:
     """The model a setup names, loaded once per its arguments: an OpenCLIP model becomes a
     zero-shot classifier of the ID set's classes (the class order given, else the ID folder's
     class folders, else Fashion-MNIST's)."""
-    if config.model.startswith(OPENCLIP_PREFIX):
+    if is_zero_shot(config.model):
         classes = config.classes or (folder_classes(config.id_source) if config.id_source else None)
         return cached_model(
             config.model,
             None,
-            config.dinov2_img_size,
+            (),
             "",
             classes,
             tuple(config.prompts),
             config.towers,
         )
-    return cached_model(config.model, config.arch, config.dinov2_img_size, config.arch_kwargs)
+    return cached_model(config.model, config.arch, model_options(config), config.arch_kwargs)
 
 
 @st.cache_resource(show_spinner="Loading the data sets...")

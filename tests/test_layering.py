@@ -32,13 +32,14 @@ LAYERS = (
     ("hydra_core.detectors",),  # pytorch-ood's OOD detectors on logits and features
     ("hydra_core.evaluate",),
     ("hydra_core.training",),
-    ("hydra_core.zoo",),  # the shipped, named models: each one's loader and training recipe
+    # the named models (one record each: loader, options, training recipe) and load_model for
+    # every model source; fused Hydra files are a kind of source hydra/ registers
+    ("hydra_core.zoo",),
     ("hydra_core.analysis",),
     ("hydra_core.hydra",),
     ("hydra_core.ood_scores",),  # systems' evaluations under every OOD score
     ("hydra_core.baselines",),
     ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
-    ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )
@@ -239,3 +240,159 @@ def test_no_source_file_is_longer_than_800_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+# --- no named model's name and no source prefix above the zoo -----------------------------------
+
+
+def _model_names() -> tuple[set[str], set[str], set[str]]:
+    """The names that say which model a source is: every named model's name and aliases (and the
+    ``--base`` of its recipe), the source prefixes (``openclip:``, ``hf:``, ``timm:``), and the
+    zoo's constants that hold one of them (``minilm.NAME``, ``DEFAULT_NAME``, ...)."""
+    import importlib
+    import pkgutil
+
+    import hydra_core.zoo
+    from hydra_core.zoo import sources
+    from hydra_core.zoo.named import named_models
+
+    names = {n for m in named_models() for n in m.names}
+    names |= {m.recipe.base for m in named_models() if m.recipe is not None and m.recipe.base}
+    prefixes = {k.prefix for k in vars(sources).values() if isinstance(k, sources.PrefixedSource)}
+    constants = set()
+    for info in pkgutil.iter_modules(hydra_core.zoo.__path__):
+        module = importlib.import_module(f"hydra_core.zoo.{info.name}")
+        constants |= {
+            key
+            for key, value in vars(module).items()
+            if key.isupper() and isinstance(value, str) and value in names | prefixes
+        }
+    return names, prefixes, constants
+
+
+MODEL_NAMES, SOURCE_PREFIXES, NAME_CONSTANTS = _model_names()
+#: the methods whose string argument dispatches on a source's text
+PREFIX_METHODS = {"startswith", "endswith", "removeprefix", "removesuffix"}
+
+
+def _literal(node: ast.AST) -> str | None:
+    """A model name or source prefix that ``node`` spells: a string equal to one, or an f-string
+    that begins with a prefix (``f"hf:{name}"``); None for any other node."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value in MODEL_NAMES | SOURCE_PREFIXES:
+            return node.value
+        return next((p for p in SOURCE_PREFIXES if node.value.startswith(p)), None)
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return _literal(node.values[0])
+    return None
+
+
+def model_name_uses(code: str) -> list[str]:
+    """What in ``code`` (a module's text) picks a model by its name or a source by its prefix:
+    such a name compared (``==``, ``in``), a key, value or item of a table (a dict, tuple, list
+    or set display), a subscript, a match case, the argument of ``startswith`` and the like, an
+    f-string that makes a source from its prefix, or a zoo constant that holds a name
+    (``minilm.NAME``, ``OPENCLIP_PREFIX``). A name as a default value (``model: str =
+    "default"``) or inside a message is none of these."""
+    found = []
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        spelled: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            spelled = [node.left, *node.comparators]
+            spelled += [e for c in node.comparators if hasattr(c, "elts") for e in c.elts]
+            spelled += [k for c in node.comparators if isinstance(c, ast.Dict) for k in c.keys]
+        elif isinstance(node, ast.Dict):
+            spelled = [*(k for k in node.keys if k is not None), *node.values]
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            spelled = list(node.elts)
+        elif isinstance(node, ast.Subscript):
+            spelled = [node.slice]
+        elif isinstance(node, ast.MatchValue):
+            spelled = [node.value]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in PREFIX_METHODS:
+                spelled = list(node.args)
+        elif isinstance(node, ast.JoinedStr) and (name := _literal(node)):
+            found.append(f"f-string made from {name!r} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr in NAME_CONSTANTS:
+            found.append(f"{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hydra_core"):
+            found += [
+                f"import of {a.name} (line {node.lineno})"
+                for a in node.names
+                if a.name in NAME_CONSTANTS
+            ]
+        found += [
+            f"{name!r} (line {n.lineno})"
+            for n in spelled
+            if isinstance(n, ast.Constant) and (name := _literal(n))
+        ]
+    return sorted(set(found))
+
+
+def _upper_floor_files() -> list[Path]:
+    """The engine's modules in the layers above hydra_core/zoo/ (the layers below cannot ask it:
+    hub.py reads ``--model`` before anything is imported), and the app."""
+    zoo = _layer("hydra_core.zoo")
+    return [
+        *(
+            p
+            for p in PACKAGE_DIR.rglob("*.py")
+            if (m := _module_name(p)) in GRAPH and _layer(m) > zoo
+        ),
+        *(REPO_DIR / "hydra_ui").rglob("*.py"),
+        *(REPO_DIR / "pages").rglob("*.py"),
+        REPO_DIR / "app.py",
+    ]
+
+
+def test_no_model_name_or_source_prefix_is_used_above_the_zoo():
+    found = {
+        str(path.relative_to(REPO_DIR)): uses
+        for path in _upper_floor_files()
+        if (uses := model_name_uses(path.read_text()))
+    }
+    assert not found, (
+        "these files pick a model by its name or a source by its prefix outside hydra_core/models/ "
+        "and hydra_core/zoo/: ask the model's record (hydra_core.zoo.named: named_model(source), "
+        "its modality, options, recipe) or the source's kind (hydra_core.zoo.sources: "
+        "is_zero_shot, OPENCLIP.name_of, ...) instead, or add what you need there:\n"
+        + "\n".join(f"{path}: {', '.join(uses)}" for path, uses in sorted(found.items()))
+    )
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'if source.startswith("openclip:"):\n    pass',
+        'if model == "minilm-sentiment":\n    pass',
+        'if model in ("dinov2-s", "dinov2"):\n    pass',
+        'SOURCES = {"Embedded default": "default"}',
+        'TASKS = {"image": "default"}',
+        'name = config.model.removeprefix("hf:")',
+        'source = f"openclip:{name}"',
+        'if args.base == "mpnet":\n    pass',
+        "from hydra_core.zoo.minilm import NAME",
+        "is_minilm = loaded.name == minilm.NAME",
+        "from hydra_core.zoo.registry import OPENCLIP_PREFIX",
+        'caption = BUILTIN_MODELS["dinov2-s"]',
+    ],
+)
+def test_a_planted_model_name_or_prefix_is_found(planted):
+    assert model_name_uses(planted), planted
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    [
+        'model: str = "default"',  # a default value picks nothing
+        'p.add_argument("--model", default="default")',
+        'raise InputError("--prompts applies to OpenCLIP models (--model openclip:...)")',
+        "help = \"'default', 'dinov2-s' or a timm name\"",
+        "if is_zero_shot(source):\n    pass",
+        "named = named_model(source)",
+    ],
+)
+def test_what_is_no_model_name_use(allowed):
+    assert not model_name_uses(allowed), allowed

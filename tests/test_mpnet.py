@@ -175,10 +175,10 @@ def test_mpnet_sentiment_is_the_text_family_with_12_by_12_heads(loaded):
 
 
 def test_a_fused_export_finds_its_tokenizer_again(loaded, tmp_path):
-    from hydra_core.zoo.registry import _text_preprocess
+    from hydra_core.zoo.registry import text_preprocess
 
     spec = {"tokenizer": loaded.preprocess.source, "max_length": loaded.preprocess.max_length}
-    again = _text_preprocess(spec, tmp_path / "hydra.safetensors")  # what a fused file stores
+    again = text_preprocess(spec, tmp_path / "hydra.safetensors")  # what a fused file stores
     assert torch.equal(again(SENTENCES), loaded.preprocess(SENTENCES))
 
 

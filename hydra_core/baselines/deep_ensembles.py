@@ -31,7 +31,6 @@ from hydra_core.paths import cache_dir
 from hydra_core.training.trainer import resume_path
 from hydra_core.zoo.default import (
     DEFAULT_CHECKPOINT,
-    DEFAULT_NAME,
     TrainConfig,
     VitConfig,
     build_vit,
@@ -39,6 +38,7 @@ from hydra_core.zoo.default import (
     save_checkpoint,
     train_vit,
 )
+from hydra_core.zoo.named import named_model
 
 FOLDER = "deep_ensembles"
 _NAME = re.compile(r"seed(\d+)-([0-9a-f]+)\.safetensors")
@@ -188,11 +188,9 @@ def reference_checkpoint(model_source: str) -> Path | None:
     :func:`~hydra_core.zoo.registry.load_model` takes it): the shipped checkpoint for
     ``"default"`` / ``"fmnist-vit-default"``, the file itself for an existing ``.safetensors``
     checkpoint, None for anything else (DINOv2, timm names, other weight files)."""
-    if model_source in ("default", DEFAULT_NAME):
-        path = DEFAULT_CHECKPOINT
-    else:
-        path = Path(model_source).expanduser()
-    return path if path.suffix == ".safetensors" and path.is_file() else None
+    named = named_model(model_source)  # the shipped checkpoint of a named model, if it has one
+    path = named.checkpoint if named is not None else Path(model_source).expanduser()
+    return path if path is not None and path.suffix == ".safetensors" and path.is_file() else None
 
 
 def stored_copies(model_source: str, *, root: str | Path | None = None) -> list[int]:

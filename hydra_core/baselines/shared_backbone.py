@@ -129,9 +129,10 @@ def has_train_text_recipe(model_name: str) -> bool:
     """True when Deep Ensembles (D) of this model can be :func:`train_text_ensemble` (its own
     ``train-text`` recipe once per seed): ``minilm-sentiment`` alone; any other text model gets
     fresh heads on its shared encoder (:func:`deep_heads`)."""
-    from hydra_core.zoo.minilm import NAME
+    from hydra_core.zoo.named import named_model
 
-    return model_name == NAME
+    named = named_model(model_name)
+    return named is not None and named.recipe is not None and named.recipe.copies
 
 
 def train_text_ensemble(

@@ -60,11 +60,14 @@ def global_options() -> argparse.ArgumentParser:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--model/--arch/--device: which model to load and where to run it."""
+    from hydra_core.models.modality import IMAGE_MODALITY
+    from hydra_core.zoo.named import default_model, named_models
+
+    named = ", ".join(f"'{m.name}'" + (f" ({m.note})" if m.note else "") for m in named_models())
     p.add_argument(
         "--model",
-        default="default",
-        help="'default', 'dinov2-s', 'minilm-sentiment' (the text default), 'mpnet-sentiment' "
-        "(all-mpnet-base-v2, bert-base size, offline), a timm model name (online), a Hugging "
+        default=default_model(IMAGE_MODALITY).name,
+        help=f"{named}, a timm model name (online), a Hugging "
         "Face text classifier by hub name (online; hf:NAME) or folder, a checkpoint file, or an "
         "OpenCLIP model as a zero-shot classifier of the ID classes: openclip:NAME/TAG (e.g. "
         "openclip:ViT-B-32/laion2b_s34b_b79k) or openclip:hf-hub:ORG/REPO, which download the "
@@ -117,11 +120,11 @@ def zero_shot_options(args: argparse.Namespace) -> dict:
     of an OpenCLIP model: the classes are --classes, else the --id-folder's class folders
     (sorted), else Fashion-MNIST's; --prompts or --towers on any other model is refused."""
     from hydra_core.models.zero_shot import folder_classes
-    from hydra_core.zoo.registry import OPENCLIP_PREFIX
+    from hydra_core.zoo.sources import is_zero_shot
 
     prompts = getattr(args, "prompts", None)
     towers = getattr(args, "towers", None)
-    if not args.model.startswith(OPENCLIP_PREFIX):
+    if not is_zero_shot(args.model):
         for flag, given in (("--prompts", prompts), ("--towers", towers)):
             if given:
                 raise InputError(
@@ -258,7 +261,8 @@ def load_for_cli(args: argparse.Namespace, *, fused_ok: bool = False, every_set:
     OOD set both searched on and reported on, each cut in two (``transfer``,
     :func:`~hydra_core.analysis.transfer.every_set_options`)."""
     from hydra_core.data.sources import check_paths, parse_id_source, parse_source
-    from hydra_core.zoo.registry import check_fit, load_model, parse_arch_kwargs
+    from hydra_core.hydra.source import load_model  # fused Hydra files registered as a source
+    from hydra_core.zoo.registry import check_fit, parse_arch_kwargs
 
     own = []  # checked before the model loads: a wrong path is named at once
     for files, id_source, ood_sources in (

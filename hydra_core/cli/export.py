@@ -22,7 +22,8 @@ from hydra_core.errors import InputError
 
 def _loaded_model(args: argparse.Namespace):
     """The model ``--model`` names (an analysable one: masks were made on it)."""
-    from hydra_core.zoo.registry import load_model, parse_arch_kwargs
+    from hydra_core.hydra.source import load_model  # fused Hydra files registered as a source
+    from hydra_core.zoo.registry import parse_arch_kwargs
 
     loaded = load_model(
         args.model,
@@ -146,9 +147,9 @@ def _export(args: argparse.Namespace) -> int:
     """Export a fused Hydra model (or one pruned member) as ONNX, checked under onnxruntime."""
     from hydra_core.export.onnx import export_onnx, export_pruned_onnx
     from hydra_core.hydra.fused import fuse_members
+    from hydra_core.hydra.source import load_model  # fused Hydra files registered as a source
     from hydra_core.models.preprocess import describe
     from hydra_core.outputs import write_output
-    from hydra_core.zoo.registry import load_model
 
     out = _check_output(args, args.onnx, "--onnx")  # before the model loads
     if args.hydra:

@@ -7,26 +7,33 @@ import argparse
 import hydra_core.cli.options as options
 from hydra_core.cli.common import command, progress_bar
 
-#: train-text's encoders: the built-in model each one's asset makes
-BASES = {"minilm": "minilm-sentiment", "mpnet": "mpnet-sentiment"}
+
+def _bases() -> dict:
+    """train-text's encoders: ``--base`` -> the named model its recipe makes (the first: the
+    text default's)."""
+    from hydra_core.zoo.named import recipes
+
+    return recipes("train-text")
 
 
 def _train_text_arguments(p: argparse.ArgumentParser) -> None:
-    from hydra_core.zoo.minilm import TextTrainConfig
-    from hydra_core.zoo.mpnet import HeadTrainConfig
+    from hydra_core.models.modality import TEXT_MODALITY
+    from hydra_core.zoo.named import default_model
 
-    d, h = TextTrainConfig(), HeadTrainConfig()
+    bases = _bases()
+    d = default_model(TEXT_MODALITY).recipe.config()
+    defaults = {base: m.recipe.config() for base, m in bases.items()}
 
     def both(name: str) -> str:
-        return f"(default: minilm {getattr(d, name)}, mpnet {getattr(h, name)})"
+        each = ", ".join(f"{base} {getattr(cfg, name)}" for base, cfg in defaults.items())
+        return f"(default: {each})"
 
+    makes = " or ".join(f"{base} (makes {m.name}: {m.recipe.summary})" for base, m in bases.items())
     p.add_argument(
         "--base",
-        choices=sorted(BASES),
-        default="minilm",
-        help="the encoder: minilm (makes minilm-sentiment: its top layers, pooler and classifier "
-        "fine-tuned) or mpnet (makes mpnet-sentiment: only its classification head trained, on "
-        "the frozen encoder's token-0 states) (default: %(default)s)",
+        choices=sorted(bases),
+        default=default_model(TEXT_MODALITY).recipe.base,
+        help=f"the encoder: {makes} (default: %(default)s)",
     )
     p.add_argument(
         "--seed", type=options.seed, default=d.seed, help="random seed (default: %(default)s)"
@@ -95,13 +102,11 @@ def _train_text(args: argparse.Namespace) -> int:
 
     from hydra_core.errors import InputError
     from hydra_core.outputs import check_output, write_output
-    from hydra_core.zoo import minilm, mpnet
 
-    if args.base == "mpnet" and args.trained_layers is not None:
-        raise InputError(
-            "--trained-layers applies to --base minilm; --base mpnet trains the classification "
-            "head alone (its encoder is bert-base size, too large to ship fine-tuned layers of)"
-        )
+    recipe = _bases()[args.base].recipe
+    for name, refusal in recipe.refused.items():
+        if getattr(args, name) is not None:
+            raise InputError(refusal)
     options = {
         name: getattr(args, name)
         for name in ("trained_layers", "epochs", "batch_size", "lr", "max_length")
@@ -114,13 +119,9 @@ def _train_text(args: argparse.Namespace) -> int:
         option="--output",
     )  # refused before training, not after
     progress = progress_bar("train-text")
-    if args.base == "mpnet":
-        cfg = mpnet.HeadTrainConfig(**common, **options)
-        model, header = mpnet.train_mpnet_head(cfg, log=tqdm.write, progress=progress)
-    else:
-        cfg = minilm.TextTrainConfig(**common, **options)
-        model, header = minilm.train_minilm(cfg, log=tqdm.write, progress=progress)
-    write_output(output, lambda tmp: minilm.save_asset(model, tmp, header))
+    cfg = recipe.config(**common, **options)
+    model, header = recipe.train(cfg, log=tqdm.write, progress=progress)
+    write_output(output, lambda tmp: recipe.save(model, tmp, header))
     print(
         f"wrote {output} (validation accuracy {header['validation_accuracy']:.4f}, test "
         f"accuracy {header['test_accuracy']:.4f} as stored)"

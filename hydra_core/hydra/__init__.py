@@ -13,8 +13,10 @@ from hydra_core.hydra.cost import (
 from hydra_core.hydra.fused import HydraViT, ensemble_probs, fuse_members, load_hydra, save_hydra
 from hydra_core.hydra.fused_clip import HydraZeroShot
 from hydra_core.hydra.fused_text import HydraText
+from hydra_core.hydra.source import FUSED_FILE  # registers fused Hydra files as a model source
 
 __all__ = [
+    "FUSED_FILE",
     "HydraText",
     "HydraViT",
     "HydraZeroShot",

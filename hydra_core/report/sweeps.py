@@ -50,11 +50,13 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import SystemsReport
+from hydra_core.models.modality import MODALITIES
 from hydra_core.outputs import write_output
 from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline, run_options
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
 from hydra_core.training.top import TopFinetuneConfig
 from hydra_core.types import Log, StageProgress
+from hydra_core.zoo.named import default_model
 
 SWEEPS = ("layers", "members", "corruption")
 #: where a sweep goes unless told: results/sweep/<kind> (the committed docs/report/sweeps only
@@ -64,7 +66,7 @@ DEFAULT_SWEEP_OUT = Path("results") / "sweep"
 METRICS = ("accuracy", "ece", "nll", "brier", "all_auroc", "all_fpr95", "near_auroc", "far_auroc")
 ID_METRICS = ("accuracy", "ece", "nll", "brier")
 #: a task's default model (the CLI's --task): the embedded image or text default
-TASK_MODELS = {"image": "default", "text": "minilm-sentiment"}
+TASK_MODELS = {name: default_model(modality).name for name, modality in MODALITIES.items()}
 
 
 @dataclass(frozen=True)

