@@ -521,3 +521,35 @@ def train_command(method: str, epochs: int | None = None) -> str:
 def members_of(method: str, settings: EfficientSettings = EfficientSettings()) -> int:
     """How many members the method's ensemble has."""
     return len(settings.seeds) if method == LORA else settings.estimators
+
+
+def stored_copy(
+    method: str,
+    model: nn.Module,
+    preprocess_fn: Callable,
+    *,
+    reference: str | Path | None = None,
+    settings: EfficientSettings = EfficientSettings(),
+    train_set=None,
+    root: str | Path | None = None,
+) -> list[Path] | None:
+    """The files of ``method``'s stored copy for this model (one per LoRA member), or None when
+    it is not (all) stored or does not apply (a from-scratch method without a ``reference``
+    checkpoint); nothing is loaded or trained."""
+    check_method(method)
+    if method in FROM_SCRATCH:
+        if reference is None:
+            return None
+        from hydra_core.baselines.deep_ensembles import recipe_of
+
+        train_config, arch = recipe_of(reference)
+        paths = [scratch_path(method, settings, train_config, arch, root=root)]
+    else:
+        config = FINETUNE if method == BATCH else LORA_FINETUNE
+        data = members_training_items(model, config, train_set)
+        seeds = settings.seeds if method == LORA else (0,)
+        paths = [
+            finetune_path(method, settings, config, model, data, preprocess_fn, s, root)
+            for s in seeds
+        ]
+    return paths if all(p.is_file() for p in paths) else None
