@@ -329,3 +329,53 @@ def test_lora_copy_is_stored_member_by_member(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(ensemble(x), alone(x), rtol=0, atol=0)
         assert not torch.allclose(ensemble(x)[:, 0], model(x))  # the adapters trained
+
+
+# --- a text model (the text default's family: BERT encoders) ---------------------------------
+
+
+def test_text_model_batch_ensemble_and_lora_members_take_packed_token_ids():
+    from hydra_core.evaluate import callable_model
+    from hydra_core.models.text import pack
+    from tests.conftest import make_tiny_text, text_batch
+
+    model = make_tiny_text("bert")
+    x = pack(*text_batch())
+    with torch.no_grad():
+        plain = callable_model(model)(x)
+        be = batch_ensemble(
+            model, estimators=3, init_std=0.0
+        )  # r = s = 1: each member is the model
+        out = be(x)
+        for m in range(3):
+            torch.testing.assert_close(out[:, m], plain, atol=1e-5, rtol=1e-5)
+        drawn = batch_ensemble(model, estimators=3)(x)
+        assert not torch.allclose(drawn[:, 0], drawn[:, 1])
+    names = attention_linears(model)
+    assert len(names) == 8 and all(".attention." in n for n in names)  # Q, K, V, output x 2
+    members = [lora_member(model, seed=s) for s in (0, 1)]
+    for s, member in enumerate(members):
+        _trained_adapters(member, 20 + s)
+    ensemble = LoRAEnsemble(model, [adapter_state(m) for m in members])
+    with torch.no_grad():
+        out = ensemble(x)
+        for s, member in enumerate(members):
+            alone = callable_model(member.base_model.model)(x)
+            torch.testing.assert_close(out[:, s], alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out[:, 0], plain)
+
+
+def test_stored_copy_names_the_files_without_training(tmp_path):
+    model = make_tiny_vit(seed=1)
+    data = ImageSet("tiny", _images(12, 1).images[..., :16, :16], _images(12, 1).labels % 5)
+    prep = lambda images: images.float() / 255  # noqa: E731
+    settings = efficient.EfficientSettings(seeds=(0,))
+    args = dict(settings=settings, train_set=data, root=tmp_path)
+    assert efficient.stored_copy(efficient.LORA, model, prep, **args) is None
+    assert efficient.stored_copy(efficient.PACKED, model, prep, **args) is None  # no reference
+    config = replace(efficient.LORA_FINETUNE, n_train=None, batch_size=6, epochs=1)
+    efficient.lora_copy(model, prep, config=config, **args)
+    assert efficient.stored_copy(efficient.LORA, model, prep, **args) is None  # another recipe
+    efficient.lora_copy(model, prep, **args)
+    (path,) = efficient.stored_copy(efficient.LORA, model, prep, **args)
+    assert path.name.startswith("lora-ensembles-seed0-") and path.is_file()

@@ -28,6 +28,8 @@ from torch import nn
 from torch_uncertainty.layers import BatchLinear
 from torch_uncertainty.methods import BatchEnsemble
 
+from hydra_core.evaluate import callable_model
+
 #: standard deviation of TorchUncertainty's N(1, std) draw of the fast weights r and s
 INIT_STD = 0.5
 
@@ -73,9 +75,10 @@ class BatchEnsembleModel(nn.Module):
 def batch_ensemble(
     model: nn.Module, estimators: int = 3, seed: int = 0, init_std: float = INIT_STD
 ) -> BatchEnsembleModel:
-    """A copy of ``model`` with every ``nn.Linear`` a BatchEnsemble layer of ``estimators``
-    members: the trained weight shared, the trained bias copied to every member, r and s drawn
-    from N(1, init_std) with ``seed`` (the caller's random state untouched)."""
+    """A copy of ``model`` (in its callable form: a text model takes packed token ids) with
+    every ``nn.Linear`` a BatchEnsemble layer of ``estimators`` members: the trained weight
+    shared, the trained bias copied to every member, r and s drawn from N(1, init_std) with
+    ``seed`` (the caller's random state untouched)."""
     if estimators < 1:
         raise ValueError(f"BatchEnsemble needs at least one member, got {estimators}")
     core = copy.deepcopy(model).cpu()
@@ -94,7 +97,7 @@ def batch_ensemble(
             layer.bias.copy_(linear.bias.expand_as(layer.bias))
         parent, _, attr = name.rpartition(".")
         setattr(core.get_submodule(parent) if parent else core, attr, layer)
-    return BatchEnsembleModel(core, estimators).eval()
+    return BatchEnsembleModel(callable_model(core), estimators).eval()
 
 
 def member_weight(layer: BatchLinear, m: int) -> torch.Tensor:
