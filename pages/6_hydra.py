@@ -29,6 +29,7 @@ from hydra_core.models.preprocess import describe
 from hydra_core.ood_scores import SCORES, rescore_report
 from hydra_ui.comparisons import ensembling_verdict
 from hydra_ui.context import disk_cache, get_context, results
+from hydra_ui.efficient import efficient_choices
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
 from hydra_ui.jobs import staged_progress, start_job
 from hydra_ui.portable import onnx_export
@@ -429,6 +430,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
         )
 
     baselines = baseline_choices(context, running, can_tune)
+    baselines += efficient_choices(context, running)
 
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
@@ -537,7 +539,7 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
             full.find(setup["label"], "fused"),
             full.find(setup["label"], "unfused"),
         )
-        baseline_kinds = ("deep-ensemble", "mc-dropout", "temperature")
+        baseline_kinds = ("deep-ensemble", "mc-dropout", "temperature", "efficient-ensemble")
         default = ["single", fused, unfused] + [
             s for s in systems if report.info[s].kind in baseline_kinds
         ]

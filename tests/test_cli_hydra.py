@@ -342,3 +342,29 @@ def test_masks_circuits_is_one_circuit_per_criterion(checkpoint, tmp_path, capsy
     )
     assert code == 2
     assert "the criteria found the same circuit" in capsys.readouterr().err
+
+
+def test_efficient_baselines_from_the_command_line(checkpoint, tmp_path, capsys):
+    """hydra --baselines: a from-scratch ensemble that is not stored is left out with the command
+    that trains it; train-baselines refuses what cannot apply, in one line."""
+    from hydra_core.masks import MemberMask, save_masks
+    from hydra_core.zoo.registry import load_model
+
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[0, 0] = False
+    masks = tmp_path / "members.json"
+    save_masks(masks, [MemberMask("a", "test", keep)], load_model(checkpoint).identity())
+    common = ["hydra", "--model", checkpoint, *DATA, "--masks", str(masks), "--no-latency"]
+    out = tmp_path / "hydra"
+    assert main([*common, "--out", str(out), "--baselines", "mimo", "packed-ensembles"]) == 0
+    err = capsys.readouterr().err
+    assert "MIMO left out: no trained copy is stored; train it with " in err
+    assert "`python -m hydra_core train-baselines packed-ensembles`" in err
+    assert "MIMO" not in pd.read_csv(out / "summary.csv")["system"].tolist()
+    assert main(["train-baselines", "mimo", "--model", "minilm-sentiment"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "mimo: trained from scratch with a Hydra Lab checkpoint" in err
+    assert main(["train-baselines", "lora-ensembles", "--epochs", "2"]) == 2
+    assert "--epochs applies to packed-ensembles and mimo only" in capsys.readouterr().err
+    assert main(["train-baselines", "dropout"]) == 2
+    assert "invalid choice: 'dropout'" in capsys.readouterr().err

@@ -1,14 +1,18 @@
 """The baselines as systems that :func:`~hydra_core.hydra.experiment.evaluate_systems`, the CLI
 (``hydra --baselines``) and the app's Hydra page put beside Hydra: MC Dropout, temperature
-scaling and, for text models, Deep Ensembles (D) on a shared backbone. (Deep Ensembles of
-independently trained copies is :class:`~hydra_core.hydra.experiment.DeepEnsemble`.)"""
+scaling, for text models Deep Ensembles (D) on a shared backbone, and the paper's efficient
+ensembles (Packed-Ensembles, MIMO, BatchEnsemble, LoRA Ensembles:
+:mod:`~hydra_core.baselines.efficient`). (Deep Ensembles of independently trained copies is
+:class:`~hydra_core.hydra.experiment.DeepEnsemble`.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
+from hydra_core.baselines import efficient
 from hydra_core.baselines.mc_dropout import MCDropout, dropout_rate
 from hydra_core.baselines.shared_backbone import (
     DEEP,
@@ -24,6 +28,7 @@ from hydra_core.baselines.temperature import (
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.hydra.experiment import STAGES, Run, System
+from hydra_core.hydra.finetune import members_training_items
 from hydra_core.hydra.systems import SystemInfo
 from hydra_core.models.adapter import head_layout
 from hydra_core.training.top import TopFinetuneConfig
@@ -31,7 +36,7 @@ from hydra_core.training.top import TopFinetuneConfig
 MC_DROPOUT = "MC Dropout"
 TEMPERATURE = "Temperature Scaling"
 #: the names ``hydra --baselines`` and the Hydra page accept
-BASELINES = ("mc-dropout", "temperature", "shared-backbone")
+BASELINES = ("mc-dropout", "temperature", "shared-backbone", *efficient.NAMES)
 
 
 @dataclass
@@ -196,16 +201,124 @@ class SharedBackboneBaseline(System):
         return self.train_set
 
 
+@dataclass
+class EfficientBaseline(System):
+    """One of the paper's efficient ensembles (:mod:`~hydra_core.baselines.efficient`): its
+    members' logits (B, E, C), their probabilities averaged downstream.
+
+    Args:
+        method: ``"packed-ensembles"``, ``"mimo"`` (trained from scratch with the recipe of
+            ``reference``), ``"batch-ensemble"`` or ``"lora-ensembles"`` (fine-tuned from the
+            source model on the embedded ID set's training split, or ``train_set``).
+        reference: the Hydra Lab checkpoint whose recipe the from-scratch methods follow (None:
+            the source model has none, and they are left out with the reason).
+        train: train a copy that is not stored (the fine-tuned methods take minutes; the
+            from-scratch ones hours on a CPU, so by default they are only loaded, and left out
+            with the command that trains them when absent).
+        settings: the paper's E, alpha, rho, batch repeat, rank and LoRA alpha.
+    """
+
+    method: str
+    reference: Path | str | None = None
+    train: bool | None = None
+    settings: efficient.EfficientSettings = field(default_factory=efficient.EfficientSettings)
+    train_set: object = None
+    root: Path | str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        efficient.check_method(self.method)
+        self.name = self.name or efficient.NAMES[self.method]
+        if self.train is None:
+            self.train = self.method not in efficient.FROM_SCRATCH
+
+    def add_to(self, run: Run) -> None:
+        module = run.timed("finetune", lambda: self._trained(run))
+        if module is None:
+            return
+        module = module.to(run.device).eval()
+        parts = ("efficient-ensemble", self.method, model_fingerprint(module))
+        evaluation = run.evaluate_module(self.name, module, parts)
+        members = efficient.members_of(self.method, self.settings)
+        heads = head_layout(run.model).total_heads
+        info = SystemInfo("efficient-ensemble", f"{heads}x{members}", members, [module])
+        run.record(self.name, evaluation, info)
+
+    def _trained(self, run: Run):
+        """The trained copy, or None with the reason in ``run.skipped``."""
+        method, progress = self.method, None
+        if run.progress is not None:
+            stage = f"{STAGES['finetune']}: {self.name}"
+            progress = lambda done, total: run.progress(stage, done, total)  # noqa: E731
+        if method in efficient.FROM_SCRATCH:
+            if self.reference is None:
+                run.skipped[self.name] = (
+                    "trained from scratch with a Hydra Lab checkpoint's recipe (the default "
+                    "ViT's); this model has none"
+                )
+                return None
+            model = efficient.scratch_copy(
+                method,
+                reference=self.reference,
+                settings=self.settings,
+                root=self.root,
+                train=self.train,
+                progress=progress,
+            )
+            if model is None:
+                run.skipped[self.name] = (
+                    f"no trained copy is stored; train it with `{efficient.train_command(method)}`"
+                )
+            return model
+        copy = efficient.batch_ensemble_copy if method == efficient.BATCH else efficient.lora_copy
+        report = progress
+        if method == efficient.LORA and progress is not None:
+            report = lambda seed, done, total: progress(done, total)  # noqa: E731
+        model = copy(
+            run.model,
+            run.loaded.preprocess,
+            settings=self.settings,
+            train_set=self._train(),
+            root=self.root,
+            train=self.train,
+            progress=report,
+        )
+        if model is None:
+            run.skipped[self.name] = (
+                f"no fine-tuned copy is stored; train it with `{efficient.train_command(method)}`"
+            )
+        return model
+
+    def describe(self) -> dict:
+        return {"name": self.name, "method": self.method, **self.settings.of(self.method)}
+
+    def chosen_on(self, run: Run) -> ChosenOn:
+        if self.method in efficient.FROM_SCRATCH:
+            return ChosenOn()  # trained on the training split, as the single model
+        config = efficient.FINETUNE if self.method == efficient.BATCH else efficient.LORA_FINETUNE
+        items = members_training_items(run.model, config, self._train())
+        return ChosenOn.of("fine-tuning", [items])
+
+    def _train(self):
+        if callable(self.train_set):
+            self.train_set = self.train_set()
+        return self.train_set
+
+
 def baseline_systems(
     names: Sequence[str],
     *,
     mc_passes: int = 5,
     mc_rate: float | None = None,
     train_set: object = None,
+    reference: Path | str | None = None,
+    train_efficient: bool | None = None,
 ) -> list[System]:
     """The baselines ``names`` (of :data:`BASELINES`) as systems; a ValueError naming an unknown
     one and the choices. ``train_set``: the labelled items the shared-backbone heads train on
-    (the embedded ID set's training split; None leaves that baseline out, with its reason)."""
+    (the embedded ID set's training split; None leaves that baseline out, with its reason).
+    ``reference``: the checkpoint whose recipe Packed-Ensembles and MIMO are trained with;
+    ``train_efficient``: train a missing efficient ensemble (None: the fine-tuned ones only)."""
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
         raise ValueError(
@@ -217,4 +330,6 @@ def baseline_systems(
         "temperature": TemperatureBaseline,
         "shared-backbone": lambda: SharedBackboneBaseline(train_set=train_set),
     }
+    for method in efficient.NAMES:
+        made[method] = partial(EfficientBaseline, method, reference, train_efficient)
     return [made[n]() for n in dict.fromkeys(names)]

@@ -3,6 +3,8 @@
 - ``hydra``: assemble the members of a mask file (optionally fine-tuned), evaluate every system,
   write the tables and export the fused model;
 - ``train-ensemble``: train the independently seeded copies Deep Ensembles need (cached);
+- ``train-baselines``: train the paper's efficient ensembles (Packed-Ensembles, MIMO,
+  BatchEnsemble, LoRA Ensembles; cached, resumable);
 - ``report``: the replication report (results/report by default).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import hydra_core.cli.options as options
@@ -176,7 +179,10 @@ def _hydra_arguments(p: argparse.ArgumentParser) -> None:
         help="baselines evaluated beside Hydra: mc-dropout (the model's own dropout, or "
         "--mc-dropout-rate), temperature (temperature scaling fitted on the ID search split), "
         "shared-backbone (Deep Ensembles (D): three fresh heads on the model's backbone, trained "
-        "on the embedded ID set's training split)",
+        "on the embedded ID set's training split), and the paper's efficient ensembles: "
+        "batch-ensemble and lora-ensembles (fine-tuned from the model, cached; trained here when "
+        "missing), packed-ensembles and mimo (trained from scratch with the default ViT's "
+        "recipe by `train-baselines`; left out, with that command, when not stored)",
     )
     p.add_argument(
         "--mc-passes",
@@ -355,8 +361,13 @@ def _baselines(args: argparse.Namespace, baseline_systems) -> list:
     """The systems ``--baselines`` names; an InputError naming a wrong one and the choices (the
     parser has checked --mc-passes and --mc-dropout-rate)."""
     try:
+        from hydra_core.baselines.deep_ensembles import reference_checkpoint
+
         return baseline_systems(
-            args.baselines, mc_passes=args.mc_passes, mc_rate=args.mc_dropout_rate
+            args.baselines,
+            mc_passes=args.mc_passes,
+            mc_rate=args.mc_dropout_rate,
+            reference=reference_checkpoint(args.model),
         )
     except ValueError as error:
         raise InputError(f"--baselines: {error}") from None
@@ -414,6 +425,72 @@ def _train_ensemble(args: argparse.Namespace) -> int:
         return 0
     for seed in args.seeds:
         print(f"seed {seed}: {copy_path(seed, train_config, arch)}")
+    return 0
+
+
+# --- train-baselines ----------------------------------------------------------------------------
+
+
+def _train_baselines_arguments(p: argparse.ArgumentParser) -> None:
+    from hydra_core.baselines.efficient import NAMES
+
+    p.add_argument(
+        "methods",
+        nargs="+",
+        choices=list(NAMES),
+        metavar="METHOD",
+        help=f"the efficient ensembles to train: {', '.join(NAMES)}",
+    )
+    p.add_argument(
+        "--model",
+        default="default",
+        help="the model BatchEnsemble and LoRA Ensembles are fine-tuned from ('default', "
+        "'minilm-sentiment', a checkpoint, ...); Packed-Ensembles and MIMO follow its recipe, so "
+        "they need a Hydra Lab checkpoint (default: %(default)s)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=options.positive_int,
+        default=None,
+        help="Packed-Ensembles and MIMO: override the recipe's epochs (another copy)",
+    )
+
+
+@command("train-baselines", _train_baselines_arguments)
+def _train_baselines(args: argparse.Namespace) -> int:
+    """Train the paper's efficient ensembles (cached; an interrupted run goes on from its last
+    epoch when run again)."""
+    from tqdm import tqdm
+
+    from hydra_core.baselines import efficient
+    from hydra_core.baselines.deep_ensembles import reference_checkpoint
+    from hydra_core.zoo.registry import load_model
+
+    reference = reference_checkpoint(args.model)
+    scratch = [m for m in args.methods if m in efficient.FROM_SCRATCH]
+    if scratch and reference is None:
+        raise InputError(
+            f"{', '.join(scratch)}: trained from scratch with a Hydra Lab checkpoint's recipe; "
+            f"--model {args.model} has none (use --model default or a checkpoint file)"
+        )
+    if args.epochs is not None and not scratch:
+        raise InputError("--epochs applies to packed-ensembles and mimo only; leave it out")
+    loaded = None
+    for method in dict.fromkeys(args.methods):
+        bar = progress_bar(f"train {method}")
+        start = time.perf_counter()
+        if method in efficient.FROM_SCRATCH:
+            efficient.scratch_copy(
+                method, reference=reference, epochs=args.epochs, log=tqdm.write, progress=bar
+            )
+        else:
+            loaded = loaded or load_model(args.model)
+            copy = (
+                efficient.batch_ensemble_copy if method == efficient.BATCH else efficient.lora_copy
+            )
+            report = bar if method == efficient.BATCH else (lambda seed, d, t, bar=bar: bar(d, t))
+            copy(loaded.model, loaded.preprocess, progress=report)
+        print(f"{method}: ready ({time.perf_counter() - start:.0f} s)")
     return 0
 
 

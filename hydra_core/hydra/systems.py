@@ -75,6 +75,7 @@ KINDS = (
     "deep-ensemble",
     "mc-dropout",
     "temperature",
+    "efficient-ensemble",  # Packed-Ensembles, MIMO, BatchEnsemble, LoRA Ensembles
 )
 #: The kinds of system named after their ensemble's label (see :func:`system_name`).
 LABELLED_KINDS = ("member", "unfused", "fused")
@@ -284,6 +285,7 @@ class SystemsReport:
                 f"no summary columns {unknown}; expected some of {list(SUMMARY_METRICS)}"
             )
         baseline_kinds = ("single", "pruned", "deep-ensemble", "mc-dropout", "temperature")
+        baseline_kinds += ("efficient-ensemble",)
         against = [(s, "baseline") for s in self.systems if self.info[s].kind in baseline_kinds]
         against += [(s, "unfused") for s in self.systems if s == system_name(label, "unfused")]
         try:

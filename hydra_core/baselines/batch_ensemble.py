@@ -1,0 +1,105 @@
+"""BatchEnsemble (Wen et al., 2020) applied to a trained ViT, then fine-tuned.
+
+Every linear layer of the model (attention Q/K/V and output, MLP, classifier) becomes
+TorchUncertainty's ``BatchLinear``: the trained weight W shared by the E members, member m's
+weight ``W * (s_m r_m^T)`` (rank-1 fast weights, ``y = ((x * r_m) W^T) * s_m + b_m``) and its own
+bias, started from the trained bias. The patch embedding, norms and tokens stay shared.
+TorchUncertainty's ``BatchEnsemble`` wrapper repeats each test batch E times (member-major), so
+that every member sees every input; in training the batch is split among the members (its
+default), which needs a batch size that is a multiple of E.
+
+``BatchLinear`` takes (N, features) inputs; a ViT's are (N, tokens, features), so each layer
+here flattens the tokens into the batch first (row order member-major, as the wrapper makes it).
+TorchUncertainty draws r and s from N(1, 0.5) (:data:`INIT_STD`); applied to a trained model that
+scales each layer's inputs and outputs by factors of 0.5 to 1.5, so the fine-tuning starts well
+below the model's accuracy, as the method's authors start from scratch.
+
+(TorchUncertainty's own conversion, ``BatchEnsemble(convert_layers=True)``, builds new layers with
+fresh weights and sets them by dotted name on the root module, which leaves nested layers as they
+were; :func:`batch_ensemble` replaces them in their parents and copies the trained weights.)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch_uncertainty.layers import BatchLinear
+from torch_uncertainty.methods import BatchEnsemble
+
+from hydra_core.evaluate import callable_model
+
+#: standard deviation of TorchUncertainty's N(1, std) draw of the fast weights r and s
+INIT_STD = 0.5
+
+
+class TokenBatchLinear(BatchLinear):
+    """``BatchLinear`` on (N, ..., features) inputs: the middle dimensions are flattened into
+    the batch, so that each member's rows stay together (N must be a multiple of E)."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.ndim == 2:
+            return super().forward(inputs)
+        if len(inputs) % self.num_estimators:
+            raise ValueError(
+                f"BatchEnsemble: a batch of {len(inputs)} is not a multiple of its "
+                f"{self.num_estimators} members"
+            )
+        flat = super().forward(inputs.reshape(-1, inputs.shape[-1]))
+        return flat.reshape(*inputs.shape[:-1], -1)
+
+
+class BatchEnsembleModel(nn.Module):
+    """A model whose linear layers are BatchEnsemble layers; ``forward(inputs)`` -> (B, E,
+    classes) in eval mode (each input through every member), (B, classes) in training mode
+    (the batch split among the members, member-major)."""
+
+    def __init__(self, model: nn.Module, estimators: int) -> None:
+        super().__init__()
+        self.estimators = estimators
+        self.ensemble = BatchEnsemble(model, estimators)
+
+    @property
+    def core(self) -> nn.Module:
+        return self.ensemble.core_model
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        logits = self.ensemble(inputs)
+        if self.training:
+            return logits
+        return logits.view(self.estimators, len(inputs), -1).transpose(0, 1)
+
+
+@torch.no_grad()
+def batch_ensemble(
+    model: nn.Module, estimators: int = 3, seed: int = 0, init_std: float = INIT_STD
+) -> BatchEnsembleModel:
+    """A copy of ``model`` (in its callable form: a text model takes packed token ids) with
+    every ``nn.Linear`` a BatchEnsemble layer of ``estimators`` members: the trained weight
+    shared, the trained bias copied to every member, r and s drawn from N(1, init_std) with
+    ``seed`` (the caller's random state untouched)."""
+    if estimators < 1:
+        raise ValueError(f"BatchEnsemble needs at least one member, got {estimators}")
+    core = copy.deepcopy(model).cpu()
+    linears = [(n, m) for n, m in core.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("BatchEnsemble: the model has no linear layer to convert")
+    generator = torch.Generator().manual_seed(int(seed))
+    for name, linear in linears:
+        layer = TokenBatchLinear(
+            linear.in_features, linear.out_features, estimators, bias=linear.bias is not None
+        )
+        layer.linear.weight.copy_(linear.weight)
+        layer.r_group.copy_(1 + init_std * torch.randn(layer.r_group.shape, generator=generator))
+        layer.s_group.copy_(1 + init_std * torch.randn(layer.s_group.shape, generator=generator))
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.expand_as(layer.bias))
+        parent, _, attr = name.rpartition(".")
+        setattr(core.get_submodule(parent) if parent else core, attr, layer)
+    return BatchEnsembleModel(callable_model(core), estimators).eval()
+
+
+def member_weight(layer: BatchLinear, m: int) -> torch.Tensor:
+    """Member ``m``'s full weight of a BatchEnsemble layer: ``W * (s_m r_m^T)``."""
+    return layer.linear.weight * torch.outer(layer.s_group[m], layer.r_group[m])
