@@ -11,6 +11,8 @@ from hydra_core.baselines import efficient
 from hydra_core.baselines.deep_ensembles import reference_checkpoint
 from hydra_core.baselines.systems import EfficientBaseline
 from hydra_core.cache import model_fingerprint
+from hydra_core.models.modality import IMAGE_MODALITY
+from hydra_core.zoo.named import default_model
 
 
 def efficient_rows(loaded, model_source: str) -> list[dict]:
@@ -50,7 +52,7 @@ def efficient_rows(loaded, model_source: str) -> list[dict]:
 def command_for(method: str, model_source: str) -> str:
     """The command that trains ``method`` for the page's model."""
     command = efficient.train_command(method)
-    if model_source != "default":
+    if model_source != default_model(IMAGE_MODALITY).name:  # the command's default --model
         command += f" --model {model_source}"
     return command
 
