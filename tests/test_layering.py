@@ -34,11 +34,15 @@ LAYERS = (
     ("hydra_core.training",),
     ("hydra_core.zoo",),  # the shipped, named models: each one's loader and training recipe
     ("hydra_core.analysis",),
+    # the System protocol and the Run a system evaluates itself through: every system's base
+    ("hydra_core.experiment.systems", "hydra_core.experiment.run"),
     ("hydra_core.hydra",),
     ("hydra_core.ood_scores",),  # systems' evaluations under every OOD score
     ("hydra_core.baselines",),
     ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
     ("hydra_core.zoo.registry",),  # loads every model source, fused Hydra files included
+    # the rest of the experiment layer: evaluate_systems, the results tables, the pipeline
+    ("hydra_core.experiment",),
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )

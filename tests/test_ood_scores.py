@@ -15,7 +15,7 @@ from hydra_core import metrics
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model, ood_score
-from hydra_core.hydra.experiment import evaluate_systems
+from hydra_core.experiment.evaluate import evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.ood_scores import (
     FEATURE_SCORES,

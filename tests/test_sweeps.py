@@ -308,8 +308,9 @@ def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
 
 def test_a_fine_tuned_pruned_model_is_never_reported_on_its_training_items(checkpoint):
     from hydra_core.errors import InputError
-    from hydra_core.hydra.experiment import FinetunedPruned, Single, evaluate_systems
+    from hydra_core.experiment.evaluate import evaluate_systems
     from hydra_core.hydra.finetune import FinetuneConfig
+    from hydra_core.hydra.systems import FinetunedPruned, Single
 
     loaded, benchmark = loaded_and_benchmark(checkpoint)
     keep = torch.ones(2, 4, dtype=torch.bool)

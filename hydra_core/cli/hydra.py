@@ -230,7 +230,7 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.baselines.systems import SharedBackboneBaseline, baseline_systems
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
-    from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+    from hydra_core.experiment.evaluate import evaluate_systems, hydra_systems
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout

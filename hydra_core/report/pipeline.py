@@ -38,7 +38,10 @@ from hydra_core import distributed
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import nest_intervals, resolve_device
-from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
+from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.experiment.results import SystemsReport, machine_description
+from hydra_core.experiment.run import STAGES
+from hydra_core.experiment.systems import System
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     CIRCUIT_OBJECTIVES,
@@ -49,7 +52,6 @@ from hydra_core.hydra.members import (
     taylor_member,
     taylor_ranking,
 )
-from hydra_core.hydra.systems import SystemsReport, machine_description
 from hydra_core.masks import MemberMask, save_masks
 from hydra_core.models.adapter import HeadLayout, head_layout
 from hydra_core.outputs import (
@@ -445,7 +447,7 @@ class Pipeline:
     def evaluate(
         self, systems: Sequence[System], *, benchmark: Benchmark | None = None, **options
     ) -> SystemsReport:
-        """:func:`~hydra_core.hydra.experiment.evaluate_systems` of ``systems`` on the report
+        """:func:`~hydra_core.experiment.evaluate.evaluate_systems` of ``systems`` on the report
         split (of ``benchmark``, default the run's), on the run's device, cache and progress
         (latency is timed in one stage later)."""
         options.setdefault("latency", False)

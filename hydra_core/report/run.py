@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
-from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+from hydra_core.baselines.deep_ensembles import DeepEnsemble, deep_ensemble_for
 from hydra_core.baselines.systems import MC_DROPOUT, MCDropoutBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL, NAMED_SEARCH
@@ -26,19 +26,15 @@ from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model
+from hydra_core.experiment.results import SystemsReport, repeated_differences
+from hydra_core.experiment.run import SystemInfo, system_name
 from hydra_core.hydra.cost import parameter_breakdown
-from hydra_core.hydra.experiment import DeepEnsemble, Hydra, Pruned, Single
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_member
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     member_overlap,
 )
-from hydra_core.hydra.systems import (
-    SystemInfo,
-    SystemsReport,
-    repeated_differences,
-    system_name,
-)
+from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.masks import MemberMask
 from hydra_core.outputs import write_csv
 from hydra_core.report.heads import evidence_table
@@ -316,7 +312,7 @@ def _finetuned_systems(
     """``systems`` with the fine-tuned Taylor and CircAvg models and Hydra variants added.
 
     ``variants`` are (label, members, fine-tuning seeds) triples; each is fine-tuned, fused and
-    evaluated as a :class:`~hydra_core.hydra.experiment.Hydra` system.
+    evaluated as a :class:`~hydra_core.hydra.systems.Hydra` system.
     """
     ft, loaded = config.finetune, run.loaded
     train_set = load_fashion_mnist("train")  # read once; each run takes its subset

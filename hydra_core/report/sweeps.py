@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
-from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+from hydra_core.baselines.deep_ensembles import DeepEnsemble, deep_ensemble_for
 from hydra_core.baselines.shared_backbone import DEEP_HEADS, has_train_text_recipe
 from hydra_core.baselines.systems import SharedBackboneBaseline
 from hydra_core.cache import DiskCache
@@ -34,14 +34,8 @@ from hydra_core.data.corruptions import (
 )
 from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import Evaluation, SetPredictions
-from hydra_core.hydra.experiment import (
-    DeepEnsemble,
-    FinetunedPruned,
-    Hydra,
-    Pruned,
-    Single,
-    System,
-)
+from hydra_core.experiment.results import SystemsReport
+from hydra_core.experiment.systems import System
 from hydra_core.hydra.finetune import FinetuneConfig
 from hydra_core.hydra.members import (
     circuit_member,
@@ -49,7 +43,7 @@ from hydra_core.hydra.members import (
     seed_sampled_members,
     taylor_member,
 )
-from hydra_core.hydra.systems import SystemsReport
+from hydra_core.hydra.systems import FinetunedPruned, Hydra, Pruned, Single
 from hydra_core.outputs import write_output
 from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline, run_options
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep

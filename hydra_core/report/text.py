@@ -86,10 +86,10 @@ from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.data.text import TEXT_OOD, load_rotten_tomatoes, load_text_ood_set
 from hydra_core.evaluate import callable_model, probabilities
+from hydra_core.experiment.results import SystemsReport
+from hydra_core.experiment.run import Run
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
-from hydra_core.hydra.experiment import Run
 from hydra_core.hydra.fused import fuse_members
-from hydra_core.hydra.systems import SystemsReport
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
@@ -547,7 +547,7 @@ def _cost(
 ) -> pd.DataFrame:
     """Parameters, multiply-adds and latency of one system of each kind, each as the models it
     runs one after another, on a fixed sample of report sentences."""
-    from hydra_core.hydra.systems import system_name
+    from hydra_core.experiment.run import system_name
 
     chosen = {SINGLE: [model], **{n: [m] for n, m in pruned.items()}}
     chosen[system_name(HYDRA_CIRC, "unfused")] = [

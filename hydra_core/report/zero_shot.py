@@ -47,8 +47,9 @@ import pandas as pd
 from hydra_core.baselines.systems import TEMPERATURE, TemperatureBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
-from hydra_core.hydra.experiment import Hydra, Pruned, Single
-from hydra_core.hydra.systems import SystemsReport, system_name
+from hydra_core.experiment.results import SystemsReport
+from hydra_core.experiment.run import system_name
+from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.models.adapter import HeadLayout
 from hydra_core.models.zero_shot import (
     DEFAULT_TEMPLATE,
