@@ -122,8 +122,8 @@ def test_report_defaults_never_point_into_the_checkout():
 
 def test_a_report_writes_its_files_only_when_all_are_ready(tmp_path, checkpoint):
     from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.experiment.pipeline import Pipeline
     from hydra_core.masks import MemberMask
-    from hydra_core.report.pipeline import Pipeline
     from hydra_core.zoo.registry import load_model
 
     out = tmp_path / "report"

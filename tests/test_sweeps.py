@@ -167,8 +167,8 @@ def test_members_sweep_equals_averaged_members_and_adds_trained_copies(
     loaded, benchmark = loaded_and_benchmark(checkpoint)
     model = loaded.model
     inputs = search_inputs(loaded.preprocess, benchmark)
+    from hydra_core.experiment.pruning import Budgets
     from hydra_core.models.adapter import head_layout
-    from hydra_core.report.pipeline import Budgets
 
     layout = head_layout(model)
     b = Budgets.of(layout, config_like(config))

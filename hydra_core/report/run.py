@@ -26,6 +26,9 @@ from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model
+from hydra_core.experiment.facts import run_options
+from hydra_core.experiment.pipeline import Pipeline
+from hydra_core.experiment.pruning import Budgets
 from hydra_core.experiment.results import SystemsReport, repeated_differences
 from hydra_core.experiment.run import SystemInfo, system_name
 from hydra_core.hydra.cost import parameter_breakdown
@@ -40,7 +43,6 @@ from hydra_core.outputs import write_csv
 from hydra_core.report.heads import evidence_table
 from hydra_core.report.image_claims import image_claims
 from hydra_core.report.markdown import markdown_report
-from hydra_core.report.pipeline import Budgets, Pipeline, run_options, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -110,7 +112,7 @@ class ReportConfig:
         latency_batch, latency_repeats: images per timed forward and timed calls per system.
         stability_resamples: bootstrap resamples of the search data per circuit for its
             stability (0: none); held_out: unused search-role images per set scored after every
-            step (:mod:`hydra_core.report.stability`).
+            step (:mod:`hydra_core.experiment.stability`).
     """
 
     model: str = "default"
@@ -431,10 +433,9 @@ def _repeats(
 
     Under ``torchrun`` the processes share the repeats (:meth:`Pipeline.repeats`); a process other
     than rank 0 gives ``systems`` None, runs its share into the cache and returns None."""
-    from hydra_core.analysis.inputs import search_inputs
     from hydra_core.data.ood import OOD_SETS, load_ood_set
 
-    loaded, benchmark, device = run.loaded, run.benchmark, run.device
+    benchmark = run.benchmark
     m, b, n = len(config.seeds), config.batch_size, config.taylor_samples
     labels = [(HYDRA_CIRC, HYDRA_CIRC_FT), (HYDRA_CIRC_B5, HYDRA_CIRC_B5_FT)]
     labels.append((HYDRA_TAYLOR, HYDRA_TAYLOR_FT))
@@ -446,15 +447,20 @@ def _repeats(
         main = systems.summary().set_index("system")
         rows = [{"repeat": 0, "system": f, **main.loc[f, list(SEEDED_METRICS)]} for f in families]
     train_set = load_fashion_mnist("train") if config.finetune is not None else None
-    id_pool = load_fashion_mnist("validation") if config.repeats > 1 else None
-    pools = [
-        load_ood_set(s.name) if s.name in OOD_SETS and benchmark.protocol in NAMED_SEARCH else s
-        for s in benchmark.ood_search
-    ]
-    share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731
-    for r in run.repeats(config.repeats, before_wait=share):
-        sub = search_repeat(benchmark, id_pool, pools, config.n_search, r)
-        inputs = search_inputs(loaded.preprocess, sub).to(device)
+
+    def pools() -> tuple:  # the ID search pool, one pool per OOD search set
+        named = benchmark.protocol in NAMED_SEARCH
+        ood = [
+            load_ood_set(s.name) if s.name in OOD_SETS and named else s
+            for s in benchmark.ood_search
+        ]
+        return load_fashion_mnist("validation"), ood
+
+    stability = (budgets.budget, config.stability_resamples)
+    repeats = run.search_repeats(
+        config.repeats, benchmark, config.n_search, pools, stability=stability
+    )
+    for r, sub, inputs in repeats:
         seeds = [r * m + i for i in range(m)]
         pruning = run.circuits_and_members(
             budgets,

@@ -1,7 +1,7 @@
 """The paper's sweeps, on the report pipeline: heads removed per layer (B.3, Figures 5-6), the
 number of Hydra members (B.6, Table 10) and corrupted ID data at five severities (Tables 13-14).
 
-Each sweep is one short function over a :class:`~hydra_core.report.pipeline.Pipeline` (which
+Each sweep is one short function over a :class:`~hydra_core.experiment.pipeline.Pipeline` (which
 loads the model and data, runs the greedy searches on the search split and evaluates systems on
 the report split, every metric with its stratified-bootstrap 95% interval), and returns one table:
 a row per system and point, each metric ``m`` with ``m_lo`` and ``m_hi``. :func:`run_sweep`
@@ -34,6 +34,9 @@ from hydra_core.data.corruptions import (
 )
 from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import Evaluation, SetPredictions
+from hydra_core.experiment.facts import run_options
+from hydra_core.experiment.pipeline import Pipeline
+from hydra_core.experiment.pruning import HYDRA_CIRC, Budgets
 from hydra_core.experiment.results import SystemsReport
 from hydra_core.experiment.systems import System
 from hydra_core.hydra.finetune import FinetuneConfig
@@ -45,7 +48,6 @@ from hydra_core.hydra.members import (
 )
 from hydra_core.hydra.systems import FinetunedPruned, Hydra, Pruned, Single
 from hydra_core.outputs import write_output
-from hydra_core.report.pipeline import HYDRA_CIRC, Budgets, Pipeline, run_options
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
 from hydra_core.training.top import TopFinetuneConfig
 from hydra_core.types import Log, StageProgress

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from hydra_core.evaluate import interval_columns
+from hydra_core.experiment.pruning import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
 from hydra_core.experiment.run import system_name
 from hydra_core.hydra.members import CIRCUIT_NAMES
-from hydra_core.report.pipeline import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
 
 if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult

@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
-from hydra_core.analysis.inputs import SearchInputs, search_inputs
+from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.baselines.shared_backbone import DEEP, DEEP_HEADS, has_train_text_recipe
 from hydra_core.baselines.systems import (
     MC_DROPOUT,
@@ -86,6 +86,9 @@ from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.data.text import TEXT_OOD, load_rotten_tomatoes, load_text_ood_set
 from hydra_core.evaluate import callable_model, probabilities
+from hydra_core.experiment.facts import run_options
+from hydra_core.experiment.pipeline import Pipeline
+from hydra_core.experiment.pruning import Budgets
 from hydra_core.experiment.results import SystemsReport
 from hydra_core.experiment.run import Run
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
@@ -95,7 +98,6 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.report.claims import CIRCAVG
 from hydra_core.report.heads import evidence_table
-from hydra_core.report.pipeline import Budgets, Pipeline, run_options, search_repeat
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_FT,
@@ -160,7 +162,7 @@ class TextReportConfig:
         fusion_check: report sentences on which fused and separately run members are compared.
         stability_resamples: bootstrap resamples of the search data per circuit for its
             stability (0: none); held_out: unused search-role sentences per set scored after
-            every step (:mod:`hydra_core.report.stability`).
+            every step (:mod:`hydra_core.experiment.stability`).
         evidence_samples: report sentences per set for the per-head evidence (heads.csv).
     """
 
@@ -293,17 +295,17 @@ def run_text_report(
     report_set = sorted_report(benchmark, loaded.preprocess)
     deep_kind = _deep_kind(config, run)
 
+    def pools() -> tuple:  # the ID search pool, one pool per OOD search set
+        ood = [load_text_ood_set(s.name) if s.name in TEXT_OOD else s for s in benchmark.ood_search]
+        return load_rotten_tomatoes("validation"), ood
+
     def later_repeats() -> Iterator[SystemsReport]:
         """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
-        if config.repeats > 1:
-            id_pool = load_rotten_tomatoes("validation")
-            pools = [
-                load_text_ood_set(s.name) if s.name in TEXT_OOD else s for s in benchmark.ood_search
-            ]
-        share = lambda: run.share_stability(budgets.budget, config.stability_resamples)  # noqa: E731
-        for r in run.repeats(config.repeats, before_wait=share):
-            sub = search_repeat(report_set, id_pool, pools, config.n_search, r)
-            inputs = search_inputs(loaded.preprocess, sub).to(run.device)
+        stability = (budgets.budget, config.stability_resamples)
+        repeats = run.search_repeats(
+            config.repeats, report_set, config.n_search, pools, stability=stability
+        )
+        for r, sub, inputs in repeats:
             again = _repeat(run, config, budgets, train_set, trimmed, sub, deep_kind, r, inputs)
             yield again.report
 

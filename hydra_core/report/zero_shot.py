@@ -47,6 +47,9 @@ import pandas as pd
 from hydra_core.baselines.systems import TEMPERATURE, TemperatureBaseline
 from hydra_core.cache import DiskCache
 from hydra_core.errors import InputError
+from hydra_core.experiment.facts import run_options
+from hydra_core.experiment.pipeline import Pipeline
+from hydra_core.experiment.pruning import Budgets
 from hydra_core.experiment.results import SystemsReport
 from hydra_core.experiment.run import system_name
 from hydra_core.hydra.systems import Hydra, Pruned, Single
@@ -66,7 +69,6 @@ from hydra_core.report.claims import (
     verdict_counts,
 )
 from hydra_core.report.markdown import markdown_table
-from hydra_core.report.pipeline import Budgets, Pipeline, run_options
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, circuits_table, fused
 from hydra_core.types import Log, StageProgress
 
