@@ -243,3 +243,21 @@ def test_no_source_file_is_longer_than_800_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+#: the longest a file of a report may be: a report is a declaration (its configuration, its
+#: systems, its claims, its tables) over hydra_core/experiment/, its Markdown written by the one
+#: writer of hydra_core/report/markdown.py
+MAX_REPORT_LINES = 250
+
+
+def test_no_report_file_is_longer_than_250_lines():
+    long = {
+        str(p.relative_to(REPO_DIR)): n
+        for p in (PACKAGE_DIR / "report").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_REPORT_LINES
+    }
+    assert not long, (
+        f"split these report files (at most {MAX_REPORT_LINES} lines each; the generic part "
+        f"belongs in hydra_core/experiment/): {long}"
+    )

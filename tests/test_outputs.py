@@ -113,8 +113,8 @@ def test_training_writes_a_fresh_file_by_default_and_never_replaces_one_unasked(
 
 def test_report_defaults_never_point_into_the_checkout():
     from hydra_core.report import DEFAULT_OUT
-    from hydra_core.report.text import DEFAULT_TEXT_OUT
-    from hydra_core.report.zero_shot import DEFAULT_ZERO_SHOT_OUT
+    from hydra_core.report.text_config import DEFAULT_TEXT_OUT
+    from hydra_core.report.zero_shot_config import DEFAULT_ZERO_SHOT_OUT
 
     for default in (DEFAULT_OUT, DEFAULT_TEXT_OUT, DEFAULT_ZERO_SHOT_OUT):
         assert Path(default).parts[:2] == ("results", "report")

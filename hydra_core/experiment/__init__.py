@@ -8,7 +8,9 @@
 - :mod:`~hydra_core.experiment.results`: :class:`SystemsReport`, the results table of one
   experiment (metrics with paired intervals, cost, differences, repeats);
 - :mod:`~hydra_core.experiment.pipeline`: the stages every report and sweep runs (load, search,
-  prune, evaluate, repeat, write).
+  prune, evaluate, repeat, write), with :mod:`~hydra_core.experiment.pruning` (head budgets, the
+  Hydra variants' members), :mod:`~hydra_core.experiment.facts` (what a report's files record
+  beside its tables) and :mod:`~hydra_core.experiment.stability` (the circuits' stability).
 
 The concrete systems live beside their mechanism: :mod:`hydra_core.hydra.systems` (single,
 pruned, Hydra) and :mod:`hydra_core.baselines` (Deep Ensembles, MC Dropout, temperature scaling,
