@@ -17,10 +17,7 @@ from hydra_core.experiment.results import SystemsReport, repeated_differences
 from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.report.image_claims import image_claims
 from hydra_core.report.image_config import ReportConfig
-from hydra_core.report.image_stages import (
-    DEEP_ENSEMBLES,
-    DIFFERENCE_COLUMNS,
-)
+from hydra_core.report.image_stages import DEEP_ENSEMBLES, DIFFERENCE_COLUMNS
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,

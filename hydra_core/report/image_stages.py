@@ -27,18 +27,12 @@ from hydra_core.hydra.members import member_overlap
 from hydra_core.hydra.systems import Hydra, Single
 from hydra_core.masks import MemberMask
 from hydra_core.outputs import write_csv
-from hydra_core.report.tables import (
-    HYDRA_CIRC,
-    HYDRA_CIRC_FT,
-    HYDRA_TAYLOR,
-    fused,
-)
+from hydra_core.report.image_config import ReportConfig
+from hydra_core.report.tables import HYDRA_CIRC, HYDRA_CIRC_FT, HYDRA_TAYLOR, fused
 
 if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.zoo.registry import LoadedModel
-
-from hydra_core.report.image_config import ReportConfig
 
 
 def finetuned_systems(

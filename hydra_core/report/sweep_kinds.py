@@ -14,11 +14,7 @@ import torch
 from hydra_core.baselines.deep_ensembles import DeepEnsemble, deep_ensemble_for
 from hydra_core.baselines.shared_backbone import has_train_text_recipe
 from hydra_core.baselines.systems import SharedBackboneBaseline
-from hydra_core.data.corruptions import (
-    check_corruptions,
-    corrupt_set,
-    corruptions_for,
-)
+from hydra_core.data.corruptions import check_corruptions, corrupt_set, corruptions_for
 from hydra_core.errors import InputError, choice
 from hydra_core.evaluate import Evaluation, SetPredictions
 from hydra_core.experiment.pipeline import Pipeline
@@ -32,11 +28,7 @@ from hydra_core.hydra.members import (
     taylor_member,
 )
 from hydra_core.hydra.systems import FinetunedPruned, Hydra, Pruned, Single
-from hydra_core.report.sweep_config import (
-    ID_METRICS,
-    METRICS,
-    SweepConfig,
-)
+from hydra_core.report.sweep_config import ID_METRICS, METRICS, SweepConfig
 
 
 def budgets(run: Pipeline, config: SweepConfig, per_layer: int | None = None) -> Budgets:

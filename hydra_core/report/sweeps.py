@@ -31,12 +31,7 @@ from hydra_core.report.sweep_config import (
     config_json,
 )
 from hydra_core.report.sweep_files import markdown_sweep, plot_sweep
-from hydra_core.report.sweep_kinds import (
-    budgets,
-    corruption_sweep,
-    layers_sweep,
-    members_sweep,
-)
+from hydra_core.report.sweep_kinds import budgets, corruption_sweep, layers_sweep, members_sweep
 from hydra_core.types import Log, StageProgress
 
 # --- the sweeps ---------------------------------------------------------------------------------

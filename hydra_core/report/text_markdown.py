@@ -10,17 +10,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import (
-    CIRCAVG,
-    signed,
-    verdict_counts,
-)
-from hydra_core.report.markdown import (
-    heads,
-    markdown_table,
-    render,
-    stability,
-)
+from hydra_core.report.claims import CIRCAVG, signed, verdict_counts
+from hydra_core.report.markdown import heads, markdown_table, render, stability
 from hydra_core.report.text_markdown_setup import coverage_section, setup_section
 from hydra_core.report.text_markdown_tables import (
     claims_section,

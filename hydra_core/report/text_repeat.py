@@ -12,10 +12,7 @@ from torch import nn
 
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.baselines.shared_backbone import DEEP
-from hydra_core.baselines.systems import (
-    MCDropoutBaseline,
-    SharedBackboneBaseline,
-)
+from hydra_core.baselines.systems import MCDropoutBaseline, SharedBackboneBaseline
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.experiment.pipeline import Pipeline
 from hydra_core.experiment.pruning import Budgets
@@ -26,22 +23,15 @@ from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout
 from hydra_core.report.claims import CIRCAVG
 from hydra_core.report.tables import fused
-from hydra_core.report.text_tables import (
-    CIRCAVG_FT,
-    HYDRAS,
-    SINGLE,
-    TAYLOR,
-    TAYLOR_FT,
-)
+from hydra_core.report.text_config import TextReportConfig
+from hydra_core.report.text_stages import training_row
+from hydra_core.report.text_tables import CIRCAVG_FT, HYDRAS, SINGLE, TAYLOR, TAYLOR_FT
 from hydra_core.training.top import TopFinetuned, finetune_top, pruned_copy
 
 if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.data.text import TextSet
     from hydra_core.zoo.registry import LoadedModel
-
-from hydra_core.report.text_config import TextReportConfig
-from hydra_core.report.text_stages import training_row
 
 
 @dataclass

@@ -21,22 +21,13 @@ from hydra_core.experiment.results import SystemsReport
 from hydra_core.experiment.run import Run
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
 from hydra_core.masks import MemberMask
-from hydra_core.report.tables import (
-    HYDRA_CIRC,
-    HYDRA_CIRC_FT,
-    HYDRA_TAYLOR,
-    fused,
-)
-from hydra_core.report.text_tables import (
-    HYDRAS,
-    SINGLE,
-)
+from hydra_core.report.tables import HYDRA_CIRC, HYDRA_CIRC_FT, HYDRA_TAYLOR, fused
+from hydra_core.report.text_config import TextReportConfig
+from hydra_core.report.text_tables import HYDRAS, SINGLE
 from hydra_core.training.top import TopFinetuned, pruned_copy
 
 if TYPE_CHECKING:
     from hydra_core.data.text import TextSet
-
-from hydra_core.report.text_config import TextReportConfig
 
 
 def fixed_sample(data: TextSet, n: int, purpose: str) -> TextSet:

@@ -48,10 +48,7 @@ from hydra_core.experiment.facts import run_options
 from hydra_core.experiment.pipeline import Pipeline
 from hydra_core.experiment.run import system_name
 from hydra_core.hydra.systems import Hydra, Pruned, Single
-from hydra_core.models.zero_shot import (
-    check_towers,
-    declares_random_weights,
-)
+from hydra_core.models.zero_shot import check_towers, declares_random_weights
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, fused
 from hydra_core.report.zero_shot_config import (
     CIRCAVG,

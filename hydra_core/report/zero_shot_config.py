@@ -9,10 +9,7 @@ from pathlib import Path
 from hydra_core.errors import InputError
 from hydra_core.experiment.pruning import Budgets
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.models.zero_shot import (
-    DEFAULT_TEMPLATE,
-    DEFAULT_TOWERS,
-)
+from hydra_core.models.zero_shot import DEFAULT_TEMPLATE, DEFAULT_TOWERS
 
 #: where the report goes unless told (never the committed docs/report/ by default)
 DEFAULT_ZERO_SHOT_OUT = Path("results") / "report" / "zero-shot"

@@ -7,12 +7,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import (
-    near_far_verdicts,
-    paper_frame,
-    signed,
-    verdict_counts,
-)
+from hydra_core.report.claims import near_far_verdicts, paper_frame, signed, verdict_counts
 from hydra_core.report.markdown import markdown_table
 from hydra_core.report.zero_shot_config import DEFAULT_COMMAND
 

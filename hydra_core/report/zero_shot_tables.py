@@ -9,16 +9,9 @@ import pandas as pd
 
 from hydra_core.baselines.systems import TEMPERATURE
 from hydra_core.experiment.results import SystemsReport
-from hydra_core.report.claims import (
-    claim_columns,
-    pick,
-)
+from hydra_core.report.claims import claim_columns, pick
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_TAYLOR, NEAR_FAR, circuits_table, fused
-from hydra_core.report.zero_shot_config import (
-    CIRCAVG,
-    SINGLE,
-    TAYLOR,
-)
+from hydra_core.report.zero_shot_config import CIRCAVG, SINGLE, TAYLOR
 
 #: the rows of Table 3, in the paper's order (Hydra (Taylor) is not in the paper's table)
 MAIN_ROWS = (SINGLE, TEMPERATURE, TAYLOR, CIRCAVG, fused(HYDRA_TAYLOR), fused(HYDRA_CIRC))
