@@ -209,7 +209,7 @@ def stage_run(args, members, root: Path, repeats: int) -> dict:
     from hydra_core.baselines.systems import MCDropoutBaseline, TemperatureBaseline
     from hydra_core.cache import DiskCache
     from hydra_core.data.benchmark import default_benchmark
-    from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+    from hydra_core.experiment.evaluate import evaluate_systems, hydra_systems
 
     root.mkdir(parents=True, exist_ok=True)
     loaded = load_model("default")

@@ -53,7 +53,7 @@ def log(message: str) -> None:
 
 def repeat_benchmark(modality, protocol: str, n_search: int, n_report: int, repeat: int):
     """The protocol's benchmark with repeat ``repeat``'s search subsample."""
-    from hydra_core.report.pipeline import search_repeat
+    from hydra_core.experiment.pipeline import search_repeat
 
     benchmark = modality.benchmark(protocol=protocol, n_search=n_search, n_report=n_report)
     if repeat == 0:

@@ -27,6 +27,7 @@ the positive class, as the metrics' convention); the metrics of :mod:`hydra_core
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -136,11 +137,9 @@ def rescore(evaluation, score: str, benchmark=None):
 
 
 def rescore_report(report, scores: Sequence[str], benchmark=None) -> dict:
-    """score -> a :class:`~hydra_core.hydra.systems.SystemsReport` of ``report``'s systems under
-    that score (the systems it is not offered for left out), all on ``report``'s shared
+    """score -> a :class:`~hydra_core.experiment.results.SystemsReport` of ``report``'s systems
+    under that score (the systems it is not offered for left out), all on ``report``'s shared
     resamples; the report's own score maps to ``report`` itself."""
-    from hydra_core.hydra.systems import SystemsReport
-
     report.compute_intervals()  # shares the first system's resamples with every system
     out = {}
     for score in scores:
@@ -153,9 +152,9 @@ def rescore_report(report, scores: Sequence[str], benchmark=None) -> dict:
             if found is not None:
                 evaluations[name], info[name] = found, report.info[name]
         if evaluations:
-            out[score] = SystemsReport(
-                evaluations, info, report.cost, {**report.setup, "score": score}
-            )
+            # the same kind of report, its cost kept, under this score
+            setup = {**report.setup, "score": score}
+            out[score] = replace(report, evaluations=evaluations, info=info, setup=setup)
     return out
 
 

@@ -1,6 +1,7 @@
 """What the Hydra page says about the fused ensemble against its baselines and its own best member
-(:meth:`hydra_core.hydra.systems.SystemsReport.comparisons` makes the numbers): whether the gain
-over the single model came from the pruning (a member alone has it) or from the ensembling."""
+(:meth:`hydra_core.experiment.results.SystemsReport.comparisons` makes the numbers): whether the
+gain over the single model came from the pruning (a member alone has it) or from the
+ensembling."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _cost(row: pd.Series, column: str) -> str:
 
 
 def ensembling_verdict(table: pd.DataFrame, column: str = "all_auroc", what: str = "") -> str:
-    """One paragraph from a :meth:`~hydra_core.hydra.systems.SystemsReport.comparisons` table:
+    """One paragraph from a :meth:`~hydra_core.experiment.results.SystemsReport.comparisons` table:
     fused minus its best member on ``column`` (named ``what``) with the paired interval, each
     with its cost, and what that means: a significant gain is the ensembling's; a difference
     whose interval contains 0, or a loss, says the pruning (the best member alone) bought

@@ -733,7 +733,7 @@ def difference_plot(
 
     Args:
         frame: one row per system: ``system``, ``column`` (the difference), ``<column>_lo`` and
-            ``<column>_hi`` (e.g. :meth:`~hydra_core.hydra.systems.SystemsReport.differences`).
+            ``<column>_hi`` (e.g. :meth:`~hydra_core.experiment.results.SystemsReport.differences`).
     """
     shown = frame.dropna(subset=[column, f"{column}_lo", f"{column}_hi"])
     if shown.empty:

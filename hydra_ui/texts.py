@@ -64,7 +64,7 @@ def most_uncertain(
 
     Args:
         evaluation: the ensemble's evaluation on ``benchmark``'s report parts, member logits
-            (N, M, C) per set (a :class:`~hydra_core.hydra.systems.SystemsReport` entry).
+            (N, M, C) per set (a :class:`~hydra_core.experiment.results.SystemsReport` entry).
         benchmark: the text benchmark it was evaluated on (its report texts, in the same order).
         members: the members' names, one per member (column names).
         classes: class names, index = class (default: the indices).

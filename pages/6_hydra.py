@@ -21,10 +21,10 @@ from hydra_core.baselines.systems import (
     TemperatureBaseline,
 )
 from hydra_core.evaluate import format_intervals
-from hydra_core.hydra.experiment import STAGES, evaluate_systems, hydra_systems
+from hydra_core.experiment.evaluate import evaluate_systems, hydra_systems
+from hydra_core.experiment.run import STAGES, system_name
 from hydra_core.hydra.finetune import OPTIMIZERS, FinetuneConfig
 from hydra_core.hydra.fused import save_hydra
-from hydra_core.hydra.systems import system_name
 from hydra_core.models.preprocess import describe
 from hydra_core.ood_scores import SCORES, rescore_report
 from hydra_ui.comparisons import ensembling_verdict

@@ -16,7 +16,8 @@ from hydra_core.baselines.systems import (
 from hydra_core.baselines.temperature import TemperatureScaled
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
-from hydra_core.hydra.experiment import Hydra, Pruned, Single, evaluate_systems
+from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.inference import predict
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.temperature import fit_temperature

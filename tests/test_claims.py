@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from hydra_core.data.benchmark import build_benchmark
-from hydra_core.hydra.experiment import Pruned, Single, evaluate_systems
-from hydra_core.hydra.systems import repeated_difference
+from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.experiment.results import repeated_difference
+from hydra_core.hydra.systems import Pruned, Single
 from hydra_core.report.claims import (
     CLAIM_PARTS,
     claim_columns,

@@ -13,7 +13,7 @@ from hydra_core.cli import main
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.hydra import members
 from hydra_core.report import config_from_args
-from hydra_core.report.text import text_config_from_args
+from hydra_core.report.text_config import text_config_from_args
 
 DATA = ["--n-search", "24", "--n-report", "30", "--device", "cpu"]
 SEARCH = ["search", "--objective", "ood", "--budget", "1", *DATA]

@@ -26,7 +26,7 @@ from hydra_core.baselines.deep_ensembles import copy_path, train_deep_ensemble
 from hydra_core.cache import DiskCache
 from hydra_core.cli import main
 from hydra_core.data.benchmark import build_benchmark
-from hydra_core.hydra.experiment import evaluate_systems
+from hydra_core.experiment.evaluate import evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.zoo.default import TrainConfig
 from hydra_core.zoo.registry import LoadedModel

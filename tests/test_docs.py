@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from hydra_core.cli import main
-from hydra_core.hydra.systems import SUMMARY_METRICS
+from hydra_core.experiment.results import SUMMARY_METRICS
 from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 from tests.conftest import missing_data
 

@@ -36,10 +36,14 @@ LAYERS = (
     # every model source; fused Hydra files are a kind of source hydra/ registers
     ("hydra_core.zoo",),
     ("hydra_core.analysis",),
+    # the System protocol and the Run a system evaluates itself through: every system's base
+    ("hydra_core.experiment.systems", "hydra_core.experiment.run"),
     ("hydra_core.hydra",),
     ("hydra_core.ood_scores",),  # systems' evaluations under every OOD score
     ("hydra_core.baselines",),
     ("hydra_core.export",),  # fused and pruned models as ONNX; masks for nnsight and as JSON
+    # the rest of the experiment layer: evaluate_systems, the results tables, the pipeline
+    ("hydra_core.experiment",),
     ("hydra_core.report",),
     ("hydra_core.cli", "hydra_core.__main__"),
 )
@@ -396,3 +400,21 @@ def test_a_planted_model_name_or_prefix_is_found(planted):
 )
 def test_what_is_no_model_name_use(allowed):
     assert not model_name_uses(allowed), allowed
+
+
+#: the longest a file of a report may be: a report is a declaration (its configuration, its
+#: systems, its claims, its tables) over hydra_core/experiment/, its Markdown written by the one
+#: writer of hydra_core/report/markdown.py
+MAX_REPORT_LINES = 250
+
+
+def test_no_report_file_is_longer_than_250_lines():
+    long = {
+        str(p.relative_to(REPO_DIR)): n
+        for p in (PACKAGE_DIR / "report").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_REPORT_LINES
+    }
+    assert not long, (
+        f"split these report files (at most {MAX_REPORT_LINES} lines each; the generic part "
+        f"belongs in hydra_core/experiment/): {long}"
+    )

@@ -15,7 +15,7 @@ from hydra_core import metrics
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.errors import InputError
 from hydra_core.evaluate import evaluate_model, ood_score
-from hydra_core.hydra.experiment import evaluate_systems
+from hydra_core.experiment.evaluate import evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.ood_scores import (
     FEATURE_SCORES,
@@ -385,7 +385,7 @@ def test_text_models_give_the_input_of_their_classifier_layer(kind):
 
 
 def test_the_image_reports_gain_table_covers_table1_and_the_unfused_twins(report, benchmark):
-    from hydra_core.report.markdown import _score_gains_section
+    from hydra_core.report.image_markdown_systems import score_gains_section
     from hydra_core.report.tables import ood_gain_table
 
     gains = ood_gain_table(report, benchmark, ["single", "Hydra (fused)", "not evaluated"])
@@ -402,5 +402,5 @@ def test_the_image_reports_gain_table_covers_table1_and_the_unfused_twins(report
         "Hydra (unfused)", "single", "auroc", "near"
     )
     assert knn["near_delta"] == pytest.approx(found.value)
-    text = "\n".join(_score_gains_section(gains))
+    text = "\n".join(score_gains_section(gains))
     assert "Does each system's OOD gain hold under every score" in text and "| knn |" in text

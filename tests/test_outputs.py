@@ -113,8 +113,8 @@ def test_training_writes_a_fresh_file_by_default_and_never_replaces_one_unasked(
 
 def test_report_defaults_never_point_into_the_checkout():
     from hydra_core.report import DEFAULT_OUT
-    from hydra_core.report.text import DEFAULT_TEXT_OUT
-    from hydra_core.report.zero_shot import DEFAULT_ZERO_SHOT_OUT
+    from hydra_core.report.text_config import DEFAULT_TEXT_OUT
+    from hydra_core.report.zero_shot_config import DEFAULT_ZERO_SHOT_OUT
 
     for default in (DEFAULT_OUT, DEFAULT_TEXT_OUT, DEFAULT_ZERO_SHOT_OUT):
         assert Path(default).parts[:2] == ("results", "report")
@@ -122,8 +122,8 @@ def test_report_defaults_never_point_into_the_checkout():
 
 def test_a_report_writes_its_files_only_when_all_are_ready(tmp_path, checkpoint):
     from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.experiment.pipeline import Pipeline
     from hydra_core.masks import MemberMask
-    from hydra_core.report.pipeline import Pipeline
     from hydra_core.zoo.registry import load_model
 
     out = tmp_path / "report"

@@ -120,7 +120,7 @@ def test_stability_of_the_circuits(report_dir):
     from hydra_core.analysis.stability import greedy_stability
     from hydra_core.data.benchmark import default_benchmark
     from hydra_core.data.provenance import item_keys
-    from hydra_core.report.stability import _unused, held_out_sample
+    from hydra_core.experiment.stability import _unused, held_out_sample
     from hydra_core.zoo.registry import load_model
 
     table = pd.read_csv(report_dir / "stability.csv").set_index("circuit")

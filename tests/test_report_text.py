@@ -27,7 +27,7 @@ from hydra_core.models.adapter import prune_heads
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.models.text import TextClassifier, TextPreprocess
 from hydra_core.report.claims import verdict as claim_verdict
-from hydra_core.report.text import FINETUNE
+from hydra_core.report.text_config import FINETUNE
 from hydra_core.report.text_tables import SINGLE, paper_table2
 from hydra_core.training.top import finetune_top
 

@@ -17,15 +17,9 @@ from hydra_core.baselines.temperature import TemperatureScaled
 from hydra_core.cli import main
 from hydra_core.errors import InputError
 from hydra_core.models.adapter import HeadLayout
-from hydra_core.report.zero_shot import (
-    CLAIMS,
-    MAIN_ROWS,
-    OURS,
-    ZeroShotReportConfig,
-    paper_table3,
-    run_zero_shot_report,
-    zero_shot_budgets,
-)
+from hydra_core.report.zero_shot import run_zero_shot_report
+from hydra_core.report.zero_shot_config import ZeroShotReportConfig, zero_shot_budgets
+from hydra_core.report.zero_shot_tables import CLAIMS, MAIN_ROWS, OURS, paper_table3
 from tests.conftest import clip_images, make_tiny_zero_shot, save_tiny_clip
 
 
@@ -59,11 +53,11 @@ def test_the_report_says_the_weights_are_random(report):
     text = (out / "report.md").read_text()
     assert "no number in this report is a zero-shot result" in text
     assert payload["setup"]["random_weights"] is True
-    from hydra_core.report.zero_shot import _random_weights_warning
+    from hydra_core.report.zero_shot_markdown import random_weights_warning
 
     # a file name is not a declaration: only the folder's configuration says so
     honest = {"random_weights": False, "model": {"weights": "random_name.safetensors"}}
-    assert _random_weights_warning(honest) == []
+    assert random_weights_warning(honest) == []
     for section in ("## Table 3", "## Agreements and disagreements", "## The CircAvg circuit"):
         assert section in text
 

@@ -19,8 +19,8 @@ from hydra_core.data.synthetic import (
 )
 from hydra_core.data.text import TextSet
 from hydra_core.errors import InputError
+from hydra_core.experiment.pipeline import search_repeat
 from hydra_core.models.modality import IMAGE_MODALITY, TEXT_MODALITY
-from hydra_core.report.pipeline import search_repeat
 
 
 def image_set(name: str, n: int, seed: int, group: str = "id") -> ImageSet:

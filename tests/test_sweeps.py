@@ -167,8 +167,8 @@ def test_members_sweep_equals_averaged_members_and_adds_trained_copies(
     loaded, benchmark = loaded_and_benchmark(checkpoint)
     model = loaded.model
     inputs = search_inputs(loaded.preprocess, benchmark)
+    from hydra_core.experiment.pruning import Budgets
     from hydra_core.models.adapter import head_layout
-    from hydra_core.report.pipeline import Budgets
 
     layout = head_layout(model)
     b = Budgets.of(layout, config_like(config))
@@ -308,8 +308,9 @@ def test_corruption_sweep_on_text_corrupts_the_sentences(tmp_path, monkeypatch):
 
 def test_a_fine_tuned_pruned_model_is_never_reported_on_its_training_items(checkpoint):
     from hydra_core.errors import InputError
-    from hydra_core.hydra.experiment import FinetunedPruned, Single, evaluate_systems
+    from hydra_core.experiment.evaluate import evaluate_systems
     from hydra_core.hydra.finetune import FinetuneConfig
+    from hydra_core.hydra.systems import FinetunedPruned, Single
 
     loaded, benchmark = loaded_and_benchmark(checkpoint)
     keep = torch.ones(2, 4, dtype=torch.bool)

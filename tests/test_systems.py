@@ -13,10 +13,11 @@ from hydra_core import metrics
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.data.images import ImageSet
 from hydra_core.evaluate import ID_COLUMNS, OOD_COLUMNS, evaluate_model, interval_columns
+from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.experiment.results import SUMMARY_METRICS
+from hydra_core.experiment.run import SystemInfo, system_name
 from hydra_core.hydra.cost import count_params
-from hydra_core.hydra.experiment import evaluate_systems
 from hydra_core.hydra.finetune import FinetuneConfig, finetune_members
-from hydra_core.hydra.systems import SUMMARY_METRICS, SystemInfo, system_name
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import ablate, prune_heads
 from hydra_core.zoo.registry import LoadedModel
@@ -392,8 +393,8 @@ def test_a_system_chosen_on_report_items_is_refused_before_anything_is_predicted
 ):
     from hydra_core.data.provenance import ChosenOn
     from hydra_core.errors import InputError
-    from hydra_core.hydra import experiment
-    from hydra_core.hydra.experiment import Hydra, Pruned, Single
+    from hydra_core.experiment import run as experiment
+    from hydra_core.hydra.systems import Hydra, Pruned, Single
 
     predicted = []
     real = experiment.evaluate_model
@@ -423,7 +424,7 @@ def test_a_system_chosen_on_report_items_is_refused_before_anything_is_predicted
 
 def test_systems_are_taken_as_chosen_on_the_search_split_and_it_must_not_reach_the_report(loaded):
     from hydra_core.errors import InputError
-    from hydra_core.hydra.experiment import Pruned, Single
+    from hydra_core.hydra.systems import Pruned, Single
 
     id_set = image_set("id_set", 60, "id", 1, labelled=True)
     ood = [image_set("near_set", 30, "near", 2), image_set("far_set", 30, "far", 3)]
@@ -446,7 +447,7 @@ def test_systems_are_taken_as_chosen_on_the_search_split_and_it_must_not_reach_t
 def test_temperature_is_chosen_on_the_id_search_split(loaded, benchmark):
     from hydra_core.baselines.systems import TemperatureBaseline
     from hydra_core.data.provenance import item_keys
-    from hydra_core.hydra.experiment import Run
+    from hydra_core.experiment.run import Run
 
     run = Run(loaded, benchmark, torch.device("cpu"), {})
     chosen = TemperatureBaseline().chosen_on(run)
@@ -459,8 +460,8 @@ def test_temperature_is_chosen_on_the_id_search_split(loaded, benchmark):
 def test_repeated_difference_is_the_mean_over_repeats_with_a_two_level_interval(
     loaded, benchmark, members
 ):
-    from hydra_core.hydra.experiment import Pruned, Single
-    from hydra_core.hydra.systems import repeated_difference
+    from hydra_core.experiment.results import repeated_difference
+    from hydra_core.hydra.systems import Pruned, Single
     from hydra_core.report.claims import paired_claim
 
     reports = [

@@ -11,7 +11,8 @@ Training one copy of the default model takes about 30 minutes of one CPU core (1
 145 s; two copies train at once on two cores under torchrun), so nothing here trains unless asked
 (:func:`train_deep_ensemble`, CLI ``train-ensemble``); :func:`available_deep_ensemble` only
 collects what exists. :func:`deep_ensemble_for` is how the
-app, the CLI and the report find the Deep Ensemble of the model they loaded.
+app, the CLI and the report find the Deep Ensemble of the model they loaded, and
+:class:`DeepEnsemble` is the system that puts them beside Hydra.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from safetensors import safe_open
@@ -27,6 +28,9 @@ from torch import nn
 
 from hydra_core import distributed
 from hydra_core.cache import cache_key
+from hydra_core.experiment.run import Run
+from hydra_core.experiment.systems import System
+from hydra_core.models.adapter import head_layout
 from hydra_core.paths import cache_dir
 from hydra_core.training.trainer import resume_path
 from hydra_core.zoo.default import (
@@ -234,3 +238,29 @@ def deep_ensemble_for(
 def _copy_seeds(train_config: TrainConfig, arch: VitConfig, root: str | Path | None) -> list[int]:
     """Seeds of the stored copies other than the reference itself (its own seed)."""
     return [s for s in stored_seeds(train_config, arch, root) if s != train_config.seed]
+
+
+@dataclass
+class DeepEnsemble(System):
+    """Deep Ensembles as a system: independently trained full copies of the model (two or more),
+    e.g. from :func:`available_deep_ensemble` or :func:`deep_ensemble_for`, their probabilities
+    averaged."""
+
+    copies: Sequence[nn.Module]
+    name: str = "Deep Ensembles"
+
+    def __post_init__(self) -> None:
+        if len(self.copies) < 2:
+            raise ValueError(
+                f"Deep Ensembles need two or more independently trained models, got "
+                f"{len(self.copies)}; train copies with train_deep_ensemble"
+            )
+
+    def add_to(self, run: Run) -> None:
+        copies = [m.to(run.device).eval() for m in self.copies]
+        parts = [run.evaluate(f"{self.name} member {i}", m) for i, m in enumerate(copies)]
+        heads = [head_layout(m).total_heads for m in copies]
+        run.add_ensemble(self.name, "deep-ensemble", parts, copies, heads)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "copies": len(self.copies)}

@@ -1,9 +1,9 @@
-"""The baselines as systems that :func:`~hydra_core.hydra.experiment.evaluate_systems`, the CLI
+"""The baselines as systems that :func:`~hydra_core.experiment.evaluate.evaluate_systems`, the CLI
 (``hydra --baselines``) and the app's Hydra page put beside Hydra: MC Dropout, temperature
 scaling, for text models Deep Ensembles (D) on a shared backbone, and the paper's efficient
 ensembles (Packed-Ensembles, MIMO, BatchEnsemble, LoRA Ensembles:
 :mod:`~hydra_core.baselines.efficient`). (Deep Ensembles of independently trained copies is
-:class:`~hydra_core.hydra.experiment.DeepEnsemble`.)"""
+:class:`~hydra_core.baselines.deep_ensembles.DeepEnsemble`.)"""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from hydra_core.baselines.temperature import (
 )
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.provenance import ChosenOn
-from hydra_core.hydra.experiment import STAGES, Run, System
+from hydra_core.experiment.run import STAGES, Run, SystemInfo
+from hydra_core.experiment.systems import System
 from hydra_core.hydra.finetune import members_training_items
-from hydra_core.hydra.systems import SystemInfo
 from hydra_core.models.adapter import head_layout
 from hydra_core.training.top import TopFinetuneConfig
 

@@ -236,7 +236,7 @@ def _hydra(args: argparse.Namespace) -> int:
     from hydra_core.baselines.systems import SharedBackboneBaseline, baseline_systems
     from hydra_core.cache import DiskCache
     from hydra_core.evaluate import format_intervals, interval_columns
-    from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+    from hydra_core.experiment.evaluate import evaluate_systems, hydra_systems
     from hydra_core.hydra.fused import save_hydra
     from hydra_core.masks import load_masks
     from hydra_core.models.adapter import head_layout
@@ -604,9 +604,9 @@ def _report(args: argparse.Namespace) -> int:
         if distributed.job_size() > 1:
             raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
-        from hydra_core.report.zero_shot import (
+        from hydra_core.report.zero_shot import run_zero_shot_report
+        from hydra_core.report.zero_shot_config import (
             DEFAULT_ZERO_SHOT_OUT,
-            run_zero_shot_report,
             zero_shot_config_from_args,
         )
 
@@ -621,7 +621,8 @@ def _report(args: argparse.Namespace) -> int:
         run_zero_shot_report(config, out, progress=bars, log=tqdm.write, overwrite=args.overwrite)
         return 0
     if args.task == "text":
-        from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
+        from hydra_core.report.text import run_text_report
+        from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
 
         config = text_config_from_args(args.quick, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}

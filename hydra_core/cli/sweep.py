@@ -63,7 +63,8 @@ def _sweep(args: argparse.Namespace) -> int:
     """The paper's sweeps with 95% intervals: CSV, plot (PNG, SVG) and Markdown."""
     from tqdm import tqdm
 
-    from hydra_core.report.sweeps import run_sweep, sweep_config_from_args
+    from hydra_core.report.sweep_config import sweep_config_from_args
+    from hydra_core.report.sweeps import run_sweep
 
     only = {"--points": ("layers", "members"), "--n-corrupt": ("corruption",)}
     only["--corruptions"] = ("corruption",)

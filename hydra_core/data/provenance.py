@@ -4,7 +4,7 @@ A system's heads are searched, its weights fine-tuned or its temperature fitted 
 reporting it on any of those items measures how well it fits the data that chose it, not how well
 it works. :class:`ChosenOn` carries those items (one content hash per item: equal pixels or equal
 text give equal keys, whatever set they sit in) and :meth:`ChosenOn.check` refuses a report set
-that shares any of them. :func:`hydra_core.hydra.experiment.evaluate_systems` checks every system
+that shares any of them. :func:`hydra_core.experiment.evaluate.evaluate_systems` checks every system
 against every report part before it predicts anything.
 """
 

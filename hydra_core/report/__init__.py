@@ -17,19 +17,19 @@ the paper's numbering:
 Every head selection uses the search split; every number in the tables comes from the report
 split. Searches and fine-tuned weights are cached, so a second run is much faster.
 
-Modules: :mod:`~hydra_core.report.run` runs the analyses and writes the files,
-:mod:`~hydra_core.report.tables` picks the tables' rows and columns from the results,
-:mod:`~hydra_core.report.markdown` renders ``report.md``.
+Each report is a declaration over the experiment pipeline (:mod:`hydra_core.experiment`): its
+configuration, its systems, its claims and its tables, written by the one Markdown writer
+(:mod:`~hydra_core.report.markdown`). The image report: :mod:`~hydra_core.report.run` (with
+``image_*.py``); the text report: :mod:`~hydra_core.report.text` (with ``text_*.py``); the
+zero-shot report: :mod:`~hydra_core.report.zero_shot`; the sweeps:
+:mod:`~hydra_core.report.sweeps`.
 """
 
-from hydra_core.report.markdown import markdown_report, markdown_table
-from hydra_core.report.run import (
-    DEFAULT_OUT,
-    Budgets,
-    ReportConfig,
-    config_from_args,
-    run_report,
-)
+from hydra_core.experiment.pruning import Budgets
+from hydra_core.report.image_config import DEFAULT_OUT, ReportConfig, config_from_args
+from hydra_core.report.image_markdown import markdown_report
+from hydra_core.report.markdown import markdown_table
+from hydra_core.report.run import run_report
 from hydra_core.report.tables import report_tables
 
 __all__ = [

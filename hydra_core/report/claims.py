@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hydra_core.evaluate import interval_columns
-from hydra_core.hydra.systems import SUMMARY_METRICS, SystemsReport, repeated_difference
+from hydra_core.experiment.results import SUMMARY_METRICS, SystemsReport, repeated_difference
 from hydra_core.metrics.bootstrap import item_variance_parts, repeat_interval
 
 CIRCAVG = "CircAvg"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from hydra_core.hydra.systems import SystemsReport
+from hydra_core.experiment.results import SystemsReport
 from hydra_core.report.claims import claim_columns, paper_rows
 from hydra_core.report.tables import HYDRA_CIRC_FT, HYDRA_TAYLOR_FT, fused
 

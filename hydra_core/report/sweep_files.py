@@ -8,6 +8,8 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
+from hydra_core.report.markdown import render
+
 #: per sweep: the metrics plotted (column, axis title), and the x column
 PLOTS = {
     "layers": (
@@ -95,8 +97,18 @@ def plot_sweep(kind: str, table: pd.DataFrame, setup: dict) -> Figure:
 
 
 def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
-    """``report.md`` of a sweep: the command, the data, the wall time, the table (each metric as
-    value [lo, hi])."""
+    """``report.md`` of a sweep, written by the one Markdown writer
+    (:func:`~hydra_core.report.markdown.render`): the command, the data, the wall time, then the
+    table (each metric as value [lo, hi])."""
+    sections = (
+        lambda tables, setup: _heading(kind, setup),
+        lambda tables, setup: [_table(tables[kind]), ""],
+    )
+    return render(sections, {kind: table}, setup)
+
+
+def _heading(kind: str, setup: dict) -> list[str]:
+    """The sweep's title and what it ran: the command, the model, the data, the wall time."""
     protocol = setup.get("protocol", {})
     n_report = protocol.get("id_report_n")
     if kind == "corruption":
@@ -110,7 +122,7 @@ def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
             f"{n_report} ID report items and the report sets "
             f"{', '.join(protocol.get('report_ood', []))}"
         )
-    lines = [
+    return [
         f"# {kind} sweep",
         "",
         f"Made with `{setup.get('command', '')}` in {setup.get('total_seconds', 0) / 60:.1f} min "
@@ -121,10 +133,7 @@ def markdown_sweep(kind: str, table: pd.DataFrame, setup: dict) -> str:
         f"{', '.join(protocol.get('search_ood', []))}; every number on {data}, with its 95% "
         "stratified-bootstrap interval. See docs/sweeps.md.",
         "",
-        _table(table),
-        "",
     ]
-    return "\n".join(lines)
 
 
 def _table(table: pd.DataFrame) -> str:

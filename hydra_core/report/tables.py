@@ -1,7 +1,7 @@
 """The report's tables: rows and columns picked from the evaluated systems and searches.
 
 Each table is a DataFrame named as its CSV (``table4_zero_shot`` and so on); the numbers are the
-ones :class:`~hydra_core.hydra.systems.SystemsReport` computed, only selected and ordered here.
+ones :class:`~hydra_core.experiment.results.SystemsReport` computed, only selected and ordered here.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 
 from hydra_core.evaluate import interval_columns
+from hydra_core.experiment.pruning import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
+from hydra_core.experiment.run import system_name
 from hydra_core.hydra.members import CIRCUIT_NAMES
-from hydra_core.hydra.systems import system_name
-from hydra_core.report.pipeline import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
 
 if TYPE_CHECKING:
     from hydra_core.analysis.greedy import GreedyResult
-    from hydra_core.hydra.systems import SystemsReport
+    from hydra_core.experiment.results import SystemsReport
 
 #: the ensembles the report evaluates, by label (rows are named through ``system_name``)
 HYDRA_IDENTICAL = "Hydra (Circ, identical members)"
@@ -212,7 +212,7 @@ def ood_gain_table(systems: SystemsReport, benchmark, names: Sequence[str]) -> p
     the near- and far-OOD AUROC and its paired difference to the single model with the 95%
     interval (:func:`hydra_core.ood_scores.score_gains`). Feature scores are fitted on
     ``benchmark``'s ID search split."""
-    from hydra_core.hydra.systems import SystemsReport as Report
+    from hydra_core.experiment.results import SystemsReport as Report
     from hydra_core.ood_scores import SCORES, rescore_report, score_gains
 
     chosen = [n for n in ["single", *names] if n in systems.evaluations]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from hydra_core.baselines.shared_backbone import DEEP
 from hydra_core.baselines.systems import MC_DROPOUT
-from hydra_core.hydra.systems import SystemsReport
+from hydra_core.experiment.results import SystemsReport
 from hydra_core.masks import MemberMask, per_layer_counts
 from hydra_core.report.claims import CIRCAVG, claim_columns, paper_rows, pick
 from hydra_core.report.tables import (

@@ -1,13 +1,16 @@
-"""The one experiment pipeline every report runs: load, search, prune, build members, evaluate the
-systems, write the files. A report (image, text, zero-shot) is a short file that declares its
-configuration, its loader, its systems and its tables, and calls these stages in order.
+"""The one experiment pipeline every report and sweep runs: load, search, prune, build members,
+evaluate the systems, repeat the seeded ones, write the files. A report (image, text, zero-shot,
+sweeps) is a short file under :mod:`hydra_core.report` that declares its configuration, its
+loader, its systems and its tables, and calls these stages in order.
 
 :class:`Pipeline` owns the output folder, the cache and the stage clock (each stage is logged with
 its wall time, and ``setup["seconds"]`` records it); what a stage produces is kept on it
 (``loaded``, ``benchmark``, ``inputs``: the search tensors, ``layout``). Head selection reads only
 ``inputs`` (the search split); evaluation only the report split.
 
-Under ``torchrun`` a report's processes share its repeats out whole (:meth:`Pipeline.repeats`):
+A report's repeats (another search subsample, its searches and pruning seeds, on the same report
+items) come from :meth:`Pipeline.search_repeats`. Under ``torchrun`` a report's processes share
+its repeats out whole (:meth:`Pipeline.repeats`):
 each works alone (:func:`hydra_core.distributed.alone`) on its own repeats, leaving their searches,
 fine-tuned weights and predictions in the shared cache; rank 0, which also runs repeat 0 and every
 table, then reads the others' repeats from the cache and writes the report. The numbers are those
@@ -18,38 +21,38 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-import torch
 
 from hydra_core import distributed
 from hydra_core.cache import DiskCache
-from hydra_core.errors import InputError, choice
-from hydra_core.evaluate import nest_intervals, resolve_device
-from hydra_core.hydra.experiment import STAGES, System, evaluate_systems
+from hydra_core.errors import InputError
+from hydra_core.evaluate import resolve_device
+from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.experiment.facts import nan_to_none, protocol_facts, records, run_facts
+from hydra_core.experiment.pruning import HYDRA_CIRC, Budgets, Pruning, hydra_members
+from hydra_core.experiment.results import SystemsReport
+from hydra_core.experiment.run import STAGES
+from hydra_core.experiment.systems import System
 from hydra_core.hydra.members import (
     CIRCUIT_NAMES,
     CIRCUIT_OBJECTIVES,
     circuit_member,
     circuit_members,
     member_overlap,
-    seed_sampled_members,
     taylor_member,
     taylor_ranking,
 )
-from hydra_core.hydra.systems import SystemsReport, machine_description
 from hydra_core.masks import MemberMask, save_masks
 from hydra_core.models.adapter import HeadLayout, head_layout
 from hydra_core.outputs import (
@@ -69,60 +72,11 @@ if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
     from hydra_core.zoo.registry import LoadedModel
 
-#: the ensemble labels of the Hydra variants the reports build: Hydra (Circ) is the paper's
-#: method, one circuit per criterion (CircAcc, CircOOD, CircAvg; B.2 question 3, D.3); the B.5
-#: ablation draws its members by seed from CircAvg's ranking alone ("we assume only one circuit to
-#: be available"); Hydra (Taylor) draws them from the Taylor ranking
-HYDRA_CIRC = "Hydra (Circ)"
-HYDRA_CIRC_B5 = "Hydra (Circ, B.5)"
-HYDRA_TAYLOR = "Hydra (Taylor)"
-
 #: the work of repeat 0 (every table: the searches, their stability, the evidence, all fine-tuned
 #: variants) in units of one later repeat (its searches, pruning and fine-tuned Hydras), for
 #: sharing the repeats out among processes. Measured on the image report, one thread a process:
 #: repeat 0 about 25 min with the tables (its searches cached), a later repeat about 20 min
 MAIN_COST = 1.25
-
-
-@dataclass
-class Budgets:
-    """Head budgets derived from the model and the configuration."""
-
-    removed_per_layer: int | tuple[int, ...]  # heads Taylor removes in every layer (or in each)
-    budget: int  # heads every circuit and member removes
-    pool: int  # members draw their pruned heads from this many least useful
-    total: int  # heads of the model
-
-    @classmethod
-    def of(cls, layout: HeadLayout, config) -> Budgets:
-        """The budgets for a model with this head layout and a configuration with
-        ``removed_per_layer`` (None: a third of a layer's heads) and ``pool_fraction``; refuses a
-        per-layer count that leaves a layer with no head."""
-        per_layer = config.removed_per_layer
-        if per_layer is None:
-            per_layer = max(1, round(layout.max_heads / 3))
-        if not 0 < per_layer < min(layout.num_heads):
-            raise ValueError(
-                f"{choice('removed_per_layer')} must be between 1 and "
-                f"{min(layout.num_heads) - 1} for this model, got {per_layer}"
-            )
-        budget = per_layer * layout.num_layers
-        pool = round(config.pool_fraction * layout.total_heads)
-        pool = min(layout.total_heads, max(budget + 1, pool))
-        return cls(per_layer, budget, pool, layout.total_heads)
-
-
-@dataclass
-class Pruning:
-    """What the pruning stage gives: Taylor's layer-wise member and global ranking, the CircAvg
-    circuit as a member, and the members by label: Hydra (Circ) (when the searches of the other
-    criteria were given), Hydra (Circ, B.5) and Hydra (Taylor)."""
-
-    taylor: MemberMask
-    taylor_rank: list[tuple[int, int]]
-    circavg: MemberMask
-    members: dict[str, list[MemberMask]]
-    circuits: dict[str, GreedyResult] = field(default_factory=dict)  # by objective, when searched
 
 
 class Pipeline:
@@ -274,6 +228,37 @@ class Pipeline:
         if self.rank == 0:
             yield from (r for r in later if r not in mine)
 
+    def search_repeats(
+        self,
+        count: int,
+        benchmark: Benchmark,
+        n_search: int | None,
+        pools: Callable[[], tuple],
+        *,
+        stability: tuple[int, int] | None = None,
+    ) -> Iterator[tuple[int, Benchmark, SearchInputs]]:
+        """The later repeats of a report's seeded systems, each as ``(r, benchmark_r, inputs_r)``:
+        the repeats this process goes through (:meth:`repeats`), ``benchmark`` with its search
+        split drawn again for repeat ``r`` (:func:`search_repeat`) and its search tensors. The
+        report split stays, so the spread over repeats is the seeds' alone.
+
+        Args:
+            count: repeats in all, repeat 0 (the report's main run) included.
+            n_search: items per search part of each repeat (None: the whole pools).
+            pools: () -> (the ID search pool, one pool per OOD search set of ``benchmark``),
+                called once, and only when there is a later repeat.
+            stability: (budget, resamples) of the main circuits' stability runs, which a process
+                under ``torchrun`` takes before it waits for the others
+                (:meth:`share_stability`).
+        """
+        from hydra_core.analysis.inputs import search_inputs
+
+        id_pool, ood_pools = pools() if count > 1 else (None, ())
+        share = None if stability is None else (lambda: self.share_stability(*stability))
+        for r in self.repeats(count, before_wait=share):
+            sub = search_repeat(benchmark, id_pool, ood_pools, n_search, r)
+            yield r, sub, search_inputs(self.loaded.preprocess, sub).to(self.device)
+
     @property
     def layout(self) -> HeadLayout:
         return head_layout(self.loaded.model)
@@ -390,7 +375,7 @@ class Pipeline:
         ``budget`` steps) that no process has taken yet, each taken whole by the first process
         free (:func:`~hydra_core.distributed.claim`) and saved in the cache, where
         :meth:`stability` reads them on rank 0. Nothing in one process or without resamples."""
-        from hydra_core.report.stability import search_stability
+        from hydra_core.experiment.stability import search_stability
 
         if not resamples or self.processes == 1:
             return
@@ -420,8 +405,8 @@ class Pipeline:
         resamples of the search tensors, and its objective after every step on search-role items
         the search did not use (``full``: the same sets as the run's benchmark, uncapped; at most
         ``held_out`` per set); None when ``resamples`` is 0 (see
-        :mod:`hydra_core.report.stability`)."""
-        from hydra_core.report.stability import circuit_stability, held_out_sample
+        :mod:`hydra_core.experiment.stability`)."""
+        from hydra_core.experiment.stability import circuit_stability, held_out_sample
 
         if not resamples:
             return None
@@ -447,7 +432,7 @@ class Pipeline:
     def evaluate(
         self, systems: Sequence[System], *, benchmark: Benchmark | None = None, **options
     ) -> SystemsReport:
-        """:func:`~hydra_core.hydra.experiment.evaluate_systems` of ``systems`` on the report
+        """:func:`~hydra_core.experiment.evaluate.evaluate_systems` of ``systems`` on the report
         split (of ``benchmark``, default the run's), on the run's device, cache and progress
         (latency is timed in one stage later)."""
         options.setdefault("latency", False)
@@ -529,46 +514,6 @@ class Pipeline:
         return payload
 
 
-#: config fields that change no result (where it ran, how many items per forward)
-NOT_RESULTS = ("device", "batch_size", "model", "task")
-
-
-def run_options(config, aliases: Mapping[str, str] | None = None) -> dict:
-    """The options of a report's or sweep's ``config`` (a dataclass) that change its results, by
-    the name the user gives them (``n_search`` -> ``--n-search``; ``aliases`` for fields the
-    command names otherwise, such as the sweep's ``--points``): the run's identity beside its
-    model and data (:func:`~hydra_core.outputs.claim_folder`)."""
-    aliases = aliases or {}
-    return {
-        aliases.get(k, "--" + k.replace("_", "-")): v
-        for k, v in asdict(config).items()
-        if k not in NOT_RESULTS
-    }
-
-
-def hydra_members(
-    circ_ranking: Sequence[tuple[int, int]],
-    taylor_rank: Sequence[tuple[int, int]],
-    layout: HeadLayout,
-    budgets: Budgets,
-    seeds: Sequence[int],
-) -> dict[str, list[MemberMask]]:
-    """The Hydra (Circ, B.5) and Hydra (Taylor) members: one per seed, each pruning the budget's
-    heads drawn from the pool of least useful heads of the CircAvg or Taylor ranking."""
-    rankings = {HYDRA_CIRC_B5: ("CircAvg", circ_ranking), HYDRA_TAYLOR: ("Taylor", taylor_rank)}
-    return {
-        label: seed_sampled_members(
-            ranking,
-            layout,
-            budget=budgets.budget,
-            pool=budgets.pool,
-            seeds=seeds,
-            ranking_name=name,
-        )
-        for label, (name, ranking) in rankings.items()
-    }
-
-
 def search_repeat(
     benchmark: Benchmark, id_pool, ood_pools: Sequence, n: int | None, repeat: int
 ) -> Benchmark:
@@ -588,50 +533,3 @@ def search_repeat(
     else:
         ood_search = tuple(take(pool, n, purpose=purpose) for pool in ood_pools)
     return replace(benchmark, id_search=id_search, ood_search=ood_search)
-
-
-def protocol_facts(
-    benchmark: Benchmark, seeds: Mapping[str, object], ood_aggregate: str = "pooled"
-) -> dict:
-    """``setup["protocol"]``: which samples selected heads and which were reported, and the
-    run's ``seeds``."""
-    return {
-        "name": benchmark.protocol,
-        "note": benchmark.protocol_note(),
-        "ood_aggregate": ood_aggregate,
-        "search_ood": benchmark.search_names(),
-        "report_ood": benchmark.report_names(),
-        "id_search_n": len(benchmark.id_search),
-        "id_report_n": len(benchmark.id_report),
-        "report_n": {s.name: len(s) for s in benchmark.ood_report},
-        "seeds": dict(seeds),
-    }
-
-
-def run_facts(device: torch.device, seconds: Mapping[str, float], total: float) -> dict:
-    """Where and how long a report ran: the entries every report's ``setup`` ends with."""
-    return {
-        "device": str(device),
-        "machine": machine_description(device),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "total_seconds": round(total, 1),
-    }
-
-
-def records(frame: pd.DataFrame) -> list[dict]:
-    """A table as JSON records, as ``report.json`` stores it: every metric with an interval as
-    ``{"value": v, "ci95": [lo, hi]}``, NaN as null."""
-    return [nest_intervals(row) for row in json.loads(frame.to_json(orient="records"))]
-
-
-def nan_to_none(value: object) -> object:
-    """``value`` with every NaN float, however deeply nested, replaced by None (JSON null)."""
-    if isinstance(value, dict):
-        return {k: nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [nan_to_none(v) for v in value]
-    if isinstance(value, float) and value != value:
-        return None
-    return value
