@@ -339,3 +339,38 @@ def test_held_out_training_sentences_for_train_text():
     assert minilm.held_out_training(data, None) == (data, None)
     with pytest.raises(Exception, match="--n-validation 39 must leave training sentences"):
         minilm.held_out_training(data, 39)
+
+
+# --- the text report ----------------------------------------------------------------------------
+
+
+def test_the_text_report_takes_a_named_recipe_and_its_quick_version():
+    from hydra_core.report.text import FINETUNE, TextReportConfig, text_config_from_args
+    from hydra_core.training.top import DEFAULT_TOP_RECIPE, quick_version
+
+    assert FINETUNE == TOP_RECIPES[DEFAULT_TOP_RECIPE] and TextReportConfig().finetune == FINETUNE
+    assert text_config_from_args(False, "paper").finetune == TOP_RECIPES["paper"]
+    assert text_config_from_args(False).finetune == FINETUNE
+    quick = text_config_from_args(True, "paper").finetune
+    assert quick == quick_version(TOP_RECIPES["paper"]) and quick.recipe == "paper"
+    assert (quick.steps, quick.n_train, quick.n_validation, quick.patience) == (1, 32, None, None)
+    assert TextReportConfig.quick().finetune == replace(
+        TopFinetuneConfig(), steps=1, n_train=32, batch_size=16
+    )  # the quick fast recipe as before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("report", "--quick", "--finetune-recipe", "paper"),  # the image report
+        ("report", "--quick", "--task", "text", "--no-finetune", "--finetune-recipe", "paper"),
+    ],
+    ids=["image-report", "no-finetune"],
+)
+def test_finetune_recipe_outside_the_text_reports_fine_tuning_is_refused(
+    tmp_path, monkeypatch, capsys, argv
+):
+    monkeypatch.chdir(tmp_path)
+    code, err = run(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert code == 2 and "--finetune-recipe applies to the text report" in one_error_line(err)
+    assert not list(tmp_path.iterdir())

@@ -455,6 +455,15 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-finetune", action="store_true", help="zero-shot systems only")
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
     p.add_argument(
+        "--finetune-recipe",
+        choices=("fast", "paper"),
+        default=None,
+        help="--task text: how pruned models and members are fine-tuned: fast (the top 2 layers, "
+        "1 epoch of 2,000 sentences at lr 3e-4) or paper (D.2: every layer, lr 1e-5, up to 7 "
+        "epochs, early stopping on held-out training sentences; docs/text.md measures its cost) "
+        "(default: fast)",
+    )
+    p.add_argument(
         "--task",
         choices=("image", "text", "zero-shot"),
         default="image",
@@ -516,6 +525,11 @@ def _report(args: argparse.Namespace) -> int:
             "--protocol and --ood-aggregate apply to the image and text reports (--task image or "
             "text); the zero-shot report searches on its default sets"
         )
+    if args.finetune_recipe is not None and (args.task != "text" or args.no_finetune):
+        raise InputError(
+            "--finetune-recipe applies to the text report's fine-tuning (--task text, without "
+            "--no-finetune)"
+        )
     if args.task != "zero-shot" and (args.id_folder or args.prompts or args.towers):
         raise InputError(
             "--id-folder, --prompts and --towers apply to the zero-shot report (--task zero-shot)"
@@ -546,7 +560,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.task == "text":
         from hydra_core.report.text import DEFAULT_TEXT_OUT, run_text_report, text_config_from_args
 
-        config = text_config_from_args(args.quick, **overrides)
+        config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
         with distributed.alone():

@@ -111,7 +111,15 @@ from hydra_core.report.text_tables import (
     TAYLOR_FT,
     text_tables,
 )
-from hydra_core.training.top import TopFinetuneConfig, TopFinetuned, finetune_top, pruned_copy
+from hydra_core.training.top import (
+    DEFAULT_TOP_RECIPE,
+    TopFinetuneConfig,
+    TopFinetuned,
+    finetune_top,
+    pruned_copy,
+    quick_version,
+    top_recipe,
+)
 from hydra_core.types import Log, StageProgress
 
 if TYPE_CHECKING:
@@ -122,8 +130,9 @@ if TYPE_CHECKING:
 #: where the report goes unless told (never the committed docs/report/ by default)
 DEFAULT_TEXT_OUT = Path("results") / "report" / "text"
 
-#: fine-tuning after pruning, every pruned model and member (D.2 with train-text's layers)
-FINETUNE = TopFinetuneConfig()
+#: fine-tuning after pruning, every pruned model and member: the default named recipe
+#: (:data:`~hydra_core.training.top.TOP_RECIPES`; ``report --finetune-recipe`` picks another)
+FINETUNE = top_recipe(DEFAULT_TOP_RECIPE)
 
 
 @dataclass(frozen=True)
@@ -201,7 +210,7 @@ class TextReportConfig:
             ood_cap=None,
             taylor_samples=16,
             mc_passes=2,
-            finetune=replace(FINETUNE, steps=1, n_train=32, batch_size=16),
+            finetune=quick_version(FINETUNE),
             deep="heads",
             deep_heads=replace(DEEP_HEADS, steps=1, n_train=32, batch_size=16),
             latency_batch=4,
@@ -214,9 +223,15 @@ class TextReportConfig:
         return cls(**settings)
 
 
-def text_config_from_args(quick: bool, **overrides) -> TextReportConfig:
-    """A :class:`TextReportConfig`, quick or full, with the given fields replaced (None = keep)."""
+def text_config_from_args(
+    quick: bool, finetune_recipe: str | None = None, **overrides
+) -> TextReportConfig:
+    """A :class:`TextReportConfig`, quick or full, with the given fields replaced (None = keep);
+    ``finetune_recipe``: the named fine-tuning recipe (its quick version when quick)."""
     base = TextReportConfig.quick() if quick else TextReportConfig()
+    if finetune_recipe is not None:
+        recipe = top_recipe(finetune_recipe)
+        base = replace(base, finetune=quick_version(recipe) if quick else recipe)
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
