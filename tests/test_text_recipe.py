@@ -61,6 +61,12 @@ def test_the_paper_recipes_are_d2():
     assert text.trained_layers == 6 and text.n_train is None
     assert TOP_RECIPES["fast"] == TopFinetuneConfig() and TEXT_RECIPES["fast"] == TextTrainConfig()
     assert top_recipe("paper") is top
+    short = TOP_RECIPES["paper-short"]  # the paper's, shorter: what a report affords
+    assert replace(short, recipe="paper", n_train=None, epochs=7, patience=2) == top
+    assert (short.n_train, short.epochs, short.patience) == (2000, 3, 1)
+    from hydra_core.cli.hydra import FINETUNE_RECIPES
+
+    assert FINETUNE_RECIPES == tuple(TOP_RECIPES)
     with pytest.raises(ValueError, match="recipe must be one of fast, paper"):
         top_recipe("slow")
     with pytest.raises(ValueError, match="recipe must be one of"):
