@@ -151,9 +151,9 @@ TOP_RECIPES = {
 }
 
 
-#: the recipe the text report fine-tunes pruned models and members with (docs/text.md: the paper's
-#: is measured there, and what it would cost a report)
-DEFAULT_TOP_RECIPE = "fast"
+#: the recipe the text report fine-tunes pruned models and members with: the paper's, shortened to
+#: what two CPU cores afford a report (docs/text.md measures the three recipes' cost and accuracy)
+DEFAULT_TOP_RECIPE = "paper-short"
 
 
 def quick_version(config: TopFinetuneConfig) -> TopFinetuneConfig:
