@@ -381,3 +381,19 @@ def test_finetune_recipe_outside_the_text_reports_fine_tuning_is_refused(
     code, err = run(capsys, *argv, "--out", str(tmp_path / "out"))
     assert code == 2 and "--finetune-recipe applies to the text report" in one_error_line(err)
     assert not list(tmp_path.iterdir())
+
+
+def test_mpnet_max_length_beyond_its_positions_is_refused(tmp_path, monkeypatch, capsys):
+    from hydra_core.errors import InputError
+    from hydra_core.zoo import mpnet
+
+    try:
+        positions = mpnet.model_positions()
+    except InputError as exc:  # the mpnet wheels are not installed
+        pytest.skip(str(exc))
+    assert positions == 512  # 514 position embeddings, ids from the padding index + 1 (2) on
+    monkeypatch.chdir(tmp_path)
+    code, err = run(capsys, "train-text", "--base", "mpnet", "--max-length", "513")
+    line = one_error_line(err)
+    assert code == 2 and "mpnet's model has positions (512): pass --max-length 512" in line
+    assert not list(tmp_path.iterdir())
