@@ -508,7 +508,8 @@ def train_minilm(
         name: _frozen_features(model, preprocess, s.texts, s.labels, frozen)
         for name, s in (("train", train), ("validation", splits["validation"]))
     }
-    log(f"frozen layers 0-{frozen - 1} run once ({time.perf_counter() - started:.0f} s)")
+    below = f"the embedding and layers 0-{frozen - 1}" if frozen else "the embedding"
+    log(f"{below} run once, frozen ({time.perf_counter() - started:.0f} s)")
 
     lengths = [len(s) for s in features["train"].states]
 
