@@ -370,9 +370,10 @@ def test_the_text_report_takes_a_named_recipe_and_its_quick_version():
     "argv",
     [
         ("report", "--quick", "--finetune-recipe", "paper"),  # the image report
+        ("report", "--quick", "--task", "zero-shot", "--finetune-recipe", "fast"),
         ("report", "--quick", "--task", "text", "--no-finetune", "--finetune-recipe", "paper"),
     ],
-    ids=["image-report", "no-finetune"],
+    ids=["image-report", "zero-shot-report", "no-finetune"],
 )
 def test_finetune_recipe_outside_the_text_reports_fine_tuning_is_refused(
     tmp_path, monkeypatch, capsys, argv

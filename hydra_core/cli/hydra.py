@@ -505,6 +505,16 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _text_only_recipe(args: argparse.Namespace) -> None:
+    """Refuse --finetune-recipe for a report other than the text report (called in their
+    branches)."""
+    if args.finetune_recipe is not None:
+        raise InputError(
+            f"--finetune-recipe applies to the text report's fine-tuning (--task text), not to "
+            f"the {args.task} report"
+        )
+
+
 @command("report", _report_arguments)
 def _report(args: argparse.Namespace) -> int:
     """Replication report of the paper's analyses on the default model (Markdown + CSV)."""
@@ -530,10 +540,10 @@ def _report(args: argparse.Namespace) -> int:
             "--protocol and --ood-aggregate apply to the image and text reports (--task image or "
             "text); the zero-shot report searches on its default sets"
         )
-    if args.finetune_recipe is not None and (args.task != "text" or args.no_finetune):
+    if args.finetune_recipe is not None and args.no_finetune:
         raise InputError(
-            "--finetune-recipe applies to the text report's fine-tuning (--task text, without "
-            "--no-finetune)"
+            "--finetune-recipe applies to the text report's fine-tuning, which --no-finetune "
+            "leaves out: pass one of the two"
         )
     if args.task != "zero-shot" and (args.id_folder or args.prompts or args.towers):
         raise InputError(
@@ -543,6 +553,7 @@ def _report(args: argparse.Namespace) -> int:
     # inside a repeat); rank 0 writes the report and alone shows progress bars
     bars = stage_bars() if distributed.job_rank() == 0 else None
     if args.task == "zero-shot":
+        _text_only_recipe(args)
         if distributed.job_size() > 1:
             raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
@@ -577,6 +588,7 @@ def _report(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
             )
         return 0
+    _text_only_recipe(args)
     config = config_from_args(args.quick, **overrides)
     if args.no_finetune:
         config = replace(config, finetune=None)
