@@ -260,7 +260,7 @@ def test_finetune_top_trains_only_the_top_and_leaves_the_source_alone():
     keep = torch.ones(3, 4, dtype=torch.bool)
     keep[0, 1] = keep[2, 3] = False
     reference = prune_heads(model, keep).state_dict()
-    config = replace(FINETUNE, trained_layers=1, steps=3, batch_size=8, lr=1e-2)
+    config = replace(FINETUNE, trained_layers=1, steps=3, batch_size=8, lr=1e-2, n_validation=None)
     tuned = finetune_top(model, data, config, preprocess=preprocess, keep=keep).model
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     changed = {k for k, v in tuned.state_dict().items() if not torch.equal(v, reference[k])}

@@ -35,6 +35,10 @@ from hydra_core.cli.common import (
 )
 from hydra_core.errors import InputError
 
+#: the text report's fine-tuning recipes by name (hydra_core.training.top.TOP_RECIPES, which a
+#: test keeps this equal to; not imported here, so the parser is built without torch)
+FINETUNE_RECIPES = ("fast", "paper", "paper-short")
+
 
 def _finetune_arguments(p: argparse.ArgumentParser) -> None:
     from hydra_core.hydra.finetune import OPTIMIZERS, PARAMETER_GROUPS, FinetuneConfig
@@ -532,6 +536,16 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-finetune", action="store_true", help="zero-shot systems only")
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
     p.add_argument(
+        "--finetune-recipe",
+        choices=FINETUNE_RECIPES,
+        default=None,
+        help="--task text: how pruned models and members are fine-tuned: fast (the top 2 layers, "
+        "1 epoch of 2,000 sentences at lr 3e-4), paper (D.2: every layer, lr 1e-5, up to 7 "
+        "epochs of every sentence, early stopping on held-out training sentences) or "
+        "paper-short (the same on 2,000 sentences, at most 3 epochs, patience 1); docs/text.md "
+        "measures each one's cost (default: fast)",
+    )
+    p.add_argument(
         "--task",
         choices=("image", "text", "zero-shot"),
         default="image",
@@ -568,6 +582,16 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _text_only_recipe(args: argparse.Namespace) -> None:
+    """Refuse --finetune-recipe for a report other than the text report (called in their
+    branches)."""
+    if args.finetune_recipe is not None:
+        raise InputError(
+            f"--finetune-recipe applies to the text report's fine-tuning (--task text), not to "
+            f"the {args.task} report"
+        )
+
+
 @command("report", _report_arguments)
 def _report(args: argparse.Namespace) -> int:
     """Replication report of the paper's analyses on the default model (Markdown + CSV)."""
@@ -593,6 +617,11 @@ def _report(args: argparse.Namespace) -> int:
             "--protocol and --ood-aggregate apply to the image and text reports (--task image or "
             "text); the zero-shot report searches on its default sets"
         )
+    if args.finetune_recipe is not None and args.no_finetune:
+        raise InputError(
+            "--finetune-recipe applies to the text report's fine-tuning, which --no-finetune "
+            "leaves out: pass one of the two"
+        )
     if args.task != "zero-shot" and (args.id_folder or args.prompts or args.towers):
         raise InputError(
             "--id-folder, --prompts and --towers apply to the zero-shot report (--task zero-shot)"
@@ -601,6 +630,7 @@ def _report(args: argparse.Namespace) -> int:
     # inside a repeat); rank 0 writes the report and alone shows progress bars
     bars = stage_bars() if distributed.job_rank() == 0 else None
     if args.task == "zero-shot":
+        _text_only_recipe(args)
         if distributed.job_size() > 1:
             raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
@@ -624,7 +654,7 @@ def _report(args: argparse.Namespace) -> int:
         from hydra_core.report.text import run_text_report
         from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
 
-        config = text_config_from_args(args.quick, **overrides)
+        config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
         with distributed.alone():
@@ -636,6 +666,7 @@ def _report(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
             )
         return 0
+    _text_only_recipe(args)
     config = config_from_args(args.quick, **overrides)
     if args.no_finetune:
         config = replace(config, finetune=None)

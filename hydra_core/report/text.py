@@ -36,12 +36,15 @@ The systems:
 The pruned models and members appear twice: zero-shot (pruned, not trained) and fine-tuned after
 pruning (paper D.2: AdamW with decoupled weight decay, a per-step linear warm-up over 10% of the
 steps then linear decay to zero, gradient clipping at 1.0, no label smoothing, BERT's dropout
-left on), training the layers ``train-text`` trains (the top two encoder layers, the pooler and
-the classifier) on the Rotten Tomatoes training sentences, each model separately; fine-tuned
-members are fused with their MLPs averaged (paper 4.2). Both trainings run on states cached once
-per model: the frozen layers run once over the training sentences (:func:`finetune_top`).
+left on), with the named recipe :data:`~hydra_core.report.text_config.FINETUNE` (by default
+``paper-short``: every encoder layer, the pooler and the classifier, lr 1e-5, at most 3 epochs of
+2,000 training sentences, early stopping on 600 held-out ones; ``fast``, the recipe below, trained
+the layers ``train-text`` trains; docs/text.md measures both and ``paper``) on the Rotten Tomatoes
+training sentences, each model separately; fine-tuned members are fused with their MLPs
+averaged (paper 4.2). Both trainings run on states cached once per model: the frozen layers run
+once over the training sentences (:func:`finetune_top`).
 
-Why these fine-tuning settings (:data:`FINETUNE`): D.2 takes the learning rate "best by
+Why the ``fast`` recipe's settings: D.2 takes the learning rate "best by
 validation". The Taylor-pruned model (6 heads per layer, Taylor scores on the 128 ID search
 sentences), fine-tuned for one epoch of 2,000 training sentences (63 steps of 32) at three peak
 rates, scored on 512 Rotten Tomatoes validation sentences (held out of training; the split heads

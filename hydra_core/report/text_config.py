@@ -13,7 +13,12 @@ import torch
 from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
 from hydra_core.baselines.shared_backbone import DEEP_HEADS
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL
-from hydra_core.training.top import TopFinetuneConfig
+from hydra_core.training.top import (
+    DEFAULT_TOP_RECIPE,
+    TopFinetuneConfig,
+    quick_version,
+    top_recipe,
+)
 
 if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
@@ -24,8 +29,9 @@ if TYPE_CHECKING:
 DEFAULT_TEXT_OUT = Path("results") / "report" / "text"
 
 
-#: fine-tuning after pruning, every pruned model and member (D.2 with train-text's layers)
-FINETUNE = TopFinetuneConfig()
+#: fine-tuning after pruning, every pruned model and member: the default named recipe
+#: (:data:`~hydra_core.training.top.TOP_RECIPES`; ``report --finetune-recipe`` picks another)
+FINETUNE = top_recipe(DEFAULT_TOP_RECIPE)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class TextReportConfig:
             ood_cap=None,
             taylor_samples=16,
             mc_passes=2,
-            finetune=replace(FINETUNE, steps=1, n_train=32, batch_size=16),
+            finetune=quick_version(FINETUNE),
             deep="heads",
             deep_heads=replace(DEEP_HEADS, steps=1, n_train=32, batch_size=16),
             latency_batch=4,
@@ -116,9 +122,15 @@ class TextReportConfig:
         return cls(**settings)
 
 
-def text_config_from_args(quick: bool, **overrides) -> TextReportConfig:
-    """A :class:`TextReportConfig`, quick or full, with the given fields replaced (None = keep)."""
+def text_config_from_args(
+    quick: bool, finetune_recipe: str | None = None, **overrides
+) -> TextReportConfig:
+    """A :class:`TextReportConfig`, quick or full, with the given fields replaced (None = keep);
+    ``finetune_recipe``: the named fine-tuning recipe (its quick version when quick)."""
     base = TextReportConfig.quick() if quick else TextReportConfig()
+    if finetune_recipe is not None:
+        recipe = top_recipe(finetune_recipe)
+        base = replace(base, finetune=quick_version(recipe) if quick else recipe)
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
-from hydra_core.data.images import take
+from hydra_core.data.images import stable_permutation, take
 from hydra_core.data.text import TextSet
 from hydra_core.models.adapter import family_of, prune_heads
 from hydra_core.training.prefix import StateBatch, state_batches, top_logits, trained_parameters
@@ -32,15 +32,26 @@ TOP_FINETUNE_VERSION = "text-top-finetune-1"
 TOP_FINETUNE_CACHE_KIND = "text-finetune"
 
 
+#: the recipes by name (:data:`TOP_RECIPES`); ``fast`` is the one every cache entry made before
+#: recipes had names was trained with
+RECIPES = ("fast", "paper", "paper-short")
+#: what the epoch choice ranks on: validation NLL (ties: none) or accuracy (ties: lower NLL)
+CHOOSE_ON = ("nll", "accuracy")
+
+
 @dataclass(frozen=True)
 class TopFinetuneConfig:
     """How a text model's top is trained on states cached below it (:func:`finetune_top`).
 
     Args:
+        recipe: the name of the recipe this configuration is (or was derived from): part of
+            every cache key, so runs of two recipes never share an entry (:data:`TOP_RECIPES`).
         trained_layers: top encoder layers trained, with the head (the family's "head"
-            parameters: BERT's pooler and classifier); 0 trains the head alone.
-        epochs: passes over the training sentences; with more than one, the epoch of lowest NLL
-            on the validation sentences is kept (as ``train-text`` does).
+            parameters: BERT's pooler and classifier); 0 trains the head alone, None every
+            encoder layer (the embedding stays frozen: the members of a Hydra share it).
+        epochs: passes over the training sentences (at most, with ``patience``); with more than
+            one and validation sentences, the best epoch by ``choose_on`` is kept (as
+            ``train-text`` does).
         steps: optimiser steps instead of epochs (quick runs), no epoch choice.
         batch_size: sentences per step (batches of similar lengths, their order shuffled).
         lr: AdamW peak learning rate; weight_decay: on weight matrices only.
@@ -48,9 +59,13 @@ class TopFinetuneConfig:
         grad_clip: the gradient's global L2 norm is clipped to this (D.2: 1.0).
         n_train: a fixed random subset of the training sentences (None: all).
         reinit_head: re-initialise the head from the seed first (Deep Ensembles' heads).
+        n_validation: training sentences held out (a fixed random subset, never trained on) to
+            choose the epoch and stop early (None: the caller's ``validation_set``, if any).
+        choose_on: ``"nll"`` or ``"accuracy"`` (ties: lower NLL) of the validation sentences.
+        patience: stop once this many epochs in a row did not beat the best (None: never).
     """
 
-    trained_layers: int = 2  # as train-text: encoder layers 4-5 of MiniLM's 0-5
+    trained_layers: int | None = 2  # as train-text: encoder layers 4-5 of MiniLM's 0-5
     epochs: int = 1
     steps: int | None = None
     batch_size: int = 32
@@ -60,9 +75,14 @@ class TopFinetuneConfig:
     grad_clip: float | None = 1.0  # D.2
     n_train: int | None = 2000  # of the 6,030 Rotten Tomatoes training sentences
     reinit_head: bool = False
+    recipe: str = "fast"
+    n_validation: int | None = None
+    choose_on: str = "nll"
+    patience: int | None = None
 
     def __post_init__(self) -> None:
-        if self.trained_layers < 0 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+        layers = 0 if self.trained_layers is None else self.trained_layers
+        if layers < 0 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError(
                 "trained_layers must be >= 0, epochs and batch_size >= 1 and lr > 0; got "
                 f"{self.trained_layers}, {self.epochs}, {self.batch_size}, {self.lr}"
@@ -71,6 +91,99 @@ class TopFinetuneConfig:
             raise ValueError(
                 f"steps must be a positive number of steps (or None), got {self.steps}"
             )
+        if self.recipe not in RECIPES or self.choose_on not in CHOOSE_ON:
+            raise ValueError(
+                f"recipe must be one of {', '.join(RECIPES)} and choose_on one of "
+                f"{', '.join(CHOOSE_ON)}; got {self.recipe!r} and {self.choose_on!r}"
+            )
+        if (self.n_validation is not None and self.n_validation < 1) or (
+            self.patience is not None and self.patience < 1
+        ):
+            raise ValueError(
+                f"n_validation and patience must be >= 1 (or None), got {self.n_validation} and "
+                f"{self.patience}"
+            )
+
+    def identity(self) -> dict:
+        """The configuration as its cache keys hold it: the fields added with named recipes are
+        left out while they have the values every earlier run had, so that the entries of
+        those runs (all ``fast``) are still found; any other value changes the key."""
+        settings = asdict(self)
+        for name, value in _BEFORE_RECIPES.items():
+            if settings[name] == value:
+                del settings[name]
+        return settings
+
+
+#: the fields named recipes added, at the values every run before them had
+_BEFORE_RECIPES = {"recipe": "fast", "n_validation": None, "choose_on": "nll", "patience": None}
+
+#: The named recipes of fine-tuning after pruning. ``fast``: the top two encoder layers, the pooler
+#: and the classifier, one epoch of 2,000 training sentences at lr 3e-4 (the text report's recipe
+#: until the paper's was measured: docs/text.md). ``paper``: D.2's recipe for BERT on SST-2:
+#: every encoder layer, the pooler and the classifier, AdamW at lr 1e-5, 10% linear warm-up then
+#: linear decay, clipping at 1.0, up to 7 epochs of the training sentences, early stopping on the
+#: accuracy of held-out training sentences with patience 2, the best epoch's weights kept.
+#: ``paper-short``: the paper's recipe on 2,000 of the training sentences for at most 3 epochs,
+#: patience 1 (what two CPU cores afford a report: docs/text.md).
+TOP_RECIPES = {
+    "fast": TopFinetuneConfig(),
+    "paper": TopFinetuneConfig(
+        recipe="paper",
+        trained_layers=None,
+        epochs=7,
+        lr=1e-5,
+        n_train=None,
+        n_validation=600,
+        choose_on="accuracy",
+        patience=2,
+    ),
+    "paper-short": TopFinetuneConfig(
+        recipe="paper-short",
+        trained_layers=None,
+        epochs=3,
+        lr=1e-5,
+        n_train=2000,
+        n_validation=600,
+        choose_on="accuracy",
+        patience=1,
+    ),
+}
+
+
+#: the recipe the text report fine-tunes pruned models and members with: the paper's, shortened to
+#: what two CPU cores afford a report (docs/text.md measures the three recipes' cost and accuracy)
+DEFAULT_TOP_RECIPE = "paper-short"
+
+
+def quick_version(config: TopFinetuneConfig) -> TopFinetuneConfig:
+    """``config`` cut to one optimiser step of 16 sentences out of 32, nothing held out (the
+    quick reports' fine-tuning: every section in well under a minute on a tiny model)."""
+    return replace(config, steps=1, n_train=32, batch_size=16, n_validation=None, patience=None)
+
+
+def top_recipe(name: str) -> TopFinetuneConfig:
+    """The recipe called ``name`` (:data:`TOP_RECIPES`)."""
+    if name not in TOP_RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(TOP_RECIPES)}, got {name!r}")
+    return TOP_RECIPES[name]
+
+
+def held_out_split(train_set: TextSet, config: TopFinetuneConfig) -> tuple[TextSet, TextSet | None]:
+    """(training sentences, validation sentences): ``config.n_validation`` sentences of
+    ``train_set`` held out (a fixed shuffle of the set's name, the rest in order), then
+    ``config.n_train`` of the others; (``config.n_train`` of them, None) without a hold-out."""
+    if config.n_validation is None:
+        return take(train_set, config.n_train, purpose="text-finetune"), None
+    if config.n_validation >= len(train_set):
+        raise ValueError(
+            f"n_validation={config.n_validation} leaves no training sentence of {len(train_set)}"
+        )
+    order = stable_permutation(len(train_set), train_set.name, "text-finetune-validation")
+    held = order[: config.n_validation]
+    rest = order[config.n_validation :].sort().values
+    trained = take(train_set.subset(rest), config.n_train, purpose="text-finetune")
+    return trained, train_set.subset(held.sort().values)
 
 
 def pruned_copy(model: nn.Module, keep: torch.Tensor) -> nn.Module:
@@ -126,9 +239,10 @@ def train_top(
 ) -> list[dict]:
     """Train the top of ``model`` in place with :func:`~hydra_core.training.trainer.train`: AdamW,
     linear warm-up then linear decay, clipping, dropout on; the state batches in a new random
-    order every epoch. With several epochs and validation batches, the epoch of lowest
-    validation NLL is kept. Returns the history: per step, its learning rate and loss (and the
-    validation scores at an epoch's end), then the chosen epoch."""
+    order every epoch. With several epochs and validation batches, the best epoch by
+    ``config.choose_on`` is kept, and ``config.patience`` stops the run early. Returns the
+    history: per step, its learning rate and loss (and the validation scores at an epoch's end),
+    then the chosen epoch (and ``stopped_early``, when the run stopped before its last step)."""
     total = config.steps or config.epochs * len(batches)
     choose = bool(validation) and config.epochs > 1 and config.steps is None
 
@@ -152,10 +266,11 @@ def train_top(
             grad_clip=config.grad_clip,
             seed=seed,
             dropout_seed=seed,
+            patience=config.patience if choose else None,
         ),
         warmup_linear(config.lr, max(1, round(config.warmup * total)), total, fraction_first=True),
         validate=scores if choose else None,
-        rank=lambda s: (s["nll"],),
+        rank=(lambda s: (s["nll"],)) if config.choose_on == "nll" else _by_accuracy,
         progress=progress,
     )
     history = [{"step": s.step, "lr": s.lr, "loss": round(s.loss, 5)} for s in result.steps]
@@ -165,12 +280,20 @@ def train_top(
                 val_nll=round(epoch.scores["nll"], 5), val_accuracy=epoch.scores["accuracy"]
             )
     if result.chosen is not None:
-        history.append(
-            {"chosen_epoch": result.chosen, "val_nll": round(result.chosen_scores["nll"], 5)}
-        )
+        chosen = {"chosen_epoch": result.chosen, "val_nll": round(result.chosen_scores["nll"], 5)}
+        if config.choose_on != "nll":
+            chosen["val_accuracy"] = result.chosen_scores["accuracy"]
+        if result.stopped_early:
+            chosen["stopped_early"] = True
+        history.append(chosen)
     for p in model.parameters():
         p.requires_grad_(True)
     return history
+
+
+def _by_accuracy(scores: dict) -> tuple:
+    """Higher validation accuracy first, then lower NLL."""
+    return (-scores["accuracy"], scores["nll"])
 
 
 @dataclass
@@ -209,7 +332,8 @@ def finetune_top(
         config: what is trained and how.
         preprocess: sentences -> packed token ids (the loaded model's).
         keep: head mask on ``model``: the copy is ``prune_heads(model, keep)``.
-        validation_set: labelled sentences that choose the epoch when ``config.epochs > 1``.
+        validation_set: labelled sentences that choose the epoch when ``config.epochs > 1``
+            (refused with ``config.n_validation``, which holds them out of ``train_set``).
         seed: head initialisation (``config.reinit_head``), batch order and dropout.
         device: where to train; cache: the trained tensors are read from and saved to it.
         progress: ``progress(done, total)`` after every optimiser step.
@@ -252,10 +376,16 @@ def finetune_copy(
     device = torch.device(device)
     tuned.to(device).eval()
     layers = len(family_of(tuned).blocks(tuned))
-    frozen = layers - config.trained_layers
+    frozen = 0 if config.trained_layers is None else layers - config.trained_layers
     if frozen < 0:
         raise ValueError(f"trained_layers={config.trained_layers}, but the model has {layers}")
-    data = take(train_set, config.n_train, purpose="text-finetune")
+    if config.n_validation is not None and validation_set is not None:
+        raise ValueError(
+            f"the {config.recipe} recipe holds its validation sentences out of the training "
+            "sentences (n_validation); pass no validation_set"
+        )
+    data, held_out = held_out_split(train_set, config)
+    validation_set = held_out if held_out is not None else validation_set
     choose = validation_set is not None and config.epochs > 1 and config.steps is None
     key = None
     if config.reinit_head:
@@ -264,7 +394,7 @@ def finetune_copy(
         key = cache_key(
             TOP_FINETUNE_VERSION,
             *key_parts,
-            asdict(config),
+            config.identity(),
             data.fingerprint(),
             validation_set.fingerprint() if choose else None,
             seed,

@@ -11,7 +11,8 @@ on states cached below a frozen prefix (:mod:`hydra_core.training.top`) - is a c
 - the loss: cross-entropy of ``logits_and_labels(batch)`` (label smoothing optional);
 - the learning rate: ``schedule(step)`` (:mod:`hydra_core.training.schedules`), set every step;
 - gradient clipping (optional), dropout from :attr:`TrainerConfig.dropout_seed`;
-- epoch-end validation, keeping the epoch whose scores rank lowest (optional);
+- epoch-end validation, keeping the epoch whose scores rank lowest (optional), and early
+  stopping once ``patience`` epochs in a row have not ranked lower than the best (optional);
 - ``progress(done, total)`` after every step, ``on_epoch(record)`` after every epoch;
 - with ``resume``, the run's state written after every epoch, so that an interrupted run goes on
   from its last complete epoch and ends exactly as if it had not stopped.
@@ -54,6 +55,9 @@ class TrainerConfig:
         seed: the seed of the generator ``epoch_batches`` draws from (batch order, augmentation).
         dropout_seed: the global random state is seeded with it for the run and restored after;
             None leaves the caller's random state to drive dropout (and advance).
+        patience: with validation and a ranking, the run stops early once this many complete
+            epochs in a row have not ranked lower than the best epoch so far (None: never). The
+            schedule still runs over ``steps``: stopping early leaves its tail unused.
     """
 
     steps: int
@@ -65,6 +69,7 @@ class TrainerConfig:
     label_smoothing: float = 0.0
     seed: int = 0
     dropout_seed: int | None = None
+    patience: int | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -73,6 +78,8 @@ class TrainerConfig:
             )
         if self.steps < 1 or not self.lr > 0:
             raise ValueError(f"steps must be >= 1 and lr > 0, got {self.steps} and {self.lr}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"patience must be >= 1 epoch (or None), got {self.patience}")
 
 
 @dataclass(frozen=True)
@@ -99,13 +106,15 @@ class EpochRecord:
 class TrainResult:
     """Every step and every complete epoch of a run, and the epoch kept (None: the last step's
     weights, no choice made); ``resumed_after``: the epochs an interrupted run had completed
-    (0: none), ``seconds``: the time in the loop, its interrupted parts included."""
+    (0: none), ``seconds``: the time in the loop, its interrupted parts included;
+    ``stopped_early``: the run ended by :attr:`TrainerConfig.patience` before its last step."""
 
     steps: list[StepRecord]
     epochs: list[EpochRecord]
     chosen: int | None = None
     resumed_after: int = 0
     seconds: float = 0.0
+    stopped_early: bool = False
 
     @property
     def chosen_scores(self) -> dict[str, Any]:
@@ -172,7 +181,8 @@ def train(
         schedule: 0-based step -> learning rate, set on every group before each step.
         validate: scores of the model after each complete epoch (called in eval mode).
         rank: with ``validate``, scores -> a key; the epoch of the lowest key is kept (ties: the
-            earlier) and its trained parameters and buffers restored at the end.
+            earlier) and its trained parameters and buffers restored at the end; with
+            ``config.patience``, the run stops once that many epochs in a row did not beat it.
         on_epoch: called with each complete epoch's record (after its validation).
         progress: ``progress(done, total)`` after every optimiser step.
         resume: a file holding the run's state after its last complete epoch (trained
@@ -204,7 +214,7 @@ def train(
                 key, epoch, saved = state["best"]
                 best = (tuple(key), epoch, saved)
             resumed_after, seconds = len(epochs), state["seconds"]
-        while len(steps) < config.steps:
+        while len(steps) < config.steps and not _patience_out(config, best, epochs):
             batches = epoch_batches(generator)
             if len(batches) == 0:
                 raise ValueError("epoch_batches gave no batch: an epoch needs at least one")
@@ -251,7 +261,17 @@ def train(
             _restore(model, parameters, best[2])
     model.eval()
     seconds += time.perf_counter() - start
-    return TrainResult(steps, epochs, None if best is None else best[1], resumed_after, seconds)
+    stopped = len(steps) < config.steps
+    chosen = None if best is None else best[1]
+    return TrainResult(steps, epochs, chosen, resumed_after, seconds, stopped)
+
+
+def _patience_out(config: TrainerConfig, best: tuple | None, epochs: list[EpochRecord]) -> bool:
+    """Whether early stopping ends the run now: ``config.patience`` complete epochs since the
+    best one (read from the records, so a resumed run stops where the whole run would)."""
+    if config.patience is None or best is None:
+        return False
+    return len(epochs) - best[1] >= config.patience
 
 
 def resume_path(result: Path) -> Path:
@@ -263,9 +283,12 @@ def resume_path(result: Path) -> Path:
 def _fingerprint(parameters: Mapping[str, nn.Parameter], config: TrainerConfig) -> dict:
     """What a resume file must match: the trained parameters' names and shapes, and the
     optimisation (a file of another run is refused, never continued)."""
+    settings = asdict(config)
+    if settings["patience"] is None:  # the files of runs written before early stopping existed
+        del settings["patience"]
     return {
         "parameters": [[name, list(p.shape)] for name, p in parameters.items()],
-        "config": asdict(config),
+        "config": settings,
     }
 
 

