@@ -25,7 +25,7 @@ from torch import nn
 from hydra_core.cache import model_fingerprint
 from hydra_core.data.images import ImageSet
 from hydra_core.errors import InputError, choice
-from hydra_core.hub import from_hub
+from hydra_core.hub import from_hub, offline_refusal, timm_offline_hint
 from hydra_core.masks import model_identity
 from hydra_core.models import hf
 from hydra_core.models.adapter import family_of, head_layout
@@ -389,11 +389,9 @@ def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     import timm
 
     _check_timm_name(name)
-    hint = (
-        "pretrained timm weights come from the Hugging Face hub, so the machine must be online; "
-        f"offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
-        f"{name})"
-    )
+    if refusal := offline_refusal(f"timm:{name}"):  # offline: before timm builds the model
+        raise InputError(refusal)
+    hint = timm_offline_hint(name)
 
     def create() -> nn.Module:
         try:
