@@ -95,7 +95,7 @@ class WholeRun:
     ``stages``: ``(name, seconds)`` in the order they run, ``name`` the stage's name as the
     work's ``progress(stage, done, total)`` gives it. A stage that reports nothing (its
     predictions read from the cache) counts as done when a later one reports; a stage not in
-    the plan weighs nothing.
+    the plan weighs nothing (the count stays where it was).
     """
 
     def __init__(self, job: Job, stages: Sequence[tuple[str, float]]) -> None:
@@ -104,16 +104,34 @@ class WholeRun:
         self.seconds = [max(0.0, float(s)) for _, s in stages]
         self.total = sum(self.seconds)
         self.current = 0
+        self.done = 0.0
         job.begin(self.total)
 
     def units(self, stage: str, done: int, total: int) -> float:
-        """The run's estimated seconds of work done at ``done`` of ``total`` of ``stage``."""
+        """The run's estimated seconds of work done at ``done`` of ``total`` of ``stage`` (never
+        less than reported before)."""
         if stage in self.names[self.current :]:
             self.current = self.names.index(stage, self.current)
-        elif stage not in self.names:
-            return sum(self.seconds[: self.current])
-        share = min(1.0, done / total) if total else 1.0
-        return sum(self.seconds[: self.current]) + self.seconds[self.current] * share
+            share = min(1.0, done / total) if total else 1.0
+            here = sum(self.seconds[: self.current]) + self.seconds[self.current] * share
+            self.done = max(self.done, here)
+        return self.done
 
     def report(self, payload, stage: str, done: int, total: int) -> None:
         self.job.report(payload, done=self.units(stage, done, total))
+
+
+def whole_run_progress(
+    job: Job, stages: Sequence[tuple[str, float]], label: Callable[[str, int, int], str]
+) -> Callable[[str, int, int], None]:
+    """A ``progress(stage, done, total)`` callback (hydra_core's long jobs made of stages) that
+    publishes ``label(stage, done, total)`` as the job's progress and counts the work done over
+    the whole run (:class:`WholeRun`), and ends the work at a stop: the time left the page
+    shows is that of the whole run."""
+    run = WholeRun(job, stages)
+
+    def progress(stage: str, done: int, total: int) -> None:
+        job.check()  # a stop ends the work here
+        run.report(label(stage, done, total), stage, done, total)
+
+    return progress

@@ -5,11 +5,12 @@ run while it goes."""
 from __future__ import annotations
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 from hydra_ui import waits
 from hydra_ui.context import CONFIG_KEY, SetupConfig
-from hydra_ui.jobs import Job
+from hydra_ui.jobs import Job, format_seconds
 
 SMALL = SetupConfig(n_search=64, n_report=300)
 
@@ -45,7 +46,9 @@ def test_a_whole_run_weighs_each_stage_by_its_estimate():
     run.report("x", "c", 1, 4)  # b read from the cache: done when a later stage reports
     assert job.fraction() == pytest.approx((10 + 30 + 15) / 100)
     run.report("x", "other", 1, 1)  # not in the plan: weighs nothing
-    assert job.fraction() == pytest.approx(40 / 100)
+    assert job.fraction() == pytest.approx((10 + 30 + 15) / 100)
+    run.report("x", "a", 10, 10)  # never back
+    assert job.fraction() == pytest.approx((10 + 30 + 15) / 100)
     run.report("x", "c", 4, 4)
     assert job.fraction() == 1
 
@@ -76,3 +79,95 @@ def test_the_model_card_shows_a_bar_that_reaches_every_report_item(app, monkeypa
     seen.clear()
     app.run()  # read from the cache: no bar
     assert not seen and not app.exception
+
+
+# --- the Hydra page ------------------------------------------------------------------------------
+
+HYDRA_OOD = ("mnist", "noise")
+N_SEARCH, N_REPORT = 40, 60
+
+
+@pytest.fixture
+def hydra_app(checkpoint, tmp_path, monkeypatch) -> AppTest:
+    from hydra_core.masks import MemberMask
+    from hydra_ui.context import disk_cache
+
+    setup = SetupConfig(
+        model=checkpoint, ood=HYDRA_OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
+    )
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+    disk_cache.clear()
+    at = AppTest.from_file("../app.py", default_timeout=180)
+    at.session_state[CONFIG_KEY] = setup
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    first, second = keep.clone(), keep.clone()
+    first[0, 0], second[1, 2] = False, False
+    members = [MemberMask("a", "test", first), MemberMask("b", "test", second)]
+    at.session_state["results"] = {"_setup": setup.key, "jobs": {}, "members": members}
+    at.run()  # Setup: its model card predicts the single model on the report split (cached)
+    at.switch_page("pages/6_hydra.py")
+    return at
+
+
+def estimate_caption(at: AppTest) -> str:
+    found = [c.value for c in at.caption if c.value.startswith("At these sizes: about **")]
+    assert len(found) == 1, ([e.value for e in at.error], [c.value[:60] for c in at.caption])
+    return found[0]
+
+
+def test_the_hydra_estimate_is_the_counts_times_the_measured_unit(hydra_app, monkeypatch):
+    """With the timed units stubbed, the time said before the run is the plain sum: each
+    system's report items times its seconds per item (the single model's predictions are
+    cached by the model card: nothing), the temperature fit's ID search items, one batch per
+    model for the multiply-adds, every system once per latency round, each system's
+    intervals."""
+    from hydra_core.data.benchmark import default_benchmark
+    from hydra_ui import hydra_wait
+    from hydra_ui.estimates import HydraUnits
+
+    t, tf, boot = 0.01, 0.025, 0.5
+    monkeypatch.setattr(
+        hydra_wait, "measure_units", lambda *_: (HydraUnits(t, tf, None, boot), "not-cached")
+    )
+    hydra_app.run()
+    assert not hydra_app.exception, hydra_app.exception
+    hydra_app.number_input[0].set_value(3)  # timed calls per system: 1 + 3 latency rounds
+    hydra_app.run()
+    note = estimate_caption(hydra_app)
+    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(HYDRA_OOD))
+    items = len(benchmark.id_report) + sum(len(s) for s in benchmark.ood_report)
+    predictions = items * (2 * t + tf)  # members a and b, the fused model; single: cached
+    fit = t * len(benchmark.id_search)  # temperature scaling, ticked by default
+    macs = t * 32 * 5  # single, a, b, fused, temperature
+    latency = (1 + 3) * 32 * (t + 2 * t + 2 * t + tf + t)  # single, a, b, unfused, fused, T
+    intervals = boot * 6  # single, a, b, unfused, fused, temperature
+    total = predictions + fit + macs + latency + intervals
+    assert f"about **{format_seconds(total)}** on this machine" in note
+    assert "1 of the systems' predictions read from the cache" in note
+    assert f"{items:,} report images in all" in note
+    assert "Within" not in note  # well under 10 minutes
+
+
+def test_the_hydra_run_counts_to_its_end_over_every_stage(hydra_app, monkeypatch):
+    """Measured for real: a number before the start, and the job's share of the whole run
+    goes up to 1 over its stages."""
+    from hydra_ui import waits
+
+    hydra_app.run()
+    assert "ms per report item for the model" in estimate_caption(hydra_app)
+    shares = []
+    report = waits.WholeRun.report
+
+    def recorded(self, payload, stage, done, total):
+        report(self, payload, stage, done, total)
+        shares.append(self.job.fraction())
+
+    monkeypatch.setattr(waits.WholeRun, "report", recorded)
+    next(b for b in hydra_app.button if b.label == "Assemble and evaluate").click()
+    hydra_app.run()
+    job = hydra_app.session_state["results"]["jobs"]["hydra"]
+    assert job.wait(180)
+    hydra_app.run()
+    assert not hydra_app.exception and not hydra_app.error
+    assert shares == sorted(shares) and shares[-1] == 1 and job.fraction() == 1
+    assert len(shares) > 5  # every stage reported into it
