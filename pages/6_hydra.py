@@ -90,8 +90,8 @@ def start_evaluation(
 
     def work(job):
         # one time left for the whole run, each stage weighed by its estimate (hydra_wait)
-        label = lambda *step: stage_label(*step, noun=context.noun)  # noqa: E731
-        progress = whole_run_progress(job, [(s.name, s.seconds) for s in stages], label)
+        named = lambda *step: stage_label(*step, noun=context.noun)  # noqa: E731
+        progress = whole_run_progress(job, [(s.name, s.seconds) for s in stages], named)
         job.report("**Evaluation**: starting (predictions made before are read from the cache)")
         systems = hydra_systems(
             members,
