@@ -2,7 +2,7 @@
 model, three members of random head masks, temperature scaling, latency (1 + 5 rounds), on a
 fresh cache; prints each stage's estimated and measured seconds.
 
-    python scripts/measure_hydra_estimate.py --n-report 250
+    PYTHONPATH=. python scripts/measure_hydra_estimate.py --n-report 250
 """
 
 from __future__ import annotations
