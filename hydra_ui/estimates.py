@@ -144,12 +144,14 @@ class Stage:
 class HydraUnits:
     """What one batch timed on this machine gave, in seconds per item: the source model's
     forward, the fused model's, one MC Dropout pass's (None: not timed, not chosen); and the
-    seconds of the bootstrap intervals of one system."""
+    seconds of the bootstrap intervals of one system and of counting one model's multiply-adds
+    (None: as one forward of the batch)."""
 
     model: float
     fused: float
     mc_pass: float | None = None
     intervals: float = 0.0
+    macs: float | None = None
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,8 @@ def hydra_stages(run: HydraRun, units: HydraUnits) -> list[Stage]:
         per_pass = t if units.mc_pass is None else units.mc_pass
         stages.append(predicted(name, "MC Dropout", per_pass * passes, cached))
         systems, models, per_round = systems + 1, models + 1, per_round + per_pass * passes
-    stages.append(Stage("multiply-adds", "multiply-adds", t * run.latency_batch * models))
+    count = t * run.latency_batch if units.macs is None else units.macs
+    stages.append(Stage("multiply-adds", "multiply-adds", count * models))
     if run.latency_rounds:
         seconds = per_round * run.latency_batch * run.latency_rounds
         stages.append(Stage("latency", "latency", seconds))

@@ -1,8 +1,8 @@
 """How long the Hydra page's evaluation will take, said before it starts: one batch of the report
 split timed on this machine through the source model, the fused model and (when chosen) one MC
-Dropout pass, and the bootstrap of one system timed on a few resamples, scaled by the counts of
-the run (:func:`hydra_ui.estimates.hydra_stages`); predictions already in the cache count
-nothing. Nothing here touches Streamlit.
+Dropout pass, a count of the model's multiply-adds, and the bootstrap of one system timed on a
+few resamples, scaled by the counts of the run (:func:`hydra_ui.estimates.hydra_stages`);
+predictions already in the cache count nothing. Nothing here touches Streamlit.
 """
 
 from __future__ import annotations
@@ -53,24 +53,47 @@ def seconds_per_item(module, inputs, preprocess, device, bf16: bool = False) -> 
 
 
 def interval_seconds(benchmark, classes: int, n_boot: int) -> float:
-    """Seconds of one system's bootstrap intervals on the report split (``n_boot`` resamples),
-    timed on :data:`TIMED_RESAMPLES` resamples of random logits of the report sets' sizes."""
+    """Seconds of one system's bootstrap intervals on the report split (``n_boot`` resamples):
+    timed on random logits of the report sets' sizes at :data:`TIMED_RESAMPLES` and at four
+    times as many resamples, and extended along the line through both (a fixed part, then a
+    cost per resample)."""
     generator = torch.Generator().manual_seed(0)
+    id_set, sets = benchmark.id_report, benchmark.ood_report
 
-    def logits(n: int) -> torch.Tensor:
-        return torch.randn(n, classes, generator=generator)
+    def timed(resamples: int) -> float:
+        evaluation = Evaluation(
+            "timing",
+            SetPredictions(
+                id_set.name,
+                "id",
+                torch.randn(len(id_set), classes, generator=generator),
+                id_set.labels,
+            ),
+            [
+                SetPredictions(s.name, s.group, torch.randn(len(s), classes, generator=generator))
+                for s in sets
+            ],
+            bootstrap=BootstrapConfig(n_boot=resamples),
+        )
+        start = time.perf_counter()
+        evaluation.replicates()
+        return time.perf_counter() - start
 
-    sets = benchmark.ood_report
-    id_set = benchmark.id_report
-    evaluation = Evaluation(
-        "timing",
-        SetPredictions(id_set.name, "id", logits(len(id_set)), id_set.labels),
-        [SetPredictions(s.name, s.group, logits(len(s))) for s in sets],
-        bootstrap=BootstrapConfig(n_boot=TIMED_RESAMPLES),
-    )
+    few, more = TIMED_RESAMPLES, 4 * TIMED_RESAMPLES
+    low, high = timed(few), timed(more)
+    per_resample = max(0.0, high - low) / (more - few)
+    return max(low, low + per_resample * (n_boot - few))
+
+
+def macs_seconds(model, inputs, preprocess, device) -> float:
+    """Seconds of counting one model's multiply-adds on a batch of 32 (as the run does)."""
+    from hydra_core.hydra.cost import count_macs
+
+    items = preprocess(inputs[:32]).to(device)
     start = time.perf_counter()
-    evaluation.replicates()
-    return (time.perf_counter() - start) * n_boot / TIMED_RESAMPLES
+    with torch.inference_mode():
+        count_macs(model, items)
+    return time.perf_counter() - start
 
 
 def measure_units(context, members, mc: MCDropoutBaseline | None) -> tuple[HydraUnits, str]:
@@ -90,6 +113,7 @@ def measure_units(context, members, mc: MCDropoutBaseline | None) -> tuple[Hydra
         model=seconds_per_item(model, inputs, preprocess, **options),
         fused=seconds_per_item(fused, inputs, preprocess, **options),
         mc_pass=mc_pass,
+        macs=macs_seconds(model, inputs, preprocess, context.device),
         intervals=interval_seconds(
             context.benchmark, context.loaded.num_outputs(), BootstrapConfig().n_boot
         ),

@@ -8,6 +8,7 @@ fresh cache; prints each stage's estimated and measured seconds.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from types import SimpleNamespace
@@ -52,6 +53,7 @@ def main() -> None:
         context, members, "Hydra", {}, cache=cache, baselines=[TemperatureBaseline()], repeats=5
     )
     print(f"estimate made in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
     print(note, flush=True)
     seen: dict[str, list[float]] = {}
 
@@ -77,6 +79,7 @@ def main() -> None:
         took = seen[s.name][1] - ends[s.name] if s.name in seen else 0.0
         print(f"{s.name:<28} {s.seconds:>10.1f} {took:>10.1f}")
     print(f"{'whole run':<28} {sum(s.seconds for s in stages):>10.1f} {total:>10.1f}")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
