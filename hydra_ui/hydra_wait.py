@@ -7,6 +7,7 @@ predictions already in the cache count nothing. Nothing here touches Streamlit.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -98,16 +99,22 @@ def macs_seconds(model, inputs, preprocess, device) -> float:
 
 def measure_units(context, members, mc: MCDropoutBaseline | None) -> tuple[HydraUnits, str]:
     """The seconds per item of the source model, of the fused model of ``members`` and of one
-    pass of ``mc`` on one batch of the report split, and of one system's intervals; and the
-    fused model's fingerprint (which says whether its predictions are cached)."""
-    model, preprocess = context.loaded.model.eval(), context.loaded.preprocess
+    pass of ``mc`` on one batch of the report split, of counting the model's multiply-adds and
+    of one system's intervals; and the fused model's fingerprint (which says whether its
+    predictions are cached). The shared model is only read (other pages' jobs may use it)."""
+    model, preprocess = context.loaded.model, context.loaded.preprocess
     inputs = context.benchmark.id_report.inputs[:TIMED_ITEMS]
     options = dict(device=context.device, bf16=context.bf16)
     fused = fuse_members([(model, m.keep) for m in members]).to(context.device).eval()
     mc_pass = None
     if mc is not None:
         mc_pass = seconds_per_item(
-            MCDropout(model, 1, mc.seed, mc.rate), inputs, preprocess, **options
+            # on a copy: the passes switch dropout on, which a job of another page using the
+            # shared model must not see
+            MCDropout(copy.deepcopy(model), 1, mc.seed, mc.rate),
+            inputs,
+            preprocess,
+            **options,
         )
     units = HydraUnits(
         model=seconds_per_item(model, inputs, preprocess, **options),
