@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
+from hydra_core.cache import model_fingerprint
 from hydra_core.evaluate import predictions_cached
 from hydra_ui.jobs import Job, format_seconds
 
@@ -62,6 +63,14 @@ def to_predict(cache, cache_parts: tuple, sets: Sequence, *, bf16: bool = False)
     return {
         s.name: len(s) for s in sets if not predictions_cached(cache, cache_parts, s, bf16=bf16)
     }
+
+
+def card_to_predict(context, cache) -> dict[str, int]:
+    """The report items the model card (:func:`~hydra_core.evaluate.model_card`) predicts, by
+    set, those read from ``cache`` left out."""
+    benchmark = context.benchmark
+    parts = (model_fingerprint(context.loaded.model), None)  # the model, no head mask
+    return to_predict(cache, parts, [benchmark.id_report, *benchmark.ood_report])
 
 
 @contextmanager

@@ -6,7 +6,6 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from hydra_core.cache import model_fingerprint
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL, PROTOCOLS
 from hydra_core.data.generic import class_order_note
 from hydra_core.errors import InputError
@@ -26,7 +25,7 @@ from hydra_ui.context import (
     setup_benchmark,
     setup_model,
 )
-from hydra_ui.waits import items_bar, to_predict
+from hydra_ui.waits import card_to_predict, items_bar
 from hydra_ui.widgets import show_error, table_with_download
 
 #: the Source radio: label -> a built-in model's name, or the kind of name the user enters
@@ -592,11 +591,8 @@ with show_error("Could not load the model or data"):
             "read the CLS token (position 0)."
         )
 
-    sets = [context.benchmark.id_report, *context.benchmark.ood_report]
-    parts = (model_fingerprint(context.loaded.model), None)  # the model card's predictions
-    waiting = to_predict(disk_cache(), parts, sets)
     what = "Model card: predicting the report split (cached after the first time)"
-    with items_bar(what, waiting, context.noun) as progress:
+    with items_bar(what, card_to_predict(context, disk_cache()), context.noun) as progress:
         card = model_card(
             context.loaded,
             context.benchmark,
