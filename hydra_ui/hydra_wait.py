@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import time
 
 import torch
@@ -36,8 +37,9 @@ from hydra_ui.estimates import (
 )
 from hydra_ui.jobs import format_seconds
 
-#: items timed through each model (after a warm-up call on a few)
-TIMED_ITEMS = 64
+#: items timed through each model (after a warm-up call on a few), and how many times
+TIMED_ITEMS = 32
+TIMINGS = 3
 #: resamples the bootstrap is timed on (scaled to the run's)
 TIMED_RESAMPLES = 20
 #: the report sizes per set offered when a run takes longer than :data:`MINUTES`
@@ -45,12 +47,17 @@ REPORT_SIZES = (250, 500, 1000, 2000, 5000)
 
 
 def seconds_per_item(module, inputs, preprocess, device, bf16: bool = False) -> float:
-    """Seconds per item of ``module``'s forward over ``inputs`` (one batch), on ``device``."""
+    """Seconds per item of ``module``'s forward over ``inputs`` (one batch) on ``device``: the
+    median of :data:`TIMINGS` calls after a warm-up on a few items (on a shared machine one
+    call can land in a moment of more or less load)."""
     with torch.inference_mode():
         predict(module, inputs[:4], preprocess, batch_size=4, device=device, bf16=bf16)
-        start = time.perf_counter()
-        predict(module, inputs, preprocess, batch_size=len(inputs), device=device, bf16=bf16)
-        return (time.perf_counter() - start) / len(inputs)
+        seconds = []
+        for _ in range(TIMINGS):
+            start = time.perf_counter()
+            predict(module, inputs, preprocess, batch_size=len(inputs), device=device, bf16=bf16)
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds) / len(inputs)
 
 
 def interval_seconds(benchmark, classes: int, n_boot: int) -> float:
