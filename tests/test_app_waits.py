@@ -175,3 +175,19 @@ def test_the_hydra_run_counts_to_its_end_over_every_stage(hydra_app, monkeypatch
     # every stage of the estimate is one the run names, in the order it runs them (the single
     # model's predictions, cached by the model card, report nothing)
     assert planned and [n for n in dict.fromkeys(seen) if n in planned] == planned, seen
+
+
+def test_a_models_seconds_per_item_at_the_runs_batch_size(monkeypatch):
+    """Timed on 8 and 32 items (a fake clock: 0.5 s a call plus 0.01 s an item), the seconds per
+    item in batches of 256 are the cost per item plus the call's fixed part spread over 256."""
+    from hydra_ui import hydra_wait
+
+    clock = Clock()
+
+    def predict(module, items, preprocess, **options):
+        clock.now += 0.5 + 0.01 * len(items)
+
+    monkeypatch.setattr(hydra_wait, "predict", predict)
+    monkeypatch.setattr(hydra_wait.time, "perf_counter", clock)
+    seconds = hydra_wait.seconds_per_item(None, list(range(32)), None, "cpu", batch_size=256)
+    assert seconds == pytest.approx(0.01 + 0.5 / 256)
