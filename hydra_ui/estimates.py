@@ -152,6 +152,8 @@ class HydraUnits:
     mc_pass: float | None = None
     intervals: float = 0.0
     macs: float | None = None
+    #: the same seconds per item in the latency's batches of 32 (None: as in the run's batches)
+    small: tuple[float, float, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,13 +194,15 @@ def hydra_stages(run: HydraRun, units: HydraUnits) -> list[Stage]:
     the measured seconds per item of what predicts them (0 for predictions read from the
     cache); the names are those its progress gives (hydra_core.hydra.experiment.STAGES)."""
     t, n = units.model, run.items
+    # latency rounds run batches of 32, dearer per item than the run's batches of 256
+    lt, lf, lm = units.small or (units.model, units.fused, units.mc_pass)
 
     def predicted(name: str, label: str, per_item: float, cached: bool = False) -> Stage:
         return Stage(f"evaluation: {name}", label, 0.0 if cached else per_item * n)
 
     stages = [predicted("single", "single model", t, run.single_cached)]
     systems, models = 1, 1  # systems with intervals; models whose multiply-adds are counted
-    per_round = t  # seconds per latency item of every system once
+    per_round = lt  # seconds per latency item of every system once
     if run.finetune:
         for name, _ in run.members:
             stages.append(
@@ -210,23 +214,24 @@ def hydra_stages(run: HydraRun, units: HydraUnits) -> list[Stage]:
     stages.append(predicted(name, "fused model", units.fused, cached and not run.finetune))
     systems += len(run.members) + 2  # the members, unfused and fused
     models += len(run.members) + 1
-    per_round += 2 * t * len(run.members) + units.fused  # members alone, unfused, fused
+    per_round += 2 * lt * len(run.members) + lf  # members alone, unfused, fused
     for i in range(run.copies):
         stages.append(predicted(f"Deep Ensembles member {i}", "Deep Ensembles", t))
     if run.copies:
-        systems, models, per_round = systems + 1, models + run.copies, per_round + t * run.copies
+        systems, models, per_round = systems + 1, models + run.copies, per_round + lt * run.copies
     if run.shared:  # the backbone's features of the training items, then the report split
         stages.append(Stage(f"{DEEP} head 0", "Deep Ensembles (D) training", t * run.shared))
         stages.append(predicted(DEEP, "Deep Ensembles (D)", t))
-        systems, models, per_round = systems + 1, models + 1, per_round + t
+        systems, models, per_round = systems + 1, models + 1, per_round + lt
     if run.temperature:  # its report predictions are the single model's logits over T
         stages.append(Stage("temperature fit", "temperature fit", t * run.search_items))
-        systems, models, per_round = systems + 1, models + 1, per_round + t
+        systems, models, per_round = systems + 1, models + 1, per_round + lt
     if run.mc is not None:
         name, passes, cached = run.mc
         per_pass = t if units.mc_pass is None else units.mc_pass
         stages.append(predicted(name, "MC Dropout", per_pass * passes, cached))
-        systems, models, per_round = systems + 1, models + 1, per_round + per_pass * passes
+        small_pass = lt if lm is None else lm
+        systems, models, per_round = systems + 1, models + 1, per_round + small_pass * passes
     count = t * run.latency_batch if units.macs is None else units.macs
     stages.append(Stage("multiply-adds", "multiply-adds", count * models))
     if run.latency_rounds:

@@ -48,12 +48,13 @@ REPORT_SIZES = (250, 500, 1000, 2000, 5000)
 
 def seconds_per_item(
     module, inputs, preprocess, device, bf16: bool = False, batch_size: int = 256
-) -> float:
-    """Seconds per item of ``module``'s forward in batches of ``batch_size`` on ``device``: the
-    median of :data:`TIMINGS` calls on a quarter of ``inputs`` and on all of them, after a
-    warm-up call, extended along the line through both (a fixed part per call, then a cost per
-    item: a batch of 256 costs less per item than one of 32). On a shared machine one call can
-    land in a moment of more or less load, hence the medians."""
+) -> tuple[float, float]:
+    """Seconds per item of ``module``'s forward on ``device`` in batches of ``batch_size``, and
+    in batches of ``len(inputs)``: the medians of :data:`TIMINGS` calls on a quarter of
+    ``inputs`` and on all of them, after a warm-up call, extended along the line through both
+    (a fixed part per call, then a cost per item: a batch of 256 costs less per item than one
+    of 32). On a shared machine one call can land in a moment of more or less load, hence the
+    medians."""
 
     def timed(items) -> float:
         seconds = []
@@ -69,9 +70,9 @@ def seconds_per_item(
         low, high = timed(inputs[:few]), timed(inputs)
     per_item = (high - low) / (many - few)
     if per_item <= 0:  # noise larger than the difference: the larger batch's own rate
-        return high / many
+        return high / many, high / many
     fixed = max(0.0, low - per_item * few)
-    return per_item + fixed / batch_size
+    return per_item + fixed / batch_size, high / many
 
 
 def interval_seconds(benchmark, classes: int, n_boot: int) -> float:
@@ -127,7 +128,7 @@ def measure_units(context, members, mc: MCDropoutBaseline | None) -> tuple[Hydra
     inputs = context.benchmark.id_report.inputs[:TIMED_ITEMS]
     options = dict(device=context.device, bf16=context.bf16)
     fused = fuse_members([(model, m.keep) for m in members]).to(context.device).eval()
-    mc_pass = None
+    mc_pass = (None, None)
     if mc is not None:
         mc_pass = seconds_per_item(
             # on a copy: the passes switch dropout on, which a job of another page using the
@@ -137,14 +138,17 @@ def measure_units(context, members, mc: MCDropoutBaseline | None) -> tuple[Hydra
             preprocess,
             **options,
         )
+    single = seconds_per_item(model, inputs, preprocess, **options)
+    ensemble = seconds_per_item(fused, inputs, preprocess, **options)
     units = HydraUnits(
-        model=seconds_per_item(model, inputs, preprocess, **options),
-        fused=seconds_per_item(fused, inputs, preprocess, **options),
-        mc_pass=mc_pass,
+        model=single[0],
+        fused=ensemble[0],
+        mc_pass=mc_pass[0],
         macs=macs_seconds(model, inputs, preprocess, context.device),
         intervals=interval_seconds(
             context.benchmark, context.loaded.num_outputs(), BootstrapConfig().n_boot
         ),
+        small=(single[1], ensemble[1], mc_pass[1]),
     )
     return units, model_fingerprint(fused)
 
@@ -218,8 +222,9 @@ def hydra_note(
     read = f"; {cached} of the systems' predictions read from the cache" if cached else ""
     text = (
         f"At these sizes: about **{format_seconds(seconds)}** on this machine ({shown}{read}), "
-        f"from one batch timed here: {units.model * 1e3:.1f} ms per report item for the model, "
-        f"{units.fused * 1e3:.1f} ms for the fused model, {run.items:,} report {noun} in all. "
+        f"from calls timed here: {units.model * 1e3:.1f} ms per report item for the model, "
+        f"{units.fused * 1e3:.1f} ms for the fused model (in batches of 256), {run.items:,} "
+        f"report {noun} in all. "
         "The tables appear when it ends."
     )
     if seconds <= MINUTES:

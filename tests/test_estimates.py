@@ -82,6 +82,11 @@ def test_hydra_stages_are_counts_times_units():
     per_round = 0.01 * 6 + 0.02 + 0.015 * 5
     assert stages["latency"] == pytest.approx(4 * 32 * per_round)
     assert stages["intervals"] == pytest.approx(2.0 * 7)
+    # timed in the latency's batches of 32 too: the rounds use those, the predictions do not
+    small = dataclasses.replace(units, small=(0.03, 0.05, 0.04))
+    again = {s.name: s.seconds for s in estimates.hydra_stages(run, small)}
+    assert again["latency"] == pytest.approx(4 * 32 * (0.03 * 6 + 0.05 + 0.04 * 5))
+    assert again["evaluation: single"] == stages["evaluation: single"]
     tuned = estimates.hydra_stages(dataclasses.replace(run, finetune=640), units)
     names = [s.name for s in tuned]
     assert names[1:3] == ["fine-tuning: H: a", "fine-tuning: H: b"]  # after the single model
