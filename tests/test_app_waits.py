@@ -61,7 +61,15 @@ def app(tmp_path, monkeypatch) -> AppTest:
     return at
 
 
-def test_the_model_card_shows_a_bar_that_reaches_every_report_item(app, monkeypatch):
+@pytest.mark.parametrize(
+    "setup",
+    [SMALL, SetupConfig(model="minilm-sentiment", n_search=64, n_report=100)],
+    ids=["image-default", "text-default"],
+)
+def test_the_model_card_shows_a_bar_that_reaches_every_report_item(app, monkeypatch, setup):
+    """The first page's model card, and the text default's after its Apply: a bar over every
+    report item, gone once the card is there; none when the card is read from the cache."""
+    app.session_state[CONFIG_KEY] = setup
     seen = []
     update = waits.ItemCount.update
 
@@ -73,7 +81,8 @@ def test_the_model_card_shows_a_bar_that_reaches_every_report_item(app, monkeypa
     app.run()
     assert not app.exception, app.exception
     sets = app.dataframe[0].value  # the model card's OOD table: one row per report OOD set
-    assert seen and seen[-1] == (300 * (1 + len(sets)), 300 * (1 + len(sets)))
+    total = setup.n_report * (1 + len(sets))  # the ID report set and each OOD set
+    assert seen and seen[-1] == (total, total)
     assert [c for c, _ in seen] == sorted(c for c, _ in seen)
     assert not app.get("progress")  # the bar is gone once the card is there
     seen.clear()
