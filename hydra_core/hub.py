@@ -165,21 +165,21 @@ def openclip_may_be_cached(repos: set[str]) -> bool:
 
 def hub_model(model: str) -> tuple[str, str] | None:
     """What a model name downloads, read from the name alone (nothing imported):
-    ``("text", REPO)``, ``("timm", NAME)``, ``("openclip", NAME/TAG)`` or
-    ``("openclip-hub", ORG/REPO)``; None for built-in names, files, folders and local OpenCLIP
+    ``("hf-repo", REPO)``, ``("timm", NAME)``, ``("clip-tag", NAME/TAG)`` or
+    ``("clip-repo", ORG/REPO)``; None for built-in names, files, folders and local OpenCLIP
     folders (and names the loaders refuse for another reason)."""
     if model.startswith(_OPENCLIP):
         source = model.removeprefix(_OPENCLIP).strip()
         if source.startswith("hf-hub:"):
-            return "openclip-hub", source.removeprefix("hf-hub:")
+            return "clip-repo", source.removeprefix("hf-hub:")
         name, _, tag = source.partition("/")
         if source.startswith("local-dir:") or not name or not tag:
             return None
         if tag.endswith(_FILE_SUFFIXES) or Path(tag).expanduser().exists():
             return None  # a checkpoint file after the name
-        return "openclip", source
+        return "clip-tag", source
     if (repo := text_hub_repo(model)) is not None:
-        return "text", repo
+        return "hf-repo", repo
     name = model.removeprefix("timm:")
     if name in _BUILT_IN or not _TIMM_NAME.fullmatch(name) or Path(name).exists():
         return None
@@ -197,25 +197,25 @@ def offline_refusal(model: str) -> str | None:
         return None
     kind, name = found
     repos = _cached_repos()
-    if kind == "text" and name in repos:
+    if kind == "hf-repo" and name in repos:
         return None
     if kind == "timm" and (timm_may_be_cached(repos) or _url_downloads()):
         return None
-    if kind == "openclip" and openclip_may_be_cached(repos):
+    if kind == "clip-tag" and openclip_may_be_cached(repos):
         return None
-    if kind == "openclip-hub" and name in repos:
+    if kind == "clip-repo" and name in repos:
         return None
     reason = offline_reason()
     if reason is None:
         return None
     what, hint = {
-        "text": (
+        "hf-repo": (
             f"Hugging Face model {name!r}",
             f"a Hugging Face hub model needs the network: {TEXT_OFFLINE_HINT}",
         ),
         "timm": (f"timm model {name!r}", timm_offline_hint(name)),
-        "openclip": (model, OPENCLIP_OFFLINE_HINT),
-        "openclip-hub": (model, OPENCLIP_OFFLINE_HINT),
+        "clip-tag": (model, OPENCLIP_OFFLINE_HINT),
+        "clip-repo": (model, OPENCLIP_OFFLINE_HINT),
     }[kind]
     return (
         f"cannot load {what}: this machine is offline ({reason}) and it is not in the local "

@@ -125,13 +125,13 @@ def test_what_reads_as_a_hub_name(tmp_path):
         "timm",
         "vit_base_patch16_224.augreg_in21k",
     )
-    assert hub.hub_model(OPENCLIP) == ("openclip", "ViT-B-32/laion2b_s34b_b79k")
+    assert hub.hub_model(OPENCLIP) == ("clip-tag", "ViT-B-32/laion2b_s34b_b79k")
     assert hub.hub_model("openclip:hf-hub:laion/CLIP-ViT-B-32") == (
-        "openclip-hub",
+        "clip-repo",
         "laion/CLIP-ViT-B-32",
     )
     assert hub.hub_model("hf:textattack/bert-base-uncased-SST-2") == (
-        "text",
+        "hf-repo",
         "textattack/bert-base-uncased-SST-2",
     )
     weights = tmp_path / "w.pt"
