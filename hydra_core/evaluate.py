@@ -554,6 +554,19 @@ def _system_predictions(
     return stored
 
 
+def predictions_cached(
+    cache: DiskCache | None, cache_parts: tuple, data: DataSet, *, bf16: bool = False
+) -> bool:
+    """Whether ``cache`` holds the predictions of the system ``cache_parts`` identify on
+    ``data`` (:func:`evaluate_system` would read them instead of predicting): what an estimate
+    of a run's time leaves out. For a model under a head mask ``keep`` the parts are
+    ``(model_fingerprint(model), keep)``, as :func:`evaluate_model` gives them."""
+    if cache is None:
+        return False
+    key = cache_key("predictions-v1", *cache_parts, data.fingerprint(), bf16)
+    return cache.path("predictions", key).is_file()
+
+
 def _shared_predict(system, inputs, preprocess, **kwargs) -> torch.Tensor:
     """:func:`predict`, data-parallel in a distributed job: each process predicts a run of whole
     batches (:func:`hydra_core.distributed.shard`) and every process gets all the logits, in
@@ -651,12 +664,14 @@ def model_card(
     cache: DiskCache | None = None,
     device: str | None = "auto",
     batch_size: int = 256,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Layers, heads, parameters, ID accuracy and MSP AUROC per OOD set on the report split, with
     their 95% intervals: ``id_accuracy_ci95`` [lo, hi] and ``ood_auroc_ci95`` {set: [lo, hi]}.
 
     ``loaded`` is a :class:`hydra_core.zoo.registry.LoadedModel`, ``benchmark`` a
-    :class:`hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present."""
+    :class:`hydra_core.data.benchmark.Benchmark`; predictions come from ``cache`` when present.
+    ``progress(set_name, done, total)``: after each batch predicted (none for cached sets)."""
     evaluation = evaluate_model(
         loaded.model,
         loaded.preprocess,
@@ -666,6 +681,7 @@ def model_card(
         device=device,
         cache=cache,
         batch_size=batch_size,
+        progress=progress,
     )
     table = evaluation.table().set_index("set")
     card = loaded.card()

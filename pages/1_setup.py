@@ -27,6 +27,7 @@ from hydra_ui.context import (
     setup_benchmark,
     setup_model,
 )
+from hydra_ui.waits import card_to_predict, items_bar
 from hydra_ui.widgets import show_error, table_with_download
 
 #: the sources of each modality where the user enters a name: label -> the kind of name
@@ -613,9 +614,14 @@ with show_error("Could not load the model or data"):
             "read the CLS token (position 0)."
         )
 
-    with st.spinner("Evaluating on the report split (cached after the first time)..."):
+    what = "Model card: predicting the report split (cached after the first time)"
+    with items_bar(what, card_to_predict(context, disk_cache()), context.noun) as progress:
         card = model_card(
-            context.loaded, context.benchmark, cache=disk_cache(), device=context.device
+            context.loaded,
+            context.benchmark,
+            cache=disk_cache(),
+            device=context.device,
+            progress=progress,
         )
     lo, hi = card["id_accuracy_ci95"]
     st.metric(

@@ -31,10 +31,12 @@ from hydra_ui.comparisons import ensembling_verdict
 from hydra_ui.context import disk_cache, get_context, results
 from hydra_ui.efficient import efficient_choices
 from hydra_ui.figures import cost_scatter, difference_plot, reliability_diagram, roc_curves
-from hydra_ui.jobs import staged_progress, start_job
+from hydra_ui.hydra_wait import hydra_estimate
+from hydra_ui.jobs import start_job
 from hydra_ui.portable import onnx_export
 from hydra_ui.sweeps import show_sweeps
 from hydra_ui.texts import most_uncertain, readable
+from hydra_ui.waits import whole_run_progress
 from hydra_ui.widgets import (
     figure_with_download,
     job_outcome,
@@ -81,13 +83,16 @@ def start_evaluation(
     repeats: int,
     train_set,
     baselines: list,
+    stages: list,
 ) -> None:
     # A private copy of the model: heads other pages ablate with hooks must not reach it.
     loaded = dataclasses.replace(context.loaded, model=copy.deepcopy(context.loaded.model))
     source = context.config.model
 
     def work(job):
-        progress = staged_progress(job, lambda *step: stage_label(*step, noun=context.noun))
+        # one time left for the whole run, each stage weighed by its estimate (hydra_wait)
+        named = lambda *step: stage_label(*step, noun=context.noun)  # noqa: E731
+        progress = whole_run_progress(job, [(s.name, s.seconds) for s in stages], named)
         job.report("**Evaluation**: starting (predictions made before are read from the cache)")
         systems = hydra_systems(
             members,
@@ -432,16 +437,46 @@ with show_error("Could not assemble or evaluate the Hydra ensemble"):
     baselines = baseline_choices(context, running, can_tune)
     baselines += efficient_choices(context, running)
 
+    stages = []
+    if not running:  # its time at these sizes, from one batch timed on this machine
+        shared = any(isinstance(b, SharedBackboneBaseline) for b in baselines)
+        train_items = 0
+        if tune or shared:
+            train_items = len(train_set if train_set is not None else modality.load_id("train"))
+        with st.spinner("Timing one batch of each model for the estimate..."):
+            stages, note = hydra_estimate(
+                context,
+                members,
+                label,
+                results(),
+                cache=disk_cache(),
+                finetune=finetune,
+                train_items=train_items,
+                copies=len(copies) + 1 if use_deep else 0,
+                baselines=baselines,
+                latency=latency,
+                repeats=repeats,
+            )
+        st.caption(note)
     if st.button(
         "Assemble and evaluate", type="primary", icon=":material/merge:", disabled=running
     ):
         start_evaluation(
-            context, members, label, finetune, use_deep, latency, repeats, train_set, baselines
+            context,
+            members,
+            label,
+            finetune,
+            use_deep,
+            latency,
+            repeats,
+            train_set,
+            baselines,
+            stages,
         )
         st.rerun()
     if running:
         starting = "**Evaluation**: starting"
-        watch_job(job, lambda j: j.progress or starting, left="left in this stage")
+        watch_job(job, lambda j: j.progress or starting, left="left of the whole run")
     else:
         job_outcome(job, "The evaluation")
         if job is not None and job.result is not None and not job.info.get("stored"):

@@ -116,15 +116,46 @@ def test_a_missing_id_file_is_refused_before_the_model_loads(app, text_model, tm
     one_error(app, apply(app), f"the ID file {tmp_path / 'nowhere.csv'} does not exist")
 
 
-def test_a_hub_name_offline_says_so_at_once(app, monkeypatch):
+@pytest.mark.parametrize(
+    "source, field, name, what",
+    [
+        (
+            "Hugging Face name (text, online)",
+            "setup_model_name",
+            "textattack/bert-base-uncased-SST-2",
+            "Hugging Face model 'textattack/bert-base-uncased-SST-2'",
+        ),
+        (
+            "timm model name (online)",
+            "setup_model_name",
+            "vit_small_patch16_224",
+            "timm model 'vit_small_patch16_224'",
+        ),
+        (
+            "OpenCLIP (zero-shot)",
+            "setup_openclip_name",
+            "ViT-B-32/laion2b_s34b_b79k",
+            "openclip:ViT-B-32/laion2b_s34b_b79k",
+        ),
+    ],
+)
+def test_a_hub_name_offline_says_so_at_once(app, monkeypatch, tmp_path, source, field, name, what):
+    """Refused from the name before timm builds the model or open_clip is imported (the local
+    caches empty: nothing there may hold the weights)."""
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     attempts = block_network(monkeypatch)
-    app.radio[0].set_value("Hugging Face name (text, online)")
+    app.radio[0].set_value(source)
     app.run()
-    app.text_input(key="setup_model_name").set_value("textattack/bert-base-uncased-SST-2")
-    one_error(app, apply(app), "this machine is offline (huggingface.co cannot be reached")
+    app.text_input(key=field).set_value(name)
+    one_error(
+        app,
+        apply(app),
+        f"cannot load {what}: this machine is offline (huggingface.co cannot be reached",
+    )
     assert len(attempts) == 1

@@ -562,10 +562,12 @@ def test_a_text_hub_name_offline_is_refused_before_the_imports(monkeypatch, caps
     assert "cannot load Hugging Face model 'textattack/bert-base-uncased-SST-2'" in line
     assert "huggingface.co cannot be reached" in line and "minilm-sentiment" in line
     assert len(attempts) == 1
-    # in the local cache, or not a text hub name: the loaders decide, after the imports
+    # in the local cache: the loaders decide, after the imports; a timm name is refused first
+    # too (tests/test_hub_offline.py)
     (tmp_path / "hub" / "models--textattack--bert-base-uncased-SST-2").mkdir(parents=True)
     assert early_refusal(["eval", "--model", model]) is None
-    assert early_refusal(["eval", "--model=vit_small_patch16_224"]) is None
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    assert "timm model" in early_refusal(["eval", "--model=vit_small_patch16_224"])
     assert text_hub_repo("openclip:ViT-B-32/laion2b_s34b_b79k") is None
     assert text_hub_repo("models/tiny.safetensors") is None
     assert text_hub_repo("owner/name") == "owner/name"

@@ -144,7 +144,9 @@ def test_every_stage_is_named_in_the_progress(loaded, benchmark, members):
     assert seen["temperature fit"][-1] == (n_fit, n_fit)
     ends = [steps[-1] for stage, steps in seen.items() if stage.startswith("evaluation")]
     assert ends == [(items, items)] * len(evaluated)
-    assert seen["latency"] == [(1, 3), (2, 3), (3, 3)]  # warm-up round, then the timed ones
+    # each of the last three stages says it has begun (0), so that a bar names it at once
+    assert seen["latency"] == [(0, 3), (1, 3), (2, 3), (3, 3)]  # warm-up round, timed ones
+    assert seen["multiply-adds"][0][0] == 0 and seen["intervals"][0][0] == 0
     assert seen["intervals"][-1] == (len(report.systems), len(report.systems))
     assert report.setup["latency_warmup"] == 1
 

@@ -200,6 +200,8 @@ def tiny_builtin(tmp_path, monkeypatch):
         "download_pretrained",
         lambda cfg, **_: str(folder / "open_clip_model.safetensors"),
     )
+    # its "hub" is that local file: the refusal of a hub name offline does not apply
+    monkeypatch.setattr(zero_shot, "offline_refusal", lambda _: None)
     return folder
 
 
@@ -268,7 +270,8 @@ def write(path: Path, text: str) -> Path:
         ("openclip:", "openclip: names no model"),
         ("openclip:ViT-B-3", "unknown open_clip model 'ViT-B-3'.*did you mean ViT-B-32"),
         ("openclip:ViT-B-32", "names no pretrained weights.*laion2b_s34b_b79k"),
-        ("openclip:ViT-B-32/nonsense", "'nonsense' is neither a pretrained tag.*laion2b_s34b"),
+        # offline, a tag is refused before open_clip is imported to check it (test below)
+        ("openclip:ViT-B-32/nonsense", "cannot load openclip:ViT-B-32/nonsense: this machine is"),
         ("openclip:local-dir:{tmp}/nowhere", "is not a folder: openclip:local-dir: needs"),
         ("openclip:local-dir:{tmp}", "has no open_clip_config.json"),
         ("openclip:local-dir:{config_only}", "holds no weights"),
@@ -296,6 +299,12 @@ def test_bad_sources_are_one_line_naming_the_fix(tmp_path, offline, source, mess
     with pytest.raises(InputError, match=message) as info:
         load_model(source.format(**folders))
     assert "\n" not in str(info.value)
+
+
+def test_a_tag_that_is_no_tag_is_named_online(monkeypatch):
+    monkeypatch.setattr(zero_shot, "offline_refusal", lambda _: None)  # as online
+    with pytest.raises(InputError, match="'nonsense' is neither a pretrained tag.*laion2b_s34b"):
+        load_model("openclip:ViT-B-32/nonsense")
 
 
 @pytest.mark.parametrize(

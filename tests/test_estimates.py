@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -41,3 +42,76 @@ def test_notes_offer_sizes_that_finish_in_minutes():
     assert f"budget {fits} at B = 5" in note
     short = estimates.stability_note(0.001, 72, 24, 5, 0.25, "x")
     assert "Within" not in short  # it finishes in minutes already
+
+
+def test_hydra_stages_are_counts_times_units():
+    """Each stage of a Hydra evaluation: its items times the seconds per item of what predicts
+    them; cached predictions count nothing; fine-tuning is three forwards per training item."""
+    run = estimates.HydraRun(
+        items=1000,
+        search_items=200,
+        members=(("H: a", True), ("H: b", False)),
+        fused=("H (fused)", False),
+        single_cached=False,
+        finetune=0,
+        temperature=True,
+        mc=("MC Dropout", 5, False),
+        copies=0,
+        latency_rounds=4,
+    )
+    units = estimates.HydraUnits(model=0.01, fused=0.02, mc_pass=0.015, intervals=2.0)
+    stages = {s.name: s.seconds for s in estimates.hydra_stages(run, units)}
+    assert list(stages) == [
+        "evaluation: single",
+        "evaluation: H: a",
+        "evaluation: H: b",
+        "evaluation: H (fused)",
+        "temperature fit",
+        "evaluation: MC Dropout",
+        "multiply-adds",
+        "latency",
+        "intervals",
+    ]
+    assert stages["evaluation: single"] == pytest.approx(1000 * 0.01)
+    assert stages["evaluation: H: a"] == 0  # read from the cache
+    assert stages["evaluation: H (fused)"] == pytest.approx(1000 * 0.02)
+    assert stages["temperature fit"] == pytest.approx(200 * 0.01)
+    assert stages["evaluation: MC Dropout"] == pytest.approx(1000 * 5 * 0.015)
+    assert stages["multiply-adds"] == pytest.approx(0.01 * 32 * 6)  # single, a, b, fused, T, MC
+    # every system once per round: single, a, b, unfused (a + b), fused, T, MC (5 passes)
+    per_round = 0.01 * 6 + 0.02 + 0.015 * 5
+    assert stages["latency"] == pytest.approx(4 * 32 * per_round)
+    assert stages["intervals"] == pytest.approx(2.0 * 7)
+    # timed in the latency's batches of 32 too: the rounds use those, the predictions do not
+    small = dataclasses.replace(units, small=(0.03, 0.05, 0.04))
+    again = {s.name: s.seconds for s in estimates.hydra_stages(run, small)}
+    assert again["latency"] == pytest.approx(4 * 32 * (0.03 * 6 + 0.05 + 0.04 * 5))
+    assert again["evaluation: single"] == stages["evaluation: single"]
+    tuned = estimates.hydra_stages(dataclasses.replace(run, finetune=640), units)
+    names = [s.name for s in tuned]
+    assert names[1:3] == ["fine-tuning: H: a", "fine-tuning: H: b"]  # after the single model
+    assert tuned[1].seconds == pytest.approx(3 * 0.01 * 640)
+    assert tuned[3].seconds == pytest.approx(1000 * 0.01)  # a fine-tuned member is predicted
+
+
+def test_the_hydra_note_offers_what_finishes_in_minutes():
+    from hydra_ui.hydra_wait import hydra_note, scaled_seconds
+
+    run = estimates.HydraRun(
+        items=12000,
+        search_items=512,
+        members=(("H: a", False),),
+        fused=("H (fused)", False),
+        mc=("MC Dropout", 5, False),
+        latency_rounds=6,
+    )
+    units = estimates.HydraUnits(model=0.01, fused=0.02, mc_pass=0.01, intervals=5.0)
+    stages = estimates.hydra_stages(run, units)
+    total = estimates.total_seconds(stages)
+    mc = next(s.seconds for s in stages if s.label == "MC Dropout")
+    assert total > 600 >= total - mc
+    note = hydra_note(stages, units, run, "images", per_set=2000)
+    assert f"about **{estimates.format_seconds(total)}**" in note
+    assert f"without MC Dropout: {estimates.format_seconds(total - mc)}" in note
+    fits = max(n for n in (250, 500, 1000) if scaled_seconds(stages, n / 2000) <= 600)
+    assert f"{fits:,} report images per set (Setup)" in note

@@ -108,8 +108,11 @@ class SystemsReport:
 
     def compute_intervals(self, progress: Progress | None = None) -> None:
         """Compute every system's bootstrap replicates now (the tables and differences read
-        them), on shared resamples; ``progress(done, total)`` after each system."""
+        them), on shared resamples; ``progress(done, total)`` at the start (0) and after each
+        system."""
         self._paired()
+        if progress:
+            progress(0, len(self.evaluations))
         for done, evaluation in enumerate(self.evaluations.values(), start=1):
             evaluation.replicates()
             if progress:

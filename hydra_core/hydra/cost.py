@@ -300,7 +300,7 @@ def measure_latencies(
     """Wall-clock time of each function, called in turn (round-robin, so slow drifts in machine load
     hit all of them alike). Returns, per name, the median and inter-quartile range in milliseconds.
     On CUDA every call is followed by ``torch.cuda.synchronize()`` before the clock stops.
-    ``progress(done, total)`` after each round, warm-up rounds included."""
+    ``progress(done, total)`` at the start (0) and after each round, warm-up rounds included."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     cuda = torch.device(device).type == "cuda"
@@ -310,6 +310,8 @@ def measure_latencies(
         if cuda:
             torch.cuda.synchronize()
 
+    if progress:
+        progress(0, rounds)  # the stage has begun: what a progress bar names
     for done in range(1, warmup + 1):
         for fn in fns.values():
             fn()
@@ -391,6 +393,8 @@ def cost_table(
     macs: dict[int, int] = {}
     rows = {}
     distinct = len({id(m) for models in systems.values() for m in models})
+    if progress:
+        progress("multiply-adds", 0, distinct)
     for name, models in systems.items():
         for m in models:
             if id(m) not in macs:

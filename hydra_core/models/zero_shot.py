@@ -40,7 +40,7 @@ from torch import nn
 from hydra_core.cache import DiskCache, cache_key
 from hydra_core.data.sources import source_path
 from hydra_core.errors import InputError
-from hydra_core.hub import from_hub
+from hydra_core.hub import OPENCLIP_OFFLINE_HINT, from_hub, offline_refusal
 
 #: version of the class embeddings' computation, part of their cache key
 EMBEDDINGS_VERSION = 1
@@ -57,10 +57,7 @@ DEFAULT_TOWERS = "both"
 #: result): shown on the model card
 RANDOM_WEIGHTS_KEY = "random_weights"
 #: what to do without the network, in every message about a download
-OFFLINE_HINT = (
-    "downloading pretrained OpenCLIP weights needs the network (Hugging Face hub); offline, use "
-    "openclip:local-dir:/path with open_clip_config.json and the weights"
-)
+OFFLINE_HINT = OPENCLIP_OFFLINE_HINT
 
 
 class ZeroShotClassifier(nn.Module):
@@ -364,6 +361,8 @@ def open_openclip(source: str) -> OpenClipModel:
             download that failed (offline), a folder without its configuration or weights,
             weights that do not fit, an image tower other than open_clip's VisionTransformer.
     """
+    if refusal := offline_refusal(f"openclip:{source}"):  # offline: before importing open_clip
+        raise InputError(refusal)
     import open_clip
 
     if not source.strip():

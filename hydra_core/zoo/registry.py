@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hydra_core.errors import InputError, choice
-from hydra_core.hub import from_hub
+from hydra_core.hub import from_hub, offline_refusal, timm_offline_hint
 from hydra_core.models import hf
 from hydra_core.models.adapter import head_layout
 from hydra_core.models.preprocess import input_format, model_preprocess
@@ -135,11 +135,9 @@ def _load_timm(name: str, arch_kwargs: dict) -> LoadedModel:
     import timm
 
     _check_timm_name(name)
-    hint = (
-        "pretrained timm weights come from the Hugging Face hub, so the machine must be online; "
-        f"offline, pass a checkpoint file instead (--model path/to/weights.safetensors --arch "
-        f"{name})"
-    )
+    if refusal := offline_refusal(f"timm:{name}"):  # offline: before timm builds the model
+        raise InputError(refusal)
+    hint = timm_offline_hint(name)
 
     def create() -> nn.Module:
         try:

@@ -508,6 +508,8 @@ def assemble_hydra(
     if calls is not None:
         type_into(driver, "Timed calls per system", str(calls))
         wait_idle(driver)
+    # its time at these sizes is said before the start (hydra_ui/hydra_wait.py)
+    wait_for(driver, "//p[contains(., 'At these sizes: about')]")
     click(driver, button("Assemble and evaluate"))
     start, labels = time.monotonic(), []
     moved = start  # when the bar last said something new (the times it shows aside)
@@ -535,7 +537,8 @@ def assemble_hydra(
     assert stages and stages[0] == "Evaluation", labels[:3]
     unnamed = [label for label in labels if label.split()[0].rstrip(":") not in HYDRA_STAGES]
     assert not unnamed, unnamed
-    assert all(" left in this stage · " in label and "s so far" in label for label in labels)
+    # one time left for the whole run, each stage weighed by the estimate said before the start
+    assert all(" left of the whole run · " in label and "s so far" in label for label in labels)
     return seconds, list(dict.fromkeys(stages))
 
 
