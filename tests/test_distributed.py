@@ -30,12 +30,12 @@ from hydra_core.experiment.evaluate import evaluate_systems
 from hydra_core.masks import MemberMask
 from hydra_core.zoo.default import TrainConfig
 from hydra_core.zoo.registry import LoadedModel
+from tests.analysis.test_greedy import assert_identical, make_data
+from tests.cli.test_cli_hydra import _tiny_fashion_mnist
 from tests.conftest import TINY, TINY_CONFIGS, make_tiny_vit
-from tests.test_cli_hydra import _tiny_fashion_mnist
-from tests.test_greedy import assert_identical, make_data
-from tests.test_report_text import tiny_sentiment_bert
-from tests.test_report_text import tokenizer as text_tokenizer
-from tests.test_systems import image_set, preprocess
+from tests.experiment.test_systems import image_set, preprocess
+from tests.report.test_report_text import tiny_sentiment_bert
+from tests.report.test_report_text import tokenizer as text_tokenizer
 
 WORLD = 2
 BUDGET = 7  # of the tiny models' 12 heads

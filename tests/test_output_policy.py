@@ -26,9 +26,9 @@ from hydra_core.models.adapter import head_layout
 from hydra_core.outputs import MANIFEST, check_output, claim_folder, write_output
 from hydra_core.paths import ASSETS_DIR, PACKAGE_DIR
 from hydra_core.zoo.registry import load_model
+from tests.cli.test_bad_inputs import one_error_line, run
+from tests.cli.test_bad_inputs_text import sentences, snapshot
 from tests.conftest import write_tiny_checkpoint
-from tests.test_bad_inputs import one_error_line, run
-from tests.test_bad_inputs_text import sentences, snapshot
 
 DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
 ROOT = PACKAGE_DIR.parent

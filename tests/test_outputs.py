@@ -13,9 +13,9 @@ import torch
 
 from hydra_core.errors import InputError
 from hydra_core.outputs import MANIFEST
+from tests.cli.test_bad_inputs import one_error_line, run
+from tests.cli.test_bad_inputs_text import snapshot
 from tests.conftest import TINY, write_tiny_checkpoint
-from tests.test_bad_inputs import one_error_line, run
-from tests.test_bad_inputs_text import snapshot
 
 DATA = ["--n-search", "16", "--n-report", "24", "--ood", "noise", "--device", "cpu"]
 
