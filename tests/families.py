@@ -20,7 +20,7 @@ import torch
 from hydra_core.hydra import HydraText, fuse_members
 from hydra_core.hydra.fused import HydraViT
 from hydra_core.hydra.fused_clip import fuse_clip_members
-from hydra_core.models.adapter import ablate, head_layout
+from hydra_core.models.adapter import ablate
 from tests.conftest import (
     CLIP_VARIANTS,
     TINY_CONFIGS,
@@ -58,6 +58,9 @@ class Family:
         low_scale: ``build`` keywords for weights small enough that bfloat16 stays close.
         classes: class names to save with a Hydra, or None.
         reference: how the plain reference removes heads (see :meth:`ablated`).
+        wo: a regular expression matching the name of each block's W_O weight, its group 1 the
+            layer.
+        head_dim, embed_dim: d_k and d.
     """
 
     id: str
@@ -75,6 +78,9 @@ class Family:
     low_scale: dict = field(default_factory=dict)
     classes: tuple[str, ...] | None = None
     reference: str = "hooks"
+    wo: str = ""
+    head_dim: int = 6
+    embed_dim: int = 24
 
     def run(self, model: torch.nn.Module, batch) -> torch.Tensor:
         """The model's (or a Hydra's) output on ``batch``: logits, or a tower's embeddings."""
@@ -84,14 +90,44 @@ class Family:
         out = model(input_ids=ids, attention_mask=mask)
         return getattr(out, "logits", out)
 
+    @property
+    def model_family(self):
+        """The engine's family object the model is read through."""
+        from hydra_core.models.openclip import OPENCLIP
+        from hydra_core.models.text import TEXT
+        from hydra_core.models.vit import VIT
+
+        return {"vit": VIT, "text": TEXT, "openclip": OPENCLIP}[self.name]
+
+    def inputs(self, batch) -> torch.Tensor:
+        """``batch`` as the engine's functions take it (text: ids and mask packed)."""
+        if self.name != "text":
+            return batch
+        from hydra_core.models.text import pack
+
+        return pack(*batch)
+
+    def zeroed(self, model: torch.nn.Module, keep: torch.Tensor) -> torch.nn.Module:
+        """The paper's definition of ablation, written out: a copy of ``model`` with each removed
+        head's column block of W_O set to zero."""
+        model = copy.deepcopy(model)
+        dk = self.head_dim
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if match := re.search(self.wo, name):
+                    layer = int(match.group(1))
+                    for head in (~keep[layer]).nonzero().flatten().tolist():
+                        weight[:, head * dk : (head + 1) * dk] = 0
+        return model
+
     def ablated(self, model: torch.nn.Module, keep: torch.Tensor, batch) -> torch.Tensor:
         """The plain reference of a member: ``model`` with the heads ``keep`` leaves out removed.
 
         ViTs and text models switch the heads off with :func:`ablate` (its hooks are checked
-        against copies with W_O's columns zeroed in tests/models/); OpenCLIP towers are run as
-        such a copy, W_O's columns of each removed head zeroed."""
+        against :meth:`zeroed` in tests/models/test_family_contract.py); OpenCLIP towers are run
+        as :meth:`zeroed` copies."""
         if self.reference == "zeroed":
-            return self.run(zeroed_copy(model, keep), batch)
+            return self.run(self.zeroed(model, keep), batch)
         with ablate(model, keep):
             return self.run(model, batch)
 
@@ -130,20 +166,6 @@ def with_merged_mlps(members: list[torch.nn.Module], mlp: str) -> list[torch.nn.
                 for m in out:
                     m.get_parameter(name).copy_(mean)
     return out
-
-
-def zeroed_copy(model: torch.nn.Module, keep: torch.Tensor) -> torch.nn.Module:
-    """A copy of an OpenCLIP tower with the removed heads' W_O columns zeroed: exactly head
-    ablation."""
-    model = copy.deepcopy(model)
-    tower = model.visual if hasattr(model, "class_embeddings") else model
-    dk = head_layout(tower).head_dim
-    with torch.no_grad():
-        for layer, block in enumerate(tower.transformer.resblocks):
-            for head in range(block.attn.num_heads):
-                if not keep[layer, head]:
-                    block.attn.out_proj.weight[:, head * dk : (head + 1) * dk] = 0
-    return model
 
 
 def tiny_bert(**overrides):
@@ -189,6 +211,7 @@ def _vit(config: str) -> Family:
         grouped=("stem", "head"),
         low_scale={"scale": 1.0},
         classes=("a", "b", "c", "d", "e"),
+        wo=r"^blocks\.(\d+)\.attn\.proj\.weight$",
     )
 
 
@@ -220,6 +243,7 @@ def _text(kind: str) -> Family:
         fine_tune=(None, r"layer\.|LayerNorm|layer_norm", ""),
         low_scale={"scale": 1.0},
         classes=("a", "b", "c"),
+        wo=r"layer\.(\d+)\.attention\.(output\.dense|attn\.o|out_lin)\.weight$",
     )
 
 
@@ -240,6 +264,9 @@ def _openclip(variant: str) -> Family:
         header={"format": "hydra-fused", "version": 1},
         grouped=("stem",),
         reference="zeroed",
+        wo=r"^transformer\.resblocks\.(\d+)\.attn\.out_proj\.weight$",
+        head_dim=16,
+        embed_dim=64,
     )
 
 
