@@ -61,6 +61,8 @@ class Family:
         wo: a regular expression matching the name of each block's W_O weight, its group 1 the
             layer.
         head_dim, embed_dim: d_k and d.
+        search_data: ``search_data()`` gives a search's (id_x, id_y, ood_x): 24 ID items with
+            labels, 24 OOD items.
     """
 
     id: str
@@ -81,6 +83,7 @@ class Family:
     wo: str = ""
     head_dim: int = 6
     embed_dim: int = 24
+    search_data: Callable[[], tuple] | None = None
 
     def run(self, model: torch.nn.Module, batch) -> torch.Tensor:
         """The model's (or a Hydra's) output on ``batch``: logits, or a tower's embeddings."""
@@ -193,6 +196,24 @@ def _images(seed: int) -> torch.Tensor:
     return torch.randn(8, 1, 16, 16, generator=torch.Generator().manual_seed(seed))
 
 
+def _image_search_data(shape: tuple[int, ...], classes: int, seed: int = 0):
+    """Random ID images with random labels, and brighter OOD images (24 each)."""
+    g = torch.Generator().manual_seed(seed)
+    id_x = torch.randn(24, *shape, generator=g)
+    id_y = torch.randint(0, classes, (24,), generator=g)
+    ood_x = 1.5 * torch.randn(24, *shape, generator=g) + 0.5
+    return id_x, id_y, ood_x
+
+
+def _text_search_data(seed: int = 1, n: int = 24):
+    """Ragged ID texts with labels, and longer OOD texts (padded to 14 tokens), packed."""
+    from hydra_core.models.text import pack
+
+    ids, mask = text_batch(seed=seed, batch=n, tokens=10)
+    ood_ids, ood_mask = text_batch(seed=seed + 100, batch=n, tokens=14)
+    return pack(ids, mask), torch.arange(n) % 3, pack(ood_ids, ood_mask)
+
+
 def _vit(config: str) -> Family:
     def build(seed: int = 0, scale: float = 4.0, **overrides):
         return make_tiny_vit(seed=seed, scale=scale, **{**TINY_CONFIGS[config], **overrides})
@@ -212,6 +233,7 @@ def _vit(config: str) -> Family:
         low_scale={"scale": 1.0},
         classes=("a", "b", "c", "d", "e"),
         wo=r"^blocks\.(\d+)\.attn\.proj\.weight$",
+        search_data=lambda: _image_search_data((1, 16, 16), 5),
     )
 
 
@@ -244,6 +266,7 @@ def _text(kind: str) -> Family:
         low_scale={"scale": 1.0},
         classes=("a", "b", "c"),
         wo=r"layer\.(\d+)\.attention\.(output\.dense|attn\.o|out_lin)\.weight$",
+        search_data=_text_search_data,
     )
 
 
@@ -267,6 +290,7 @@ def _openclip(variant: str) -> Family:
         wo=r"^transformer\.resblocks\.(\d+)\.attn\.out_proj\.weight$",
         head_dim=16,
         embed_dim=64,
+        search_data=lambda: _image_search_data((3, 32, 32), 32),
     )
 
 
