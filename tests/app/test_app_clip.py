@@ -16,9 +16,9 @@ from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import folder_benchmark
 from hydra_core.models.zero_shot import folder_classes
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.context import CONFIG_KEY, SetupConfig
 from hydra_ui.figures import rank_percentile
-from tests.app.test_app_pages import array, button, figures, finish_job, open_page
+from tests.app.conftest import array, button, figures, finish_job, open_page
 from tests.conftest import save_tiny_clip
 
 CLASS_FOLDERS = ("sea-lion", "cat", "golden_retriever")
@@ -65,15 +65,6 @@ def setup(files) -> SetupConfig:
         n_report=N_REPORT,
         device="cpu",
     )
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
 
 
 def errors(at: AppTest) -> list[str]:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
 import numpy as np
-import plotly.io as pio
 import pytest
 import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
@@ -15,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import greedy
 from hydra_core.analysis.greedy import single_head_importance
-from hydra_core.analysis.inputs import report_sample, search_inputs
+from hydra_core.analysis.inputs import report_sample
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json
@@ -23,9 +21,18 @@ from hydra_core.models.adapter import HeadLayout
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
+from tests.app.conftest import (
+    N_REPORT,
+    N_SEARCH,
+    OOD,
+    array,
+    button,
+    figures,
+    finish_job,
+    new_app,
+    open_page,
+)
 
-OOD = ("mnist", "noise")
-N_SEARCH, N_REPORT = 40, 60
 PAGES = [
     "pages/2_headmap.py",
     "pages/3_importance.py",
@@ -33,62 +40,6 @@ PAGES = [
     "pages/5_masks.py",
     "pages/6_hydra.py",
 ]
-
-
-@pytest.fixture
-def setup(checkpoint) -> SetupConfig:
-    return SetupConfig(
-        model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
-    )
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
-
-
-def open_page(at: AppTest, page: str) -> AppTest:
-    at.run()
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def button(at: AppTest, label: str):
-    return next(b for b in at.button if b.label == label)
-
-
-def figures(at: AppTest) -> list:
-    return [pio.from_json(chart.proto.spec) for chart in at.get("plotly_chart")]
-
-
-def array(value) -> np.ndarray:
-    """A Plotly JSON array: a list, or the typed-array dict Plotly 6 writes (dtype, bdata)."""
-    if isinstance(value, dict):
-        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        return data.reshape([int(n) for n in str(value.get("shape", len(data))).split(",")])
-    return np.asarray(value, dtype=float)
-
-
-def finish_job(at: AppTest, name: str, timeout: float = 180) -> None:
-    """Wait for a page's background job to end, then rerun the page as its timer would."""
-    job = at.session_state["results"]["jobs"][name]
-    assert job.wait(timeout), f"{name} still running after {timeout} s"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-
-
-@pytest.fixture(scope="module")
-def reference(checkpoint):
-    """The model and search tensors the pages use, built directly with hydra_core."""
-    loaded = load_model(checkpoint)
-    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
-    return loaded, search_inputs(loaded.preprocess, benchmark)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -113,8 +64,7 @@ def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
     search_caption = next(c.value for c in app.caption if c.value.startswith("Search data"))
     assert "(photos, faces)" in search_caption and "no reported number uses them" in search_caption
 
-    again = AppTest.from_file("../../app.py", default_timeout=180)  # a new visit, same disk cache
-    again.session_state[CONFIG_KEY] = setup
+    again = new_app(setup)  # a new visit, same disk cache
     open_page(again, "pages/2_headmap.py")
     assert again.dataframe[0].value.loc[0, "heads removed"] == 2
     same = next(f for f in figures(again) if f.data[0].type == "heatmap")
@@ -384,18 +334,15 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert drawn[-1].data[0].error_y.arrayminus is not None  # AUROC with its interval
 
 
-def test_hydra_page_compares_baselines_on_the_default_model(tmp_path, monkeypatch):
+def test_hydra_page_compares_baselines_on_the_default_model(make_app):
     """On the shipped default ViT (trained without dropout): Hydra beside temperature scaling and
     the post-hoc MC Dropout, each with its paired difference to the single model."""
     from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
     if not DEFAULT_CHECKPOINT.is_file():
         pytest.skip("needs the shipped checkpoint")
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
     setup = SetupConfig(model="default", ood=OOD, n_search=N_SEARCH, n_report=N_REPORT)
-    app = AppTest.from_file("../../app.py", default_timeout=180)
-    app.session_state[CONFIG_KEY] = setup.replace(device="cpu")
+    app = make_app(setup.replace(device="cpu"))
     keep = torch.ones(6, 12, dtype=torch.bool)
     first, second = keep.clone(), keep.clone()
     first[0, :4], second[5, 4:8] = False, False

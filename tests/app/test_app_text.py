@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis.greedy import single_head_importance
 from hydra_core.analysis.inputs import search_inputs
@@ -23,11 +22,11 @@ from hydra_core.errors import InputError
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.diversity import mutual_information
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.context import CONFIG_KEY, SetupConfig
 from hydra_ui.figures import rank_percentile
 from hydra_ui.projections import hover_text
 from hydra_ui.texts import markdown_literal, report_sample_texts
-from tests.app.test_app_pages import array, button, figures, finish_job, open_page
+from tests.app.conftest import array, button, figures, finish_job, open_page
 from tests.conftest import make_tiny_text, missing_data
 
 CLASSES = ("neg", "pos", "mixed")
@@ -125,15 +124,6 @@ def reference(setup):
         classes=loaded.classes,
     )
     return loaded, benchmark
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
 
 
 def test_setup_shows_the_text_model_and_its_files(app):
@@ -377,7 +367,7 @@ def test_markdown_literal_and_hover_text_show_texts_as_they_are():
     assert hover_text("a <b> & c") == "a &lt;b&gt; &amp; c"
 
 
-def test_minilm_with_the_default_text_sets(tmp_path, monkeypatch):
+def test_minilm_with_the_default_text_sets(make_app):
     """The offline text default, chosen on Setup the way a user chooses it (real wheel files)."""
     try:
         load_model("minilm-sentiment")
@@ -385,10 +375,7 @@ def test_minilm_with_the_default_text_sets(tmp_path, monkeypatch):
     except InputError as exc:
         missing_data(str(exc))
     assert [s.name for s in report_sets.ood_report] == list(TEXT_REPORT_OOD)
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
-    disk_cache.clear()
-    app = AppTest.from_file("../../app.py", default_timeout=300)
-    app.session_state[CONFIG_KEY] = SetupConfig(n_search=32, n_report=48, device="cpu")
+    app = make_app(SetupConfig(n_search=32, n_report=48, device="cpu"), timeout=300)
     app.run()
     app.radio[0].set_value("MiniLM sentiment (text)")
     app.run()
