@@ -9,6 +9,9 @@ here (``from tests.app.conftest import ...``)."""
 from __future__ import annotations
 
 import base64
+import csv
+import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +20,22 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from tests.conftest import make_tiny_text, save_tiny_clip
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
+#: the pages after Setup
+PAGES = [
+    "pages/2_headmap.py",
+    "pages/3_importance.py",
+    "pages/4_representations.py",
+    "pages/5_masks.py",
+    "pages/6_hydra.py",
+]
 #: the tiny checkpoint's setup (``setup``): its OOD sets and sizes
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 60
+#: (n_search, n_report) of the text setup (``text_setup``) and the OpenCLIP one (``clip_setup``)
+TEXT_SIZES, CLIP_SIZES = (20, 30), (16, 16)
 
 
 def new_app(setup: SetupConfig | None = None, *, timeout: float = 180) -> AppTest:
@@ -80,6 +94,136 @@ def reference(checkpoint):
     loaded = load_model(checkpoint)
     benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
     return loaded, search_inputs(loaded.preprocess, benchmark)
+
+
+# --- a text model and an OpenCLIP model with files of one's own ---------------------------------
+
+TEXT_CLASSES = ("neg", "pos", "mixed")
+TEXT_WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "good",
+    "bad",
+    "film",
+    "a",
+    "very",
+    "is",
+]
+#: every sentence the files hold: each is made once, as a text is either ID or OOD, in one file
+MADE: set[str] = set()
+
+
+def sentences(seed: int, count: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """Short random sentences of the vocabulary's words (and ``extra`` words, [UNK] to it), none
+    made before."""
+    rng = random.Random(seed)
+    words = [*TEXT_WORDS[5:], *extra]
+    made = []
+    while len(made) < count:
+        text = " ".join(rng.choices(words, k=rng.randint(2, 10)))
+        if text not in MADE:
+            MADE.add(text)
+            made.append(text)
+    return made
+
+
+@pytest.fixture(scope="module")
+def text_files(tmp_path_factory) -> dict[str, str]:
+    """A tiny random BERT classifier saved as a Hugging Face folder, a labelled ID file (CSV) and
+    OOD files: near (JSONL), far (CSV) and search (CSV)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("text")
+    model = make_tiny_text("bert")
+    model.config.id2label = dict(enumerate(TEXT_CLASSES))
+    model.config.label2id = {c: i for i, c in enumerate(TEXT_CLASSES)}
+    model.save_pretrained(root / "model")
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(TEXT_WORDS)}).save_pretrained(
+        root / "model"
+    )
+    with open(root / "id.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        for i, text in enumerate(sentences(0, 60)):
+            writer.writerow([text, TEXT_CLASSES[i % 3]])
+    with open(root / "tweets.jsonl", "w") as f:
+        for text in sentences(1, 40, ("wow", "lol")):
+            f.write(json.dumps({"text": text}) + "\n")
+    for name, seed in (("recipes", 2), ("headlines", 3)):
+        with open(root / f"{name}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text"])
+            writer.writerows([t] for t in sentences(seed, 40, ("salt", "news")))
+    return {
+        "model": str(root / "model"),
+        "id": str(root / "id.csv"),
+        "near": str(root / "tweets.jsonl"),
+        "far": str(root / "recipes.csv"),
+        "search": str(root / "headlines.csv"),
+    }
+
+
+@pytest.fixture(scope="module")
+def text_setup(text_files) -> SetupConfig:
+    n_search, n_report = TEXT_SIZES
+    return SetupConfig(
+        model=text_files["model"],
+        id_source=text_files["id"],
+        ood_sources=(
+            f"near: {text_files['near']}",
+            f"far: {text_files['far']}",
+            f"search: {text_files['search']}",
+        ),
+        ood=(),
+        search_ood=(),
+        n_search=n_search,
+        n_report=n_report,
+        device="cpu",
+    )
+
+
+CLIP_CLASS_FOLDERS = ("sea-lion", "cat", "golden_retriever")
+
+
+@pytest.fixture(scope="module")
+def clip_files(tmp_path_factory) -> dict[str, str]:
+    """A tiny random OpenCLIP folder, an ID folder of three classes (24 images each, not square)
+    and flat OOD folders: near, far and search."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("clip_app")
+    save_tiny_clip(root / "model")
+    rng = np.random.default_rng(0)
+    counts = {f"pets/{name}": 24 for name in CLIP_CLASS_FOLDERS}
+    counts |= {"toys": 12, "noise": 12, "street": 12}
+    for folder, count in counts.items():
+        (root / folder).mkdir(parents=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / folder / f"{i}.png")
+    return {name: str(root / name) for name in ("model", "pets", "toys", "noise", "street")}
+
+
+@pytest.fixture(scope="module")
+def clip_setup(clip_files) -> SetupConfig:
+    n_search, n_report = CLIP_SIZES
+    return SetupConfig(
+        model=f"openclip:local-dir:{clip_files['model']}",
+        id_source=clip_files["pets"],
+        ood_sources=(
+            f"near: {clip_files['toys']}",
+            f"far: {clip_files['noise']}",
+            f"search: {clip_files['street']}",
+        ),
+        ood=(),
+        search_ood=(),
+        n_search=n_search,
+        n_report=n_report,
+        device="cpu",
+    )
 
 
 # --- reading and driving the pages ------------------------------------------------------------

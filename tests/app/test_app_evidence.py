@@ -19,7 +19,6 @@ from hydra_core.data.images import take
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import SetupConfig
 from hydra_ui.widgets import PICKED_HEAD
-from tests.app.test_app_text import files  # noqa: F401 (a fixture: a tiny BERT and text files)
 
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 30
@@ -125,16 +124,16 @@ def test_a_stability_file_joins_the_evidence(app, checkpoint, monkeypatch):
     np.testing.assert_allclose(shown["mean rank"], expected["mean_rank"])
 
 
-def test_evidence_on_a_text_model(files, make_app):  # noqa: F811
+def test_evidence_on_a_text_model(text_files, make_app):
     """The same section on a tiny BERT with files of one's own: the table equals the library's
     on the same sentences."""
     setup = SetupConfig(
-        model=files["model"],
-        id_source=files["id"],
+        model=text_files["model"],
+        id_source=text_files["id"],
         ood_sources=(
-            f"near: {files['near']}",
-            f"far: {files['far']}",
-            f"search: {files['search']}",
+            f"near: {text_files['near']}",
+            f"far: {text_files['far']}",
+            f"search: {text_files['search']}",
         ),
         ood=(),
         search_ood=(),

@@ -12,7 +12,6 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import greedy
-from hydra_core.analysis.greedy import single_head_importance
 from hydra_core.analysis.inputs import report_sample
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
@@ -20,7 +19,6 @@ from hydra_core.masks import MemberMask, masks_to_json
 from hydra_core.models.adapter import HeadLayout
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from hydra_ui.figures import rank_percentile
 from tests.app.conftest import (
     N_REPORT,
     N_SEARCH,
@@ -32,21 +30,6 @@ from tests.app.conftest import (
     new_app,
     open_page,
 )
-
-PAGES = [
-    "pages/2_headmap.py",
-    "pages/3_importance.py",
-    "pages/4_representations.py",
-    "pages/5_masks.py",
-    "pages/6_hydra.py",
-]
-
-
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_without_errors(app, page):
-    open_page(app, page)
-    assert not app.error, [e.value for e in app.error]
-    assert app.title[0].value
 
 
 def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
@@ -119,24 +102,6 @@ def test_a_stopped_search_can_be_resumed(app, monkeypatch):
     app.run()
     finish_job(app, "search")
     assert app.dataframe[0].value.loc[0, "heads removed"] == 7
-
-
-def test_importance_maps_match_hydra_core(app, reference):
-    open_page(app, "pages/3_importance.py")
-    button(app, "Compute importance maps").click()
-    app.run()
-    assert not app.exception and not app.error
-    panels = figures(app)[0]
-    assert [a.text for a in panels.layout.annotations] == ["Δaccuracy", "ΔAUROC", "Taylor"]
-    loaded, inputs = reference
-    single = single_head_importance(loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
-    np.testing.assert_allclose(
-        array(panels.data[0].z), rank_percentile(-single["delta_accuracy"].numpy())
-    )
-    np.testing.assert_allclose(
-        array(panels.data[1].z), rank_percentile(-single["delta_auroc"].numpy())
-    )
-    assert np.asarray(panels.data[0].customdata)[1, 3, 0] == "L1H3"
 
 
 def test_representations_distances_match_hydra_core(app, reference):
