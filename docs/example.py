@@ -1,5 +1,5 @@
 """The Python tour of docs/python.md (the README's example is a part of it), runnable as it
-stands: `python docs/example.py` (about a minute on 2 CPU cores; tests/test_docs.py runs it and
+stands: `python docs/example.py` (about a minute on 2 CPU cores; tests/docs/test_docs.py runs it and
 checks that every line of those two blocks is here). Sizes are small so that it is quick; the
 defaults are larger."""
 

@@ -345,3 +345,33 @@ def save_tiny_folder(folder, classes=("neg", "pos", "mixed")):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model, tokenizer
+
+
+# --- the families the contract suites run on (tests/families.py) --------------------------------
+
+#: open_clip tower configurations (make_tiny_clip keywords): layer scale, pooling, where ln_post
+#: is applied, the activation
+CLIP_VARIANTS = {
+    "plain": dict(),
+    "layer-scale": dict(layer_scale=True),
+    "avg-pool": dict(pool="avg"),
+    "ln-after-pool": dict(final_ln_after_pool=True),
+    "quick-gelu": dict(quick_gelu=True),
+    "avg-ln-after-pool-scaled": dict(pool="avg", final_ln_after_pool=True, layer_scale=True),
+}
+
+#: every tiny model a contract suite checks: each timm configuration, each text kind, each
+#: OpenCLIP tower configuration (``<family>-<configuration>``)
+FAMILY_IDS = (
+    *(f"vit-{c}" for c in sorted(TINY_CONFIGS)),
+    *(f"text-{k}" for k in TEXT_KINDS),
+    *(f"openclip-{v}" for v in CLIP_VARIANTS),
+)
+
+
+@pytest.fixture(params=FAMILY_IDS)
+def family(request):
+    """A :class:`tests.families.Family`: the contract suites' view of one tiny model."""
+    from tests.families import family_for
+
+    return family_for(request.param)

@@ -28,7 +28,7 @@ from hydra_core.ood_scores import (
     scores_table,
 )
 from hydra_core.zoo.registry import LoadedModel
-from tests.app.test_app_pages import app, setup  # noqa: F401  (the page test's fixtures)
+from tests.app.conftest import app, app_cache, make_app, setup  # noqa: F401  (the app fixtures)
 from tests.conftest import make_tiny_vit
 from tests.experiment.test_systems import image_set, preprocess
 
@@ -318,7 +318,7 @@ def test_hydra_writes_the_gains_under_every_score(checkpoint, private_cache, tmp
 
 def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noqa: F811
     from hydra_core.data.benchmark import default_benchmark
-    from tests.app.test_app_pages import (
+    from tests.app.conftest import (
         N_REPORT,
         N_SEARCH,
         OOD,

@@ -775,9 +775,9 @@ PAGES = [
 
 def test_every_page_takes_texts_longer_than_the_models_positions(tmp_path, monkeypatch):
     import pandas as pd
-    from streamlit.testing.v1 import AppTest
 
-    from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+    from hydra_ui.context import SetupConfig, disk_cache
+    from tests.app.conftest import new_app
     from tests.conftest import WORDS, save_tiny_folder
 
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
@@ -791,16 +791,17 @@ def test_every_page_takes_texts_longer_than_the_models_positions(tmp_path, monke
     for name, offset in (("far", 40), ("search", 70)):
         texts = [{"text": f"{t} {long}"} for t in first[offset : offset + 30]]
         pd.DataFrame(texts).to_csv(tmp_path / f"{name}.csv", index=False)
-    at = AppTest.from_file("../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SetupConfig(
-        model=str(tmp_path / "model"),
-        id_source=str(tmp_path / "id.csv"),
-        ood_sources=(f"far: {tmp_path / 'far.csv'}", f"search: {tmp_path / 'search.csv'}"),
-        ood=(),
-        search_ood=(),
-        n_search=16,
-        n_report=16,
-        device="cpu",
+    at = new_app(
+        SetupConfig(
+            model=str(tmp_path / "model"),
+            id_source=str(tmp_path / "id.csv"),
+            ood_sources=(f"far: {tmp_path / 'far.csv'}", f"search: {tmp_path / 'search.csv'}"),
+            ood=(),
+            search_ood=(),
+            n_search=16,
+            n_report=16,
+            device="cpu",
+        )
     )
     at.run()
     for page in PAGES:
@@ -814,9 +815,9 @@ def test_the_evidence_upload_refuses_another_models_file_of_the_same_shape(
     checkpoint, tmp_path, monkeypatch
 ):
     from streamlit.delta_generator import DeltaGenerator
-    from streamlit.testing.v1 import AppTest
 
-    from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+    from hydra_ui.context import SetupConfig, disk_cache
+    from tests.app.conftest import new_app
 
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
     disk_cache.clear()
@@ -830,9 +831,8 @@ def test_the_evidence_upload_refuses_another_models_file_of_the_same_shape(
             return path.read_bytes()
 
     monkeypatch.setattr(DeltaGenerator, "file_uploader", lambda *a, **k: Upload())
-    at = AppTest.from_file("../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SetupConfig(
-        model=checkpoint, ood=("noise",), n_search=16, n_report=16, device="cpu"
+    at = new_app(
+        SetupConfig(model=checkpoint, ood=("noise",), n_search=16, n_report=16, device="cpu")
     )
     at.run()
     at.switch_page("pages/2_headmap.py")

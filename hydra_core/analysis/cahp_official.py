@@ -2,8 +2,8 @@
 
 Each step names the function of theirs it follows and keeps its arithmetic (float32 where theirs
 is float32, their variance floor, their order of operations), so that on the same attention
-maps it keeps the same heads; ``tests/test_cahp_official.py`` checks that against a separate
-transcription of their code.
+maps it keeps the same heads; ``tests/analysis/test_cahp_official.py`` checks that against a
+separate transcription of their code.
 
 1. **Signatures** (``head_utils.collect_head_signatures``): each head's softmax attention map of
    a sample, over its real tokens (queries x keys; padding dropped), as the model's explicit

@@ -345,7 +345,7 @@ def two_level_interval(
     only estimated part; df = R - 1 where the repeats' spread dominates, towards the normal where
     the item noise does). The interval is mean +- t_{df, (1 + level) / 2} * se.
 
-    Simulated coverage (tests/test_bootstrap.py: repeats with a known mean, between-repeat
+    Simulated coverage (tests/metrics/test_bootstrap.py: repeats with a known mean, between-repeat
     variance and shared or independent item noise) is 0.94-0.96 at R = 3, 5 and 10, where the
     former percentile bootstrap over repeats covered 0.78 at R = 3 with shared items.
 

@@ -119,17 +119,6 @@ def data64(data):
     return data[0].double(), data[1], data[2].double()
 
 
-@pytest.mark.parametrize("config", sorted(TINY_CONFIGS))
-def test_fast_equals_plain_full_budget(config, data64):
-    model = make_tiny_vit(**TINY_CONFIGS[config]).double()
-    runs = [
-        greedy_circuit(model, *data64, objective="avg", budget=12, method=m, batch_size=64)
-        for m in ("fast", "plain")
-    ]
-    assert_same_search(*runs)
-    assert runs[0].complete and runs[0].keep_mask().sum() == 0  # every layer ends without heads
-
-
 @pytest.fixture
 def small_passes(monkeypatch):
     """Fast-path passes of 7 samples (7 x 17 token rows): ragged chunks, many passes."""
@@ -169,9 +158,10 @@ EXTRA_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("config", sorted(TINY_CONFIGS) + sorted(EXTRA_CONFIGS))
-def test_fast_candidate_logits_match_ablated_forward_in_float32(config, data):
-    model = make_tiny_vit(**(TINY_CONFIGS | EXTRA_CONFIGS)[config])
+@pytest.mark.parametrize("config", sorted(EXTRA_CONFIGS))
+def test_fast_candidate_logits_match_on_timm_configs_of_other_blocks(config, data):
+    """(TINY_CONFIGS, as every family's: test_search_contract.py.)"""
+    model = make_tiny_vit(**EXTRA_CONFIGS[config])
     inputs = torch.cat([data[0], data[2]])
     removed = [(0, 1), (1, 0), (1, 2), (2, 3), (2, 0), (2, 2)]  # layer 2 keeps one head
     with torch.inference_mode():

@@ -10,16 +10,24 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import importance
 from hydra_core.analysis.compare import spearman_matrix
 from hydra_core.analysis.greedy import GreedyResult
 from hydra_core.analysis.importance import greedy_importance, importance_maps
 from hydra_core.cli import main
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.context import SetupConfig, disk_cache
 from hydra_ui.figures import rank_percentile
-from tests.app.test_app_pages import N_REPORT, N_SEARCH, OOD, array, button, figures, open_page
+from tests.app.conftest import (
+    N_REPORT,
+    N_SEARCH,
+    OOD,
+    array,
+    button,
+    figures,
+    new_app,
+    open_page,
+)
 
 NAN = math.nan
 
@@ -166,9 +174,8 @@ def test_page_shows_the_maps_and_correlations_the_command_writes(checkpoint, tmp
         return shown[-1]
 
     monkeypatch.setattr(importance, "importance_maps", recorded)  # the page imports it each run
-    app = AppTest.from_file("../../app.py", default_timeout=180)
-    app.session_state[CONFIG_KEY] = SetupConfig(
-        model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
+    app = new_app(
+        SetupConfig(model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu")
     )
     open_page(app, "pages/3_importance.py")
     app.number_input[0].set_value(20)  # Taylor images, as --taylor-samples

@@ -10,18 +10,15 @@ from hydra_core.analysis.attribution import attribution_importance
 from hydra_core.analysis.greedy import greedy_circuit, single_head_importance
 from hydra_core.analysis.importance import importance_maps
 from hydra_core.analysis.taylor import taylor_scores
-from tests.app.test_app_pages import (  # noqa: F401  (fixtures)
-    app,
+from tests.app.conftest import (
     button,
     figures,
     finish_job,
     open_page,
-    reference,
-    setup,
 )
 
 
-def test_guided_search_runs_from_the_headmap_page(app, reference):  # noqa: F811
+def test_guided_search_runs_from_the_headmap_page(app, reference):
     open_page(app, "pages/2_headmap.py")
     app.number_input[0].set_value(2)  # budget
     app.number_input[1].set_value(2)  # candidates per step
@@ -44,7 +41,7 @@ def test_guided_search_runs_from_the_headmap_page(app, reference):  # noqa: F811
     assert any("No search saved yet" in i.value for i in app.info)
 
 
-def test_importance_page_shows_the_attribution_map_and_its_agreement(app, reference):  # noqa: F811
+def test_importance_page_shows_the_attribution_map_and_its_agreement(app, reference):
     open_page(app, "pages/3_importance.py")
     next(c for c in app.checkbox if c.label.startswith("Attribution estimate")).check()
     button(app, "Compute importance maps").click()

@@ -11,8 +11,8 @@ from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.zoo.default import VitConfig
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from tests.app.test_app_pages import N_REPORT, N_SEARCH, OOD, button, finish_job, open_page
+from hydra_ui.context import SetupConfig
+from tests.app.conftest import N_REPORT, N_SEARCH, OOD, button, finish_job
 from tests.conftest import write_tiny_checkpoint
 
 
@@ -23,14 +23,9 @@ def checkpoint18(tmp_path_factory) -> str:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "18heads.safetensors", config)
 
 
-def masks_page(model: str, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SetupConfig(
-        model=model, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
-    )
-    return open_page(at, "pages/5_masks.py")
+def masks_page(make_app, model: str) -> AppTest:
+    setup = SetupConfig(model=model, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu")
+    return make_app(setup, page="pages/5_masks.py")
 
 
 def reference_inputs(model: str):
@@ -39,8 +34,8 @@ def reference_inputs(model: str):
     return loaded.model, search_inputs(loaded.preprocess, benchmark)
 
 
-def test_official_cahp_is_the_default_and_names_its_variant(checkpoint18, tmp_path, monkeypatch):
-    app = masks_page(checkpoint18, tmp_path, monkeypatch)
+def test_official_cahp_is_the_default_and_names_its_variant(checkpoint18, make_app):
+    app = masks_page(make_app, checkpoint18)
     assert app.radio(key="cahp-variant").value == "official"
     assert app.number_input(key="cahp-deg-official").value == 6
     app.number_input(key="cahp-members").set_value(2)
@@ -60,8 +55,8 @@ def test_official_cahp_is_the_default_and_names_its_variant(checkpoint18, tmp_pa
     assert shown["source"].str.startswith("CAHP official").all()
 
 
-def test_accuracy_knee_cahp_with_the_most_important_heads(checkpoint, tmp_path, monkeypatch):
-    app = masks_page(checkpoint, tmp_path, monkeypatch)
+def test_accuracy_knee_cahp_with_the_most_important_heads(checkpoint, make_app):
+    app = masks_page(make_app, checkpoint)
     app.radio(key="cahp-variant").set_value("accuracy-knee")
     app.run()
     assert app.number_input(key="cahp-deg-accuracy-knee").value == 3
@@ -79,8 +74,8 @@ def test_accuracy_knee_cahp_with_the_most_important_heads(checkpoint, tmp_path, 
     )
 
 
-def test_official_cahp_on_a_model_too_small_says_why(checkpoint, tmp_path, monkeypatch):
-    app = masks_page(checkpoint, tmp_path, monkeypatch)  # 8 heads
+def test_official_cahp_on_a_model_too_small_says_why(checkpoint, make_app):
+    app = masks_page(make_app, checkpoint)  # 8 heads
     button(app, "Run CAHP").click()
     app.run()
     finish_job(app, "cahp")

@@ -8,72 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from hydra_core.analysis.greedy import single_head_importance
-from hydra_core.analysis.inputs import search_inputs
-from hydra_core.data.benchmark import folder_benchmark
-from hydra_core.models.zero_shot import folder_classes
-from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from hydra_ui.figures import rank_percentile
-from tests.app.test_app_pages import array, button, figures, finish_job, open_page
-from tests.conftest import save_tiny_clip
+from hydra_ui.context import CONFIG_KEY, SetupConfig
+from tests.app.conftest import CLIP_SIZES, array, button, figures, finish_job, open_page
 
-CLASS_FOLDERS = ("sea-lion", "cat", "golden_retriever")
-N_SEARCH, N_REPORT = 16, 16
-PAGES = [
-    "pages/2_headmap.py",
-    "pages/3_importance.py",
-    "pages/4_representations.py",
-    "pages/5_masks.py",
-    "pages/6_hydra.py",
-]
+N_SEARCH, N_REPORT = CLIP_SIZES
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, str]:
-    """A tiny random OpenCLIP folder, an ID folder of three classes (24 images each, not square)
-    and flat OOD folders: near, far and search."""
-    root = tmp_path_factory.mktemp("clip_app")
-    save_tiny_clip(root / "model")
-    rng = np.random.default_rng(0)
-    counts = {f"pets/{name}": 24 for name in CLASS_FOLDERS}
-    counts |= {"toys": 12, "noise": 12, "street": 12}
-    for folder, count in counts.items():
-        (root / folder).mkdir(parents=True)
-        for i in range(count):
-            pixels = rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / folder / f"{i}.png")
-    return {name: str(root / name) for name in ("model", "pets", "toys", "noise", "street")}
-
-
-@pytest.fixture(scope="module")
-def setup(files) -> SetupConfig:
-    return SetupConfig(
-        model=f"openclip:local-dir:{files['model']}",
-        id_source=files["pets"],
-        ood_sources=(
-            f"near: {files['toys']}",
-            f"far: {files['noise']}",
-            f"search: {files['street']}",
-        ),
-        ood=(),
-        search_ood=(),
-        n_search=N_SEARCH,
-        n_report=N_REPORT,
-        device="cpu",
-    )
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
+def setup(clip_setup) -> SetupConfig:
+    return clip_setup
 
 
 def errors(at: AppTest) -> list[str]:
@@ -145,36 +90,6 @@ def test_bad_names_are_one_error_line_and_not_applied(app, setup, monkeypatch, n
     shown = errors(app)
     assert len(shown) == 1 and message in shown[0] and "\n" not in shown[0], shown
     assert app.session_state[CONFIG_KEY] == setup
-
-
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_without_errors(app, page):
-    open_page(app, page)
-    assert not errors(app), errors(app)
-    assert app.title[0].value
-
-
-def test_importance_maps_match_hydra_core(app, setup):
-    open_page(app, "pages/3_importance.py")
-    button(app, "Compute importance maps").click()
-    app.run()
-    assert not app.exception and not errors(app), errors(app)
-    loaded = load_model(setup.model, classes=folder_classes(setup.id_source))
-    benchmark = folder_benchmark(
-        id_folder=setup.id_source,
-        ood_folders=setup.ood_sources,
-        search_ood=(),
-        size=32,
-        channels=3,
-        n_search=N_SEARCH,
-        n_report=N_REPORT,
-    )
-    inputs = search_inputs(loaded.preprocess, benchmark)
-    single = single_head_importance(loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
-    panels = figures(app)[0]
-    np.testing.assert_allclose(
-        array(panels.data[0].z), rank_percentile(-single["delta_accuracy"].numpy())
-    )
 
 
 def test_search_fills_the_heatmap_of_both_towers(app):

@@ -17,9 +17,8 @@ from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import default_benchmark, text_file_benchmark
 from hydra_core.data.images import take
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.context import SetupConfig
 from hydra_ui.widgets import PICKED_HEAD
-from tests.app.test_app_text import files  # noqa: F401 (a fixture: a tiny BERT and text files)
 
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 30
@@ -27,18 +26,11 @@ PAGE = "pages/2_headmap.py"
 
 
 @pytest.fixture
-def app(checkpoint, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SetupConfig(
+def app(checkpoint, make_app) -> AppTest:
+    setup = SetupConfig(
         model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
     )
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return make_app(setup, page=PAGE)
 
 
 def _compute(at: AppTest, n_boot: int = 50) -> None:
@@ -132,18 +124,16 @@ def test_a_stability_file_joins_the_evidence(app, checkpoint, monkeypatch):
     np.testing.assert_allclose(shown["mean rank"], expected["mean_rank"])
 
 
-def test_evidence_on_a_text_model(files, tmp_path, monkeypatch):  # noqa: F811
+def test_evidence_on_a_text_model(text_files, make_app):
     """The same section on a tiny BERT with files of one's own: the table equals the library's
     on the same sentences."""
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
     setup = SetupConfig(
-        model=files["model"],
-        id_source=files["id"],
+        model=text_files["model"],
+        id_source=text_files["id"],
         ood_sources=(
-            f"near: {files['near']}",
-            f"far: {files['far']}",
-            f"search: {files['search']}",
+            f"near: {text_files['near']}",
+            f"far: {text_files['far']}",
+            f"search: {text_files['search']}",
         ),
         ood=(),
         search_ood=(),
@@ -151,11 +141,7 @@ def test_evidence_on_a_text_model(files, tmp_path, monkeypatch):  # noqa: F811
         n_report=30,
         device="cpu",
     )
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
+    at = make_app(setup, page=PAGE)
     _compute(at)
     shown = _table(at)
     loaded = load_model(setup.model)

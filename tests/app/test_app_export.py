@@ -17,8 +17,8 @@ from streamlit.testing.v1 import AppTest
 from hydra_core.export.onnx import example_inputs, onnx_session, read_description, run_onnx
 from hydra_core.hydra.layers import ACTIVATIONS_INPLACE
 from hydra_core.masks import MemberMask
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from tests.app.test_app_pages import button, finish_job, open_page
+from hydra_ui.context import SetupConfig
+from tests.app.conftest import button, finish_job, open_page
 from tests.conftest import make_tiny_text, save_tiny_clip, write_tiny_checkpoint
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film", "a", "very", "is"]
@@ -110,13 +110,10 @@ def setup(family) -> SetupConfig:
 
 
 @pytest.fixture
-def app(family, tmp_path, monkeypatch) -> AppTest:
+def app(family, make_app) -> AppTest:
     """The app on the family's setup, with two members: "a" drops L0H0, "b" heads 2-3 of L1."""
     setup, heads = family
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
+    at = make_app(setup)
     every = torch.tensor([[h < n for h in range(max(heads))] for n in heads])  # (L, H_max)
     first, second = every.clone(), every.clone()
     first[0, 0], second[1, 2:] = False, False

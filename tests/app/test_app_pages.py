@@ -2,100 +2,34 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
 import numpy as np
-import plotly.io as pio
 import pytest
 import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from hydra_core.analysis import greedy
-from hydra_core.analysis.greedy import single_head_importance
-from hydra_core.analysis.inputs import report_sample, search_inputs
+from hydra_core.analysis.inputs import report_sample
 from hydra_core.analysis.representations import centroid_distances, head_cls_features
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask, masks_to_json
 from hydra_core.models.adapter import HeadLayout
 from hydra_core.zoo.registry import load_model
 from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from hydra_ui.figures import rank_percentile
-
-OOD = ("mnist", "noise")
-N_SEARCH, N_REPORT = 40, 60
-PAGES = [
-    "pages/2_headmap.py",
-    "pages/3_importance.py",
-    "pages/4_representations.py",
-    "pages/5_masks.py",
-    "pages/6_hydra.py",
-]
-
-
-@pytest.fixture
-def setup(checkpoint) -> SetupConfig:
-    return SetupConfig(
-        model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
-    )
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
-
-
-def open_page(at: AppTest, page: str) -> AppTest:
-    at.run()
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def button(at: AppTest, label: str):
-    return next(b for b in at.button if b.label == label)
-
-
-def figures(at: AppTest) -> list:
-    return [pio.from_json(chart.proto.spec) for chart in at.get("plotly_chart")]
-
-
-def array(value) -> np.ndarray:
-    """A Plotly JSON array: a list, or the typed-array dict Plotly 6 writes (dtype, bdata)."""
-    if isinstance(value, dict):
-        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        return data.reshape([int(n) for n in str(value.get("shape", len(data))).split(",")])
-    return np.asarray(value, dtype=float)
-
-
-def finish_job(at: AppTest, name: str, timeout: float = 180) -> None:
-    """Wait for a page's background job to end, then rerun the page as its timer would."""
-    job = at.session_state["results"]["jobs"][name]
-    assert job.wait(timeout), f"{name} still running after {timeout} s"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-
-
-@pytest.fixture(scope="module")
-def reference(checkpoint):
-    """The model and search tensors the pages use, built directly with hydra_core."""
-    loaded = load_model(checkpoint)
-    benchmark = default_benchmark(n_search=N_SEARCH, n_report=N_REPORT, ood=list(OOD))
-    return loaded, search_inputs(loaded.preprocess, benchmark)
-
-
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_without_errors(app, page):
-    open_page(app, page)
-    assert not app.error, [e.value for e in app.error]
-    assert app.title[0].value
+from tests.app.conftest import (
+    N_REPORT,
+    N_SEARCH,
+    OOD,
+    array,
+    button,
+    figures,
+    finish_job,
+    new_app,
+    open_page,
+)
 
 
 def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
@@ -113,8 +47,7 @@ def test_search_fills_the_heatmap_and_comes_back_from_the_cache(app, setup):
     search_caption = next(c.value for c in app.caption if c.value.startswith("Search data"))
     assert "(photos, faces)" in search_caption and "no reported number uses them" in search_caption
 
-    again = AppTest.from_file("../../app.py", default_timeout=180)  # a new visit, same disk cache
-    again.session_state[CONFIG_KEY] = setup
+    again = new_app(setup)  # a new visit, same disk cache
     open_page(again, "pages/2_headmap.py")
     assert again.dataframe[0].value.loc[0, "heads removed"] == 2
     same = next(f for f in figures(again) if f.data[0].type == "heatmap")
@@ -169,24 +102,6 @@ def test_a_stopped_search_can_be_resumed(app, monkeypatch):
     app.run()
     finish_job(app, "search")
     assert app.dataframe[0].value.loc[0, "heads removed"] == 7
-
-
-def test_importance_maps_match_hydra_core(app, reference):
-    open_page(app, "pages/3_importance.py")
-    button(app, "Compute importance maps").click()
-    app.run()
-    assert not app.exception and not app.error
-    panels = figures(app)[0]
-    assert [a.text for a in panels.layout.annotations] == ["Δaccuracy", "ΔAUROC", "Taylor"]
-    loaded, inputs = reference
-    single = single_head_importance(loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
-    np.testing.assert_allclose(
-        array(panels.data[0].z), rank_percentile(-single["delta_accuracy"].numpy())
-    )
-    np.testing.assert_allclose(
-        array(panels.data[1].z), rank_percentile(-single["delta_auroc"].numpy())
-    )
-    assert np.asarray(panels.data[0].customdata)[1, 3, 0] == "L1H3"
 
 
 def test_representations_distances_match_hydra_core(app, reference):
@@ -384,18 +299,15 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
     assert drawn[-1].data[0].error_y.arrayminus is not None  # AUROC with its interval
 
 
-def test_hydra_page_compares_baselines_on_the_default_model(tmp_path, monkeypatch):
+def test_hydra_page_compares_baselines_on_the_default_model(make_app):
     """On the shipped default ViT (trained without dropout): Hydra beside temperature scaling and
     the post-hoc MC Dropout, each with its paired difference to the single model."""
     from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
     if not DEFAULT_CHECKPOINT.is_file():
         pytest.skip("needs the shipped checkpoint")
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
     setup = SetupConfig(model="default", ood=OOD, n_search=N_SEARCH, n_report=N_REPORT)
-    app = AppTest.from_file("../../app.py", default_timeout=180)
-    app.session_state[CONFIG_KEY] = setup.replace(device="cpu")
+    app = make_app(setup.replace(device="cpu"))
     keep = torch.ones(6, 12, dtype=torch.bool)
     first, second = keep.clone(), keep.clone()
     first[0, :4], second[5, 4:8] = False, False

@@ -10,30 +10,22 @@ from hydra_core.analysis import greedy_circuit
 from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from tests.app.test_app_pages import button, finish_job, open_page
+from hydra_ui.context import SetupConfig
+from tests.app.conftest import button, finish_job, open_page
 
 OOD = ("mnist", "noise")
 N_SEARCH, N_REPORT = 40, 60
-
-
-def make_app(config: SetupConfig, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = config
-    return at
 
 
 def radio(at: AppTest, label: str):
     return next(r for r in at.radio if r.label == label)
 
 
-def test_headmap_min_aggregate_is_the_hydra_core_search(checkpoint, tmp_path, monkeypatch):
+def test_headmap_min_aggregate_is_the_hydra_core_search(checkpoint, make_app):
     config = SetupConfig(
         model=checkpoint, ood=OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
     )
-    app = make_app(config, tmp_path, monkeypatch)
+    app = make_app(config)
     open_page(app, "pages/2_headmap.py")
     radio(app, "OOD search sets combined as").set_value("min").run()
     radio(app, "Objective").set_value("ood").run()
@@ -64,9 +56,7 @@ def test_headmap_min_aggregate_is_the_hydra_core_search(checkpoint, tmp_path, mo
 @pytest.mark.parametrize(
     "protocol, searched", [("synthetic", "synthetic_pixel_permutation"), ("near-to-far", "mnist")]
 )
-def test_the_setup_protocol_reaches_the_headmap(
-    checkpoint, tmp_path, monkeypatch, protocol, searched
-):
+def test_the_setup_protocol_reaches_the_headmap(checkpoint, make_app, protocol, searched):
     config = SetupConfig(
         model=checkpoint,
         n_search=N_SEARCH,
@@ -74,16 +64,16 @@ def test_the_setup_protocol_reaches_the_headmap(
         device="cpu",
         protocol=protocol,
     )
-    app = make_app(config, tmp_path, monkeypatch)
+    app = make_app(config)
     open_page(app, "pages/2_headmap.py")
     assert not app.error, [e.value for e in app.error]
     caption = next(c.value for c in app.caption if c.value.startswith("Search data"))
     assert searched in caption and f"protocol {protocol}" in caption
 
 
-def test_the_setup_page_offers_every_protocol(checkpoint, tmp_path, monkeypatch):
+def test_the_setup_page_offers_every_protocol(checkpoint, make_app):
     config = SetupConfig(model=checkpoint, n_search=N_SEARCH, n_report=N_REPORT, device="cpu")
-    app = make_app(config, tmp_path, monkeypatch)
+    app = make_app(config)
     app.run()
     options = radio(app, "Protocol").options
     assert len(options) == 5 and any("synthetic" in o for o in options)

@@ -18,12 +18,8 @@ SMALL = SetupConfig(n_search=64, n_report=300)
 
 
 @pytest.fixture
-def app(tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SMALL
-    at.run()
-    return at
+def app(make_app) -> AppTest:
+    return make_app(SMALL).run()
 
 
 def apply(app: AppTest) -> list[str]:

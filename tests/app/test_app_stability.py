@@ -9,19 +9,16 @@ from hydra_core.analysis.greedy import greedy_circuit
 from hydra_core.analysis.holdout import held_out_curve, holdout_split
 from hydra_core.analysis.stability import greedy_stability
 from hydra_ui.stability import frequency_heatmap, held_out_figure, jaccard_figure, stable_table
-from tests.app.test_app_pages import (  # noqa: F401 - fixtures
-    app,
+from tests.app.conftest import (
     array,
     button,
     figures,
     finish_job,
     open_page,
-    reference,
-    setup,
 )
 
 
-def test_stability_view_runs_and_equals_the_library(app, reference):  # noqa: F811
+def test_stability_view_runs_and_equals_the_library(app, reference):
     open_page(app, "pages/2_headmap.py")
     app.number_input[0].set_value(3)  # the search's budget, which the view uses
     app.run()
@@ -138,7 +135,7 @@ def _run_stability(at, budget: int, resamples: int) -> None:
     finish_job(at, "stability")
 
 
-def test_masks_from_stable_heads_and_the_reach_warning(app):  # noqa: F811
+def test_masks_from_stable_heads_and_the_reach_warning(app):
     _run_stability(app, budget=2, resamples=3)
     run = app.session_state["results"]["jobs"]["stability"].result
     app.switch_page("pages/5_masks.py")
@@ -170,7 +167,7 @@ def test_masks_from_stable_heads_and_the_reach_warning(app):  # noqa: F811
     assert ranking_info["holdout"] == 0.25
 
 
-def test_evidence_takes_the_frequencies_of_the_stability_run(app):  # noqa: F811
+def test_evidence_takes_the_frequencies_of_the_stability_run(app):
     _run_stability(app, budget=2, resamples=2)
     run = app.session_state["results"]["jobs"]["stability"].result
     assert any("from the Stability run above (2 resamples" in c.value for c in app.caption)
@@ -193,7 +190,7 @@ def test_member_defaults_stay_within_the_search():
     assert member_defaults(18, 2, pooled=True) == (6, 12)
 
 
-def test_masks_page_opens_with_defaults_its_search_reaches(app, reference):  # noqa: F811
+def test_masks_page_opens_with_defaults_its_search_reaches(app, reference):
     from hydra_core.hydra.members import CIRCUIT_NAMES
     from hydra_ui.context import disk_cache
 

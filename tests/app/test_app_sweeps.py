@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 import hydra_ui.sweeps
 from hydra_core.cache import DiskCache
 from hydra_core.report.sweeps import SweepConfig, run_sweep
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+from hydra_ui.context import SetupConfig
 from tests.conftest import write_tiny_checkpoint
 
 
@@ -28,27 +28,18 @@ def sweeps(tmp_path_factory, checkpoint):
     return root
 
 
-def page(tmp_path, monkeypatch, model: str, sweeps_dir, name: str) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
+def page(make_app, monkeypatch, model: str, sweeps_dir, name: str) -> AppTest:
     monkeypatch.setattr(hydra_ui.sweeps, "SWEEPS_DIR", sweeps_dir)
-    disk_cache.clear()
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = SetupConfig(
-        model=model, ood=("noise",), n_search=16, n_report=24, device="cpu"
-    )
-    at.run()
-    at.switch_page(name)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    setup = SetupConfig(model=model, ood=("noise",), n_search=16, n_report=24, device="cpu")
+    return make_app(setup, page=name)
 
 
 def texts(at: AppTest, kind: str) -> str:
     return "\n".join(str(e.value) for e in at.get(kind))
 
 
-def test_masks_page_shows_the_committed_layers_sweep(tmp_path, monkeypatch, checkpoint, sweeps):
-    at = page(tmp_path, monkeypatch, checkpoint, sweeps, "pages/5_masks.py")
+def test_masks_page_shows_the_committed_layers_sweep(make_app, monkeypatch, checkpoint, sweeps):
+    at = page(make_app, monkeypatch, checkpoint, sweeps, "pages/5_masks.py")
     assert any("sweeps on the default image model" in e.proto.label for e in at.expander)
     assert len(at.get("image")) == 1
     shown = at.dataframe[0].value
@@ -57,14 +48,16 @@ def test_masks_page_shows_the_committed_layers_sweep(tmp_path, monkeypatch, chec
     assert "not on the loaded model" not in texts(at, "caption")
 
 
-def test_another_model_is_told_the_sweeps_are_the_default_models(tmp_path, monkeypatch, sweeps):
+def test_another_model_is_told_the_sweeps_are_the_default_models(
+    make_app, monkeypatch, sweeps, tmp_path
+):
     other = write_tiny_checkpoint(tmp_path / "other.safetensors", seed=4)
-    at = page(tmp_path, monkeypatch, other, sweeps, "pages/5_masks.py")
+    at = page(make_app, monkeypatch, other, sweeps, "pages/5_masks.py")
     assert "not on the loaded model (file:other.safetensors)" in texts(at, "caption")
 
 
-def test_hydra_page_says_how_to_make_a_missing_sweep(tmp_path, monkeypatch, checkpoint, sweeps):
-    at = page(tmp_path, monkeypatch, checkpoint, sweeps, "pages/6_hydra.py")
+def test_hydra_page_says_how_to_make_a_missing_sweep(make_app, monkeypatch, checkpoint, sweeps):
+    at = page(make_app, monkeypatch, checkpoint, sweeps, "pages/6_hydra.py")
     info = texts(at, "info")
     for kind in ("members", "corruption"):
         assert f"sweep --kind {kind} --task image --out docs/report/sweeps/{kind}" in info

@@ -3,19 +3,12 @@ random BERT saved as a Hugging Face folder, with ID and OOD texts in CSV and JSO
 
 from __future__ import annotations
 
-import csv
-import json
-import random
 import re
 
 import numpy as np
 import pytest
 import torch
-import transformers
-from streamlit.testing.v1 import AppTest
 
-from hydra_core.analysis.greedy import single_head_importance
-from hydra_core.analysis.inputs import search_inputs
 from hydra_core.data.benchmark import default_text_benchmark, text_file_benchmark
 from hydra_core.data.ood import REPORT_OOD, SEARCH_OOD
 from hydra_core.data.text import TEXT_REPORT_OOD, TEXT_SEARCH_OOD
@@ -23,93 +16,32 @@ from hydra_core.errors import InputError
 from hydra_core.masks import MemberMask
 from hydra_core.metrics.diversity import mutual_information
 from hydra_core.zoo.registry import load_model
-from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
-from hydra_ui.figures import rank_percentile
+from hydra_ui.context import CONFIG_KEY, SetupConfig
 from hydra_ui.projections import hover_text
 from hydra_ui.texts import markdown_literal, report_sample_texts
-from tests.app.test_app_pages import array, button, figures, finish_job, open_page
-from tests.conftest import make_tiny_text, missing_data
+from tests.app.conftest import (
+    TEXT_CLASSES,
+    TEXT_SIZES,
+    array,
+    button,
+    figures,
+    finish_job,
+    open_page,
+)
+from tests.conftest import missing_data
 
-CLASSES = ("neg", "pos", "mixed")
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film", "a", "very", "is"]
-N_SEARCH, N_REPORT = 20, 30
-PAGES = [
-    "pages/2_headmap.py",
-    "pages/3_importance.py",
-    "pages/4_representations.py",
-    "pages/5_masks.py",
-    "pages/6_hydra.py",
-]
-
-
-#: every sentence the files hold: each is made once, as a text is either ID or OOD, in one file
-MADE: set[str] = set()
-
-
-def sentences(seed: int, count: int, extra: tuple[str, ...] = ()) -> list[str]:
-    """Short random sentences of the vocabulary's words (and ``extra`` words, [UNK] to it), none
-    made before."""
-    rng = random.Random(seed)
-    words = [*WORDS[5:], *extra]
-    made = []
-    while len(made) < count:
-        text = " ".join(rng.choices(words, k=rng.randint(2, 10)))
-        if text not in MADE:
-            MADE.add(text)
-            made.append(text)
-    return made
+CLASSES = TEXT_CLASSES
+N_SEARCH, N_REPORT = TEXT_SIZES
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, str]:
-    """A tiny random BERT classifier saved as a Hugging Face folder, a labelled ID file (CSV) and
-    OOD files: near (JSONL), far (CSV) and search (CSV)."""
-    root = tmp_path_factory.mktemp("text")
-    model = make_tiny_text("bert")
-    model.config.id2label = dict(enumerate(CLASSES))
-    model.config.label2id = {c: i for i, c in enumerate(CLASSES)}
-    model.save_pretrained(root / "model")
-    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(
-        root / "model"
-    )
-    with open(root / "id.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["text", "label"])
-        for i, text in enumerate(sentences(0, 60)):
-            writer.writerow([text, CLASSES[i % 3]])
-    with open(root / "tweets.jsonl", "w") as f:
-        for text in sentences(1, 40, ("wow", "lol")):
-            f.write(json.dumps({"text": text}) + "\n")
-    for name, seed in (("recipes", 2), ("headlines", 3)):
-        with open(root / f"{name}.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["text"])
-            writer.writerows([t] for t in sentences(seed, 40, ("salt", "news")))
-    return {
-        "model": str(root / "model"),
-        "id": str(root / "id.csv"),
-        "near": str(root / "tweets.jsonl"),
-        "far": str(root / "recipes.csv"),
-        "search": str(root / "headlines.csv"),
-    }
+def files(text_files) -> dict[str, str]:
+    return text_files
 
 
 @pytest.fixture(scope="module")
-def setup(files) -> SetupConfig:
-    return SetupConfig(
-        model=files["model"],
-        id_source=files["id"],
-        ood_sources=(
-            f"near: {files['near']}",
-            f"far: {files['far']}",
-            f"search: {files['search']}",
-        ),
-        ood=(),
-        search_ood=(),
-        n_search=N_SEARCH,
-        n_report=N_REPORT,
-        device="cpu",
-    )
+def setup(text_setup) -> SetupConfig:
+    return text_setup
 
 
 @pytest.fixture(scope="module")
@@ -125,15 +57,6 @@ def reference(setup):
         classes=loaded.classes,
     )
     return loaded, benchmark
-
-
-@pytest.fixture
-def app(setup, tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()  # the next DiskCache() reads the variable: every test starts empty
-    at = AppTest.from_file("../../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
-    return at
 
 
 def test_setup_shows_the_text_model_and_its_files(app):
@@ -248,14 +171,6 @@ def test_each_modality_keeps_its_own_data_choices(app, setup, files):
     assert app.session_state[CONFIG_KEY] == setup.replace(model=files["model"])
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_without_errors(app, page):
-    open_page(app, page)
-    assert not app.error, [e.value for e in app.error]
-    shown = " ".join(c.value for c in app.caption) + " ".join(n.label for n in app.number_input)
-    assert " images" not in shown  # a text model's pages speak of sentences
-
-
 def test_search_fills_the_heatmap(app):
     open_page(app, "pages/2_headmap.py")
     app.number_input[0].set_value(2)  # budget
@@ -268,23 +183,6 @@ def test_search_fills_the_heatmap(app):
     assert app.dataframe[0].value.loc[0, "heads removed"] == 2
     caption = next(c.value for c in app.caption if c.value.startswith("Search data"))
     assert f"{N_SEARCH} ID + " in caption and "OOD search sentences (headlines)" in caption
-
-
-def test_importance_maps_match_hydra_core(app, reference):
-    open_page(app, "pages/3_importance.py")
-    button(app, "Compute importance maps").click()
-    app.run()
-    assert not app.exception and not app.error, [e.value for e in app.error]
-    loaded, benchmark = reference
-    inputs = search_inputs(loaded.preprocess, benchmark)
-    single = single_head_importance(loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x)
-    panels = figures(app)[0]
-    np.testing.assert_allclose(
-        array(panels.data[0].z), rank_percentile(-single["delta_accuracy"].numpy())
-    )
-    np.testing.assert_allclose(
-        array(panels.data[1].z), rank_percentile(-single["delta_auroc"].numpy())
-    )
 
 
 def test_representations_show_each_sentence_on_hover(app, reference):
@@ -377,7 +275,7 @@ def test_markdown_literal_and_hover_text_show_texts_as_they_are():
     assert hover_text("a <b> & c") == "a &lt;b&gt; &amp; c"
 
 
-def test_minilm_with_the_default_text_sets(tmp_path, monkeypatch):
+def test_minilm_with_the_default_text_sets(make_app):
     """The offline text default, chosen on Setup the way a user chooses it (real wheel files)."""
     try:
         load_model("minilm-sentiment")
@@ -385,10 +283,7 @@ def test_minilm_with_the_default_text_sets(tmp_path, monkeypatch):
     except InputError as exc:
         missing_data(str(exc))
     assert [s.name for s in report_sets.ood_report] == list(TEXT_REPORT_OOD)
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
-    disk_cache.clear()
-    app = AppTest.from_file("../../app.py", default_timeout=300)
-    app.session_state[CONFIG_KEY] = SetupConfig(n_search=32, n_report=48, device="cpu")
+    app = make_app(SetupConfig(n_search=32, n_report=48, device="cpu"), timeout=300)
     app.run()
     app.radio[0].set_value("MiniLM sentiment (text)")
     app.run()

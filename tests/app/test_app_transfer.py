@@ -8,22 +8,19 @@ import numpy as np
 from hydra_core.analysis.shortcut import benchmark_shortcuts
 from hydra_core.analysis.transfer import every_set_options, transfer_matrix
 from hydra_core.data.benchmark import default_benchmark
-from tests.app.test_app_pages import (  # noqa: F401 - fixtures
+from tests.app.conftest import (
     N_REPORT,
     N_SEARCH,
     OOD,
-    app,
     array,
     button,
     figures,
     finish_job,
     open_page,
-    reference,
-    setup,
 )
 
 
-def test_the_matrix_is_computed_in_a_job_and_equals_the_library(app, reference):  # noqa: F811
+def test_the_matrix_is_computed_in_a_job_and_equals_the_library(app, reference):
     loaded, _ = reference
     open_page(app, "pages/2_headmap.py")
     # the shortcut check warns where the library says so (the tiny model barely separates)

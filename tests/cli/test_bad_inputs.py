@@ -368,9 +368,8 @@ def test_cache_dir_is_where_results_go(tmp_path, checkpoint, capsys, monkeypatch
 
 
 def test_setup_refuses_a_model_that_cannot_be_fused(tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
     from hydra_ui.context import CONFIG_KEY, SetupConfig
+    from tests.app.conftest import new_app
 
     arch = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=24, depth=2,
                 num_heads=4, dynamic_img_size=True)  # fmt: skip
@@ -378,8 +377,7 @@ def test_setup_refuses_a_model_that_cannot_be_fused(tmp_path, monkeypatch):
     path = tmp_path / "dynamic.safetensors"
     save_checkpoint(timm.models.vision_transformer.VisionTransformer(**arch), path, arch)
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    app = AppTest.from_file("../../app.py", default_timeout=180)
-    app.session_state[CONFIG_KEY] = SetupConfig(n_search=32, n_report=64)
+    app = new_app(SetupConfig(n_search=32, n_report=64))
     app.run()
     app.radio[0].set_value("Checkpoint file")
     app.run()  # the source's own fields appear

@@ -9,9 +9,8 @@ import re
 
 import pytest
 import torch
-from safetensors import safe_open
 
-from hydra_core.hydra import HydraText, ensemble_probs, fuse_members, load_hydra, save_hydra
+from hydra_core.hydra import fuse_members, load_hydra
 from hydra_core.hydra.fused import check_fusable
 from hydra_core.models.adapter import (
     UnsupportedModelError,
@@ -22,13 +21,12 @@ from hydra_core.models.adapter import (
 )
 from hydra_core.models.parts import ACTIVATIONS, FusionParts, relative_position_buckets
 from hydra_core.models.text import TextClassifier, pack
-from tests.conftest import TEXT_KINDS, make_tiny_text, make_tiny_vit, random_mask, text_batch
+from tests.conftest import TEXT_KINDS, make_tiny_text, random_mask, text_batch
+from tests.families import tiny_bert
 from tests.hydra.test_fused import attention_heads, layer_norm, linear
 
 ATOL = 1e-5
 DEPTH = 3
-#: a block's MLP parameters, by their Hugging Face names (the plain reference below edits them)
-MLP = re.compile(r"layer\.(\d+)\.(intermediate\.dense|output\.dense|ffn\.lin1|ffn\.lin2)\.")
 
 
 @pytest.fixture(params=TEXT_KINDS)
@@ -77,37 +75,6 @@ def perturbed_copy(model, seed: int, scale: float = 0.05, only: str = ""):
     return member
 
 
-def with_merged_mlps(members: list) -> list:
-    """Each member with every block's MLP replaced by the members' mean: what fusion computes."""
-    out = [copy.deepcopy(m) for m in members]
-    params = [dict(m.named_parameters()) for m in members]
-    with torch.no_grad():
-        for name in params[0]:
-            if MLP.search(name):
-                mean = torch.stack([p[name] for p in params]).mean(0)
-                for m in out:
-                    m.get_parameter(name).copy_(mean)
-    return out
-
-
-@torch.no_grad()
-def test_zero_shot_members_equal_ablated_and_pruned_members(kind):
-    model = make_model(kind)
-    ids, mask = text_batch(seed=1)
-    masks = member_masks()
-    hydra = fuse_members([(model, k) for k in masks])
-    assert isinstance(hydra, HydraText)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    assert logits.shape == (6, 3, 3)
-    for m, keep in enumerate(masks):
-        assert_close(logits[:, m], member_logits(model, keep, ids, mask))
-        pruned = prune_heads(model, keep)
-        assert_close(logits[:, m], pruned(input_ids=ids, attention_mask=mask).logits)
-    assert not torch.allclose(logits[:, 0], logits[:, 1], atol=1e-3), "members should differ"
-    assert hydra.member_head_counts() == [k.sum(1).tolist() for k in masks]
-    assert ensemble_probs(logits).shape == (6, 3)
-
-
 @torch.no_grad()
 def test_packed_inputs_and_wrapped_members_give_the_same_logits(kind):
     model = make_model(kind)
@@ -140,91 +107,6 @@ def test_padding_never_changes_a_result(kind):
         assert_close(alone, expected[i : i + 1])
 
 
-@pytest.mark.parametrize("shared", [0, 1, 2, 3])
-@pytest.mark.parametrize("source", ["bert", "mpnet"])
-@torch.no_grad()
-def test_leading_layers_shared_by_all_members_run_once(source, shared):
-    model = make_model(source)
-    masks = member_masks(seed=3)
-    for keep in masks[1:]:
-        keep[:shared] = masks[0][:shared]
-    if shared < DEPTH:
-        masks[1][shared] = ~masks[0][shared]  # the members part ways at layer `shared`
-    hydra = fuse_members([(model, k) for k in masks])
-    assert hydra.num_shared_layers == shared
-    streams = []  # the member axis S of each block's output: 1 while computed once
-    handles = [
-        b.register_forward_hook(lambda mod, args, out: streams.append(out.shape[0]))
-        for b in hydra.blocks
-    ]
-    ids, mask = text_batch(seed=5)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    for handle in handles:
-        handle.remove()
-    assert streams == [1] * shared + [3] * (DEPTH - shared)
-    for m, keep in enumerate(masks):
-        assert_close(logits[:, m], member_logits(model, keep, ids, mask))
-
-
-@torch.no_grad()
-def test_one_member_with_all_heads_is_the_source_model(kind):
-    model = make_model(kind)
-    hydra = fuse_members([(model, head_layout(model).all_kept())])
-    assert hydra.num_shared_layers == DEPTH
-    ids, mask = text_batch(seed=6)
-    expected = model(input_ids=ids, attention_mask=mask).logits
-    assert_close(hydra(input_ids=ids, attention_mask=mask)[:, 0], expected)
-
-
-@torch.no_grad()
-def test_layer_where_no_member_keeps_a_head(kind):
-    model = make_model(kind)
-    masks = member_masks(seed=2)
-    for keep in masks:
-        keep[1] = False
-    hydra = fuse_members([(model, k) for k in masks])
-    assert hydra.blocks[1].max_heads == 0
-    ids, mask = text_batch(seed=7)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    for m, keep in enumerate(masks):
-        assert_close(logits[:, m], member_logits(model, keep, ids, mask))
-
-
-@torch.no_grad()
-def test_fine_tuned_members_use_the_averaged_mlp(kind):
-    model = make_model(kind)
-    members = [
-        model,
-        perturbed_copy(model, 1, only=r"layer\.|LayerNorm|layer_norm"),  # MLPs and norms
-        perturbed_copy(model, 2),  # everything: embeddings, position bias, classifier too
-    ]
-    masks = member_masks(seed=5)
-    hydra = fuse_members(list(zip(members, masks, strict=True)))
-    assert hydra.num_shared_layers == 0
-    assert hydra.embeddings.groups == 3 and hydra.classifier.groups == 3
-    assert hydra.blocks[0].norm1.groups == 3
-    ids, mask = text_batch(seed=8)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    for m, (ref, keep) in enumerate(zip(with_merged_mlps(members), masks, strict=True)):
-        assert_close(logits[:, m], member_logits(ref, keep, ids, mask))
-    alone = member_logits(members[1], masks[1], ids, mask)
-    assert not torch.allclose(logits[:, 1], alone, atol=1e-3), "the merged MLP should matter"
-
-
-@torch.no_grad()
-def test_members_that_differ_only_in_their_mlps_are_one_stream_after_merging(kind):
-    model = make_model(kind)
-    members = [perturbed_copy(model, seed, only=MLP.pattern) for seed in range(3)]
-    keep = member_masks()[0]
-    hydra = fuse_members([(m, keep) for m in members])
-    assert hydra.num_shared_layers == DEPTH
-    ids, mask = text_batch(seed=9)
-    expected = member_logits(with_merged_mlps(members)[0], keep, ids, mask)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    for m in range(3):
-        assert_close(logits[:, m], expected)
-
-
 @torch.no_grad()
 def test_members_differing_only_in_mpnets_position_bias():
     model = make_model("mpnet")
@@ -242,58 +124,6 @@ def test_members_differing_only_in_mpnets_position_bias():
     assert not torch.allclose(logits[:, 0], logits[:, 1], atol=1e-4)
 
 
-@torch.no_grad()
-def test_already_pruned_fine_tuned_members(kind):
-    model = make_model(kind)
-    first = member_masks(seed=7)
-    members = [perturbed_copy(prune_heads(model, k), seed) for seed, k in enumerate(first)]
-    keeps = [head_layout(m).all_kept() for m in members]
-    keeps[2][0, 0] = False  # and drop one more head of the pruned member 2
-    keeps[0][2, 1] = False  # MPNet: its pruned heads map back to their position-bias columns
-    hydra = fuse_members(list(zip(members, keeps, strict=True)))
-    ids, mask = text_batch(seed=10)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    for m, (ref, keep) in enumerate(zip(with_merged_mlps(members), keeps, strict=True)):
-        assert_close(logits[:, m], member_logits(ref, keep, ids, mask))
-
-
-def test_gradients_flow_and_match_inference_mode():
-    model = make_model("mpnet")
-    hydra = fuse_members([(model, k) for k in member_masks()])
-    ids, mask = text_batch(seed=11)
-    with torch.inference_mode():
-        expected = hydra(input_ids=ids, attention_mask=mask)
-    logits = hydra(input_ids=ids, attention_mask=mask)
-    logits.square().mean().backward()
-    assert_close(logits.detach(), expected)
-    assert all(p.grad is not None for p in hydra.blocks[0].parameters())
-
-
-@torch.no_grad()
-def test_cpu_bfloat16_autocast_runs_and_is_close():
-    model = make_model("mpnet", scale=1.0)
-    hydra = fuse_members([(model, k) for k in member_masks()])
-    ids, mask = text_batch(seed=12)
-    expected = hydra(input_ids=ids, attention_mask=mask)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = hydra(input_ids=ids, attention_mask=mask)
-    assert torch.isfinite(got).all()
-    torch.testing.assert_close(
-        got.float(), expected, rtol=0, atol=0.05 * expected.abs().max().item()
-    )
-
-
-@torch.no_grad()
-def test_source_model_is_not_aliased():
-    model = make_model("bert")
-    hydra = fuse_members([(model, k) for k in member_masks()])
-    ids, mask = text_batch()
-    before = hydra(input_ids=ids, attention_mask=mask)
-    for p in model.parameters():
-        p.mul_(2)
-    assert torch.equal(hydra(input_ids=ids, attention_mask=mask), before)
-
-
 def test_relative_position_buckets_are_mpnets():
     from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
@@ -302,29 +132,6 @@ def test_relative_position_buckets_are_mpnets():
     relative = position[None, :] - position[:, None]  # key - query, as MPNet computes it
     expected = MPNetEncoder.relative_position_bucket(relative, num_buckets=32)
     assert torch.equal(relative_position_buckets(n), expected)
-
-
-@pytest.mark.parametrize("fine_tuned", [False, True])
-@torch.no_grad()
-def test_save_and_load_round_trip(tmp_path, kind, fine_tuned):
-    model = make_model(kind)
-    masks = member_masks()
-    members = [perturbed_copy(model, s) if fine_tuned else model for s in range(3)]
-    hydra = fuse_members(list(zip(members, masks, strict=True)))
-    path = tmp_path / "hydra.safetensors"
-    save_hydra(hydra, path, source="tiny", classes=["a", "b", "c"])
-    loaded = load_hydra(path)
-    assert isinstance(loaded, HydraText)
-    assert loaded.config == hydra.config
-    assert loaded.num_shared_layers == hydra.num_shared_layers
-    ids, mask = text_batch(seed=13)
-    assert torch.equal(
-        loaded(input_ids=ids, attention_mask=mask), hydra(input_ids=ids, attention_mask=mask)
-    )
-    with safe_open(str(path), framework="pt") as f:
-        header = json.loads(f.metadata()["hydra"])
-    assert (header["format"], header["version"], header["kind"]) == ("hydra-fused-text", 1, kind)
-    assert header["kept_heads"] == [[row.nonzero().flatten().tolist() for row in k] for k in masks]
 
 
 def test_load_refuses_inconsistent_text_files(tmp_path):
@@ -352,45 +159,6 @@ def test_load_refuses_inconsistent_text_files(tmp_path):
         load_hydra(path)
 
 
-def tiny_bert(**overrides):
-    import transformers
-
-    torch.manual_seed(0)
-    config = dict(
-        vocab_size=60,
-        max_position_embeddings=40,
-        num_labels=3,
-        pad_token_id=1,
-        hidden_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-    )
-    config.update(overrides)
-    model = transformers.BertForSequenceClassification(transformers.BertConfig(**config))
-    return model.eval()
-
-
-@pytest.mark.parametrize(
-    "other, match",
-    [
-        (lambda: make_tiny_text("mpnet"), "kind: member 0 has 'bert', member 1 has 'mpnet'"),
-        (lambda: tiny_bert(hidden_size=32), "embed_dim: member 0 has 24, member 1 has 32"),
-        (lambda: tiny_bert(num_hidden_layers=3), "depth"),
-        (lambda: tiny_bert(num_attention_heads=2), "head_dim"),
-        (lambda: tiny_bert(num_labels=2), "num_classes"),
-        (lambda: tiny_bert(vocab_size=70), "vocab_size"),
-        (lambda: tiny_bert(intermediate_size=40), "mlp_hidden"),
-        (lambda: tiny_bert(hidden_act="relu"), "mlp_act: member 0 has 'gelu', member 1 has 'relu'"),
-        (lambda: make_tiny_vit(), "the model family: member 0 is a text model, member 1 is a vit"),
-    ],
-)
-def test_members_must_share_the_architecture(other, match):
-    a, b = tiny_bert(), other()
-    with pytest.raises(ValueError, match=f"members disagree on {match}"):
-        fuse_members([(a, head_layout(a).all_kept()), (b, head_layout(b).all_kept())])
-
-
 def test_check_fusable_accepts_text_models(kind):
     model = make_tiny_text(kind)
     check_fusable(model)
@@ -400,13 +168,10 @@ def test_check_fusable_accepts_text_models(kind):
         check_fusable(tiny_bert(hidden_act="mish"))
 
 
-def test_bad_member_lists_are_refused():
+def test_a_text_hydra_without_inputs_is_refused():
+    """(The member-list errors every family shares: test_fused_contract.py.)"""
     model = make_tiny_text("bert")
     keep = random_mask((2, 4), 0)
-    with pytest.raises(ValueError, match=r"member 1: .*expected shape \(2, 4\)"):
-        fuse_members([(model, keep), (model, torch.ones(4, 2, dtype=torch.bool))])
-    with pytest.raises(TypeError, match="member 0: .*dtype bool"):
-        fuse_members([(model, keep.float())])
     hydra = fuse_members([(model, keep)])
     with pytest.raises(ValueError, match="pass packed inputs"):
         hydra()

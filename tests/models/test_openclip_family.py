@@ -1,7 +1,9 @@
 """The OpenCLIP image-tower family on tiny random open_clip models, bare and as zero-shot
 classifiers: ablation against a copy with W_O's columns zeroed (nn.MultiheadAttention never calls
 its ``out_proj``), structural pruning against ablation, the piece-by-piece forward against the
-model's own, the fast greedy search against the plain one, the analyses, and the refusals."""
+model's own, the fast greedy search against the plain one, the analyses, and the refusals. Bare
+towers run these checks as every family does, in test_family_contract.py; here the zero-shot
+classifiers."""
 
 from __future__ import annotations
 
@@ -94,15 +96,15 @@ def assert_untouched(model: nn.Module, state: dict, x: torch.Tensor, out: torch.
 
 
 CASES = [(v, w) for v in VARIANTS for w in (False, True)]
-IDS = [f"{v}-{'zeroshot' if w else 'bare'}" for v, w in CASES]
 
 
-@pytest.fixture(params=CASES, ids=IDS)
+@pytest.fixture(params=sorted(VARIANTS))
 def model(request) -> nn.Module:
-    return tiny(*request.param)
+    """A zero-shot classifier (bare towers: every family's checks in test_family_contract.py)."""
+    return tiny(request.param, wrapped=True)
 
 
-def test_layout_and_family():
+def test_layout_pooling_and_outputs_of_towers_and_classifiers():
     for variant, wrapped in CASES:
         model = tiny(variant, wrapped)
         assert family_of(model) is OPENCLIP
@@ -114,7 +116,7 @@ def test_layout_and_family():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_ablate_equals_zeroing_wo_columns_and_restores_the_model(model, seed):
+def test_zero_shot_ablate_equals_zeroing_wo_columns_and_restores_the_model(model, seed):
     x = clip_images(5, seed=seed)
     keep = random_mask((LAYERS, HEADS), seed)
     keep[seed] = False  # a layer that keeps no head
@@ -158,7 +160,7 @@ def test_ablate_through_gradients_equals_zeroed_copy():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_prune_heads_equals_ablation(model, seed):
+def test_zero_shot_prune_heads_equals_ablation(model, seed):
     x = clip_images(5, seed=seed)
     keep = random_mask((LAYERS, HEADS), seed + 10)
     keep[2 - seed] = False
@@ -206,7 +208,7 @@ def explicit_heads(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return (weights @ v).transpose(1, 2)  # (B, N, H, d_k)
 
 
-def test_recorded_head_outputs_and_pieces_rebuild_the_forward(model):
+def test_zero_shot_recorded_head_outputs_and_pieces_rebuild_the_forward(model):
     x = clip_images(4, seed=3)
     family = family_of(model)
     blocks = family.blocks(model)
@@ -329,9 +331,10 @@ def test_fast_greedy_equals_plain(objective, variant, small_passes):
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize(("variant", "wrapped"), CASES, ids=IDS)
-def test_fast_candidate_logits_match_ablated_forward_in_float32(variant, wrapped):
-    model = tiny(variant, wrapped)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_zero_shot_fast_candidate_logits_match_ablated_forward_in_float32(variant):
+    """(Bare towers, as every family: test_search_contract.py.)"""
+    model = tiny(variant, wrapped=True)
     inputs = clip_images(10, seed=12)
     removed = [(0, 1), (1, 0), (1, 2), (2, 3), (2, 0), (2, 2)]  # layer 2 keeps one head
     keep = torch.ones(LAYERS, HEADS, dtype=torch.bool)

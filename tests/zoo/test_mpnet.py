@@ -293,15 +293,13 @@ def test_train_text_refuses_trained_layers_for_mpnet(capsys):
 
 
 def test_setup_page_offers_mpnet_sentiment(tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
     from hydra_ui.context import CONFIG_KEY, SetupConfig, disk_cache
+    from tests.app.conftest import new_app
 
     (tmp_path / "mpnet").symlink_to(mpnet.assembled_zip().parent)  # a cold cache but this zip
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
     disk_cache.clear()
-    app = AppTest.from_file("../../app.py", default_timeout=300)
-    app.session_state[CONFIG_KEY] = SetupConfig(n_search=16, n_report=16, device="cpu")
+    app = new_app(SetupConfig(n_search=16, n_report=16, device="cpu"), timeout=300)
     app.run()
     app.radio[0].set_value("MPNet sentiment (text, bert-base size)")
     app.run()

@@ -12,19 +12,10 @@ from hydra_core.baselines.deep_ensembles import recipe_of
 from hydra_core.data.benchmark import default_benchmark
 from hydra_core.masks import MemberMask
 from hydra_core.zoo.registry import load_model
-from tests.test_app_pages import (  # noqa: F401 - fixtures
-    N_REPORT,
-    N_SEARCH,
-    OOD,
-    app,
-    button,
-    finish_job,
-    open_page,
-    setup,
-)
+from tests.app.conftest import N_REPORT, N_SEARCH, OOD, button, finish_job, open_page
 
 
-def test_efficient_block_gives_commands_and_evaluates_a_stored_copy(app, setup, checkpoint):  # noqa: F811
+def test_efficient_block_gives_commands_and_evaluates_a_stored_copy(app, setup, checkpoint):
     # a stored MIMO copy of the checkpoint's recipe (random weights stand in for the training)
     train_config, arch = recipe_of(checkpoint)
     settings = efficient.EfficientSettings()

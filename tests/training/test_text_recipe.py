@@ -32,9 +32,9 @@ from hydra_core.training.top import (
 from hydra_core.training.trainer import TrainerConfig, train
 from hydra_core.zoo import minilm
 from hydra_core.zoo.minilm import TEXT_RECIPES, TextTrainConfig, train_command
+from tests.cli.test_bad_inputs import one_error_line, run
 from tests.conftest import make_tiny_text, make_tiny_vit
-from tests.test_bad_inputs import one_error_line, run
-from tests.test_training import (
+from tests.training.test_training import (
     _plain_top,
     _Stop,
     assert_same_weights,

@@ -17,7 +17,8 @@ from hydra_core.zoo import named
 from hydra_core.zoo.named import NamedModel, default_model, named_model, named_models, recipes
 from hydra_core.zoo.registry import load_model
 from hydra_core.zoo.sources import HUGGING_FACE, OPENCLIP, TIMM, is_zero_shot
-from tests.test_docs import block
+from tests.app.conftest import new_app
+from tests.docs.test_docs import block
 
 #: ``--model``'s help before the records, word for word: the records write the same
 MODEL_HELP = (
@@ -156,14 +157,12 @@ def test_the_setup_page_lists_a_registered_model_under_its_modality(
     """The Source radio: per modality its named models, then the names to enter; a model
     registered from your own code sits after the shipped ones of its modality, with its
     description and no fields to fill in."""
-    from streamlit.testing.v1 import AppTest
 
-    from hydra_ui.context import CONFIG_KEY, SetupConfig
+    from hydra_ui.context import SetupConfig
 
     exec(block("named-model"), {})
     monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
-    app = AppTest.from_file("../app.py", default_timeout=180)
-    app.session_state[CONFIG_KEY] = SetupConfig(n_search=64, n_report=300)
+    app = new_app(SetupConfig(n_search=64, n_report=300))
     app.run()
     assert not app.exception, app.exception
     assert app.radio[0].options == [

@@ -54,11 +54,8 @@ def test_a_whole_run_weighs_each_stage_by_its_estimate():
 
 
 @pytest.fixture
-def app(tmp_path, monkeypatch) -> AppTest:
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path))
-    at = AppTest.from_file("../app.py", default_timeout=300)
-    at.session_state[CONFIG_KEY] = SMALL
-    return at
+def app(make_app) -> AppTest:
+    return make_app(SMALL, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -97,17 +94,13 @@ N_SEARCH, N_REPORT = 40, 60
 
 
 @pytest.fixture
-def hydra_app(checkpoint, tmp_path, monkeypatch) -> AppTest:
+def hydra_app(checkpoint, make_app) -> AppTest:
     from hydra_core.masks import MemberMask
-    from hydra_ui.context import disk_cache
 
     setup = SetupConfig(
         model=checkpoint, ood=HYDRA_OOD, n_search=N_SEARCH, n_report=N_REPORT, device="cpu"
     )
-    monkeypatch.setenv("HYDRA_LAB_CACHE", str(tmp_path / "cache"))
-    disk_cache.clear()
-    at = AppTest.from_file("../app.py", default_timeout=180)
-    at.session_state[CONFIG_KEY] = setup
+    at = make_app(setup)
     keep = torch.ones(2, 4, dtype=torch.bool)
     first, second = keep.clone(), keep.clone()
     first[0, 0], second[1, 2] = False, False
