@@ -6,13 +6,24 @@
     python bench/attribution.py --timing vit-b16     # ViT-B/16 shape, random weights: s/step
     python bench/attribution.py --timing mpnet-sentiment --n 16 --steps 2
     python bench/attribution.py --timing vit-b16 --flops   # FLOPs of a step, exact vs guided
+    python bench/attribution.py --inputs report --budget 24 --csv guided.csv   # the report's data
+    python bench/attribution.py --inputs report --model minilm-sentiment --budget 36
 
 Search mode: the modality's search split with ``2 n`` ID items and ``2 n`` pooled OOD items is cut
 in two (stratified, :func:`~hydra_core.analysis.holdout.holdout_split`, fraction 0.5, seed 0): the
 searches run on one half (about n + n), the held-out objective at the end (with its 95% interval
 over resamples of the held-out items) is read on the other. For the exact search and each K:
 candidates evaluated exactly, compute seconds, the Jaccard agreement of the removed set with the
-exact search's, the held-out objective at the budget. Searches are cached (``--cache-dir``,
+exact search's, the held-out objective at the budget.
+
+``--inputs report``: the searches run on the report's own search tensors (``n`` per search part,
+default 256 as the reports: n ID + n pooled OOD items), and the held-out objective is read on the
+report's held-out sample (search-role items the search did not use, at most 512 per set for
+images, 256 for text, :func:`~hydra_core.report.stability.held_out_sample`). The exact search is
+then the report's own search, so its stability Jaccard is the committed report's
+(docs/report/stability.csv, docs/report/text/stability.csv, read where its budget is the bench's
+and ``n`` the report's 256), and its held-out objective the one there (printed beside it as a
+check). Searches are cached (``--cache-dir``,
 default ``$HYDRA_LAB_CACHE``): a re-run reads them back and reports their stored compute time.
 
 Timing mode: a few steps of the exact search and of the guided search (K = 8) on a small batch,
@@ -23,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,8 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra_core.analysis.greedy import greedy_circuit  # noqa: E402
 from hydra_core.analysis.holdout import held_out_curve, holdout_split  # noqa: E402
 from hydra_core.cache import DiskCache  # noqa: E402
+from hydra_core.errors import InputError  # noqa: E402
+from hydra_core.outputs import check_output, write_csv, write_json  # noqa: E402
 
 STABILITY_CSV = Path(__file__).resolve().parents[1] / "docs" / "report" / "stability.csv"
+TEXT_STABILITY_CSV = STABILITY_CSV.parent / "text" / "stability.csv"
+#: items per search part of the reports (ReportConfig / TextReportConfig n_search)
+REPORT_N = 256
 
 
 def loadavg() -> float:
@@ -83,25 +99,55 @@ def split_data(name: str, n: int):
     )
 
 
-def stability_jaccard(objective: str) -> float:
-    """The committed report's stability Jaccard of the exact search (docs/report/stability.csv)."""
+def stability_row(text: bool, objective: str, budget: int) -> dict | None:
+    """The committed report's stability row of the exact search of ``objective`` (image:
+    docs/report/stability.csv; text: docs/report/text/stability.csv); None where there is none
+    or its budget is not ``budget``."""
     circuit = {"avg": "CircAvg", "acc": "CircAcc", "ood": "CircOOD"}[objective]
+    path = TEXT_STABILITY_CSV if text else STABILITY_CSV
     try:
-        with STABILITY_CSV.open() as f:
+        with path.open() as f:
             for row in csv.DictReader(f):
-                if row["circuit"] == circuit:
-                    return float(row["jaccard"])
+                if row["circuit"] == circuit and int(row["budget"]) == budget:
+                    return row
     except OSError:
         pass
-    return math.nan
+    return None
+
+
+def report_data(name: str, n: int, held_out: int | None):
+    """(model, search part, held-out part, text) on the report's data: the search tensors of the
+    modality's benchmark with ``n`` items per search part (as the report builds them) and the
+    report's held-out sample of the search-role items they leave (at most ``held_out`` per set;
+    None: the report's default, 512 for images, 256 for text)."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.report.run import ReportConfig
+    from hydra_core.report.stability import held_out_sample
+    from hydra_core.report.text import TextReportConfig
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(name)
+    text = loaded.modality.name == "text"
+    if held_out is None:
+        held_out = (TextReportConfig() if text else ReportConfig()).held_out
+    benchmark = loaded.modality.benchmark(n_search=n)
+    inputs = search_inputs(loaded.preprocess, benchmark)
+    full = loaded.modality.benchmark(n_search=None)
+    held = held_out_sample(loaded.preprocess, full, benchmark, inputs, held_out)
+    search = (inputs.id_x, inputs.id_y, inputs.ood_x, tuple(inputs.ood_strata()))
+    return loaded.model.eval(), search, held, text
 
 
 def search_mode(args) -> dict:
-    model, search, held = split_data(args.model, args.n)
+    text = False
+    if args.inputs == "report":
+        model, search, held, text = report_data(args.model, args.n, args.held_out)
+    else:
+        model, search, held = split_data(args.model, args.n)
     id_x, id_y, ood_x, _ = search
     log(
         f"{args.model}: search {len(id_x)} ID + {len(ood_x)} OOD, held out {len(held[0])} + "
-        f"{len(held[2])}; budget {args.budget}, objective {args.objective}"
+        f"{len(held[2])} ({args.inputs}); budget {args.budget}, objective {args.objective}"
     )
     cache = DiskCache(args.cache_dir) if args.cache_dir else None
     rows = []
@@ -131,6 +177,7 @@ def search_mode(args) -> dict:
             "search": label,
             "candidates_evaluated": evaluated,
             "compute_seconds": result.seconds,
+            "seconds_per_step": result.seconds / max(result.steps, 1),
             "wall_seconds_this_run": wall,
             "load_before": load,
             "load_after": loadavg(),
@@ -140,7 +187,7 @@ def search_mode(args) -> dict:
             "held_out": curve.held_out[-1],
             "held_out_lo": curve.held_out_lo[-1],
             "held_out_hi": curve.held_out_hi[-1],
-            "removed": result.labels(),
+            "removed": " ".join(result.labels()),
         }
         rows.append(row)
         log(
@@ -149,8 +196,22 @@ def search_mode(args) -> dict:
             f"{row['jaccard_vs_exact']:.3f}; held-out {row['held_out']:.4f} "
             f"[{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}]"
         )
-    stab = stability_jaccard(args.objective) if args.model == "default" else math.nan
-    log(f"exact search's stability Jaccard (docs/report/stability.csv): {stab:.3f}")
+    reference = None
+    if args.inputs == "report" and args.n == REPORT_N:
+        reference = stability_row(text, args.objective, args.budget)
+    elif args.inputs == "halves" and args.model == "default":
+        reference = stability_row(False, args.objective, args.budget)
+    stab = float(reference["jaccard"]) if reference else math.nan
+    where = "docs/report/text/stability.csv" if text else "docs/report/stability.csv"
+    log(f"exact search's stability Jaccard ({where}): {stab:.3f}")
+    if reference and args.inputs == "report":
+        log(
+            f"the report's held-out objective of this search at the budget: "
+            f"{float(reference['held_out_at_budget']):.4f} "
+            f"[{float(reference['held_out_at_budget_lo']):.4f}, "
+            f"{float(reference['held_out_at_budget_hi']):.4f}] (this run: "
+            f"{rows[0]['held_out']:.4f})"
+        )
     base = rows[0]
     log(
         "\n| search | candidates evaluated | fewer | compute s | Jaccard vs exact | "
@@ -166,10 +227,16 @@ def search_mode(args) -> dict:
         )
     return {
         "model": args.model,
+        "inputs": args.inputs,
         "n": args.n,
+        "search_n_id": len(id_x),
+        "search_n_ood": len(ood_x),
+        "held_out_n_id": len(held[0]),
+        "held_out_n_ood": len(held[2]),
         "budget": args.budget,
         "objective": args.objective,
         "stability_jaccard": stab,
+        "stability_resamples": int(reference["resamples"]) if reference else None,
         "rows": rows,
     }
 
@@ -268,11 +335,14 @@ def timing_mode(args) -> dict:
     return {"timing": args.timing, "n": args.n, "steps": args.steps, **found}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument(
-        "--n", type=int, default=None, help="search items per side (default 512; timing: 8)"
+        "--n",
+        type=int,
+        default=None,
+        help="search items per side (default 512; --inputs report: 256; timing: 8)",
     )
     p.add_argument("--budget", type=int, default=24)
     p.add_argument("--objective", default="avg", choices=("acc", "ood", "avg"))
@@ -284,17 +354,48 @@ def main() -> int:
     p.add_argument(
         "--skip-exact", action="store_true", help="timing mode: time the guided search alone"
     )
+    p.add_argument(
+        "--inputs",
+        default="halves",
+        choices=("halves", "report"),
+        help="search mode: halves of 2n search items (default), or the report's search data",
+    )
+    p.add_argument(
+        "--held-out",
+        type=int,
+        default=None,
+        help="--inputs report: held-out items per set (default: the report's, 512 / 256 text)",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
-    args = p.parse_args()
+    p.add_argument(
+        "--csv", default=None, metavar="PATH", help="search mode: also write one row per search"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace --json / --csv files")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.n is None:
-        args.n = 8 if args.timing else 512
+        args.n = 8 if args.timing else REPORT_N if args.inputs == "report" else 512
+    try:
+        for option, path in (("--json", args.json), ("--csv", args.csv)):
+            if path:
+                check_output(path, overwrite=args.overwrite, option=option)
+        if args.csv and args.timing:
+            raise InputError("--csv writes the search mode's rows; leave it out with --timing")
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     found = timing_mode(args) if args.timing else search_mode(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(found, indent=2))
+        write_json(args.json, found)
+    if args.csv:
+        write_csv(args.csv, pd.DataFrame(found["rows"]), index=False)
     return 0
 
 
