@@ -23,7 +23,10 @@ images, 256 for text, :func:`~hydra_core.report.stability.held_out_sample`). The
 then the report's own search, so its stability Jaccard is the committed report's
 (docs/report/stability.csv, docs/report/text/stability.csv, read where its budget is the bench's
 and ``n`` the report's 256), and its held-out objective the one there (printed beside it as a
-check). Searches are cached (``--cache-dir``,
+check). ``--exact report`` does not run the exact search: its removed heads are the committed
+report's circuit (docs/report/circuits.csv, docs/report/text/circuit.csv; the same search on the
+same data), its candidates every remaining head at every step, its time the report run's.
+Searches are cached (``--cache-dir``,
 default ``$HYDRA_LAB_CACHE``): a re-run reads them back and reports their stored compute time.
 
 Timing mode: a few steps of the exact search and of the guided search (K = 8) on a small batch,
@@ -46,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra_core.analysis.greedy import greedy_circuit  # noqa: E402
+from hydra_core.analysis.greedy_result import GreedyResult  # noqa: E402
 from hydra_core.analysis.holdout import held_out_curve, holdout_split  # noqa: E402
 from hydra_core.cache import DiskCache  # noqa: E402
 from hydra_core.errors import InputError  # noqa: E402
@@ -53,6 +57,8 @@ from hydra_core.outputs import check_output, write_csv, write_json  # noqa: E402
 
 STABILITY_CSV = Path(__file__).resolve().parents[1] / "docs" / "report" / "stability.csv"
 TEXT_STABILITY_CSV = STABILITY_CSV.parent / "text" / "stability.csv"
+CIRCUITS_CSV = STABILITY_CSV.parent / "circuits.csv"
+TEXT_CIRCUITS_CSV = STABILITY_CSV.parent / "text" / "circuit.csv"
 #: items per search part of the reports (ReportConfig / TextReportConfig n_search)
 REPORT_N = 256
 
@@ -115,6 +121,59 @@ def stability_row(text: bool, objective: str, budget: int) -> dict | None:
     return None
 
 
+def report_circuit(text: bool, objective: str, budget: int) -> dict | None:
+    """The committed report's circuit of ``objective`` (its exact search: image
+    docs/report/circuits.csv, text docs/report/text/circuit.csv); None where there is none or it
+    removed another number of heads than ``budget``."""
+    path = TEXT_CIRCUITS_CSV if text else CIRCUITS_CSV
+    try:
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row["objective"] == objective and int(row["heads_removed"]) == budget:
+                    return row
+    except OSError:
+        pass
+    return None
+
+
+def parse_head(label: str) -> tuple[int, int]:
+    """``L3H10`` -> (3, 10)."""
+    layer, head = label.removeprefix("L").split("H")
+    return int(layer), int(head)
+
+
+def exact_from_report(model, text: bool, objective: str, budget: int) -> GreedyResult:
+    """The report's exact search as a :class:`GreedyResult` (its removal order; the search
+    objective at the budget from its search accuracy and AUROC, the steps before it unknown:
+    NaN; ``seconds`` the report run's), refused in one line where the report has none."""
+    from hydra_core.models.adapter import head_layout
+
+    row = report_circuit(text, objective, budget)
+    if row is None:
+        raise InputError(
+            f"--exact report: the committed report has no {objective} circuit of {budget} heads; "
+            "pass the report's budget (24 image, 36 text) or --exact run"
+        )
+    acc, auroc = float(row["search_accuracy"]), float(row["search_auroc"])
+    final = {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[objective]
+    nan = [math.nan] * (budget - 1)
+    return GreedyResult(
+        objective=objective,
+        budget=budget,
+        order=[parse_head(h) for h in row["removed"].split()],
+        scores=[*nan, final],
+        accuracy=[*nan, acc],
+        auroc=[*nan, auroc],
+        base_accuracy=float(row["dense_search_accuracy"]),
+        base_auroc=float(row["dense_search_auroc"]),
+        base_score=math.nan,
+        candidate_scores=[],
+        complete=True,
+        seconds=float(row["seconds"]),
+        num_heads=head_layout(model).num_heads,
+    )
+
+
 def report_data(name: str, n: int, held_out: int | None):
     """(model, search part, held-out part, text) on the report's data: the search tensors of the
     modality's benchmark with ``n`` items per search part (as the report builds them) and the
@@ -156,25 +215,37 @@ def search_mode(args) -> dict:
         label = "exact" if k is None else f"K={k}"
         load = loadavg()
         start = time.perf_counter()
-        result = greedy_circuit(
-            model,
-            id_x,
-            id_y,
-            ood_x,
-            objective=args.objective,
-            budget=args.budget,
-            candidates=k,
-            cache=cache,
-            progress=lambda s, label=label: log(
-                f"  {label} step {s.step + 1}: {s.seconds:.1f} s, score {s.score:.4f}"
-            ),
-        )
+        from_report = k is None and args.exact == "report"
+        if from_report:
+            result = exact_from_report(model, text, args.objective, args.budget)
+            log(f"  exact: the committed report's circuit, {result.seconds:.0f} s in its run")
+        else:
+            result = greedy_circuit(
+                model,
+                id_x,
+                id_y,
+                ood_x,
+                objective=args.objective,
+                budget=args.budget,
+                candidates=k,
+                cache=cache,
+                progress=lambda s, label=label: log(
+                    f"  {label} step {s.step + 1}: {s.seconds:.1f} s, score {s.score:.4f}"
+                ),
+            )
         wall = time.perf_counter() - start
         curve = held_out_curve(model, result, held[0], held[1], held[2], ood_strata=held[3])
         exact = exact or result
-        evaluated = sum(result.evaluated) if len(result.evaluated) == result.steps else math.nan
+        if from_report:  # every remaining head at every step
+            total = sum(result.num_heads)
+            evaluated = sum(total - t for t in range(result.steps))
+        elif len(result.evaluated) == result.steps:
+            evaluated = sum(result.evaluated)
+        else:
+            evaluated = math.nan
         row = {
             "search": label,
+            "source": "report" if from_report else "this bench (or its cache)",
             "candidates_evaluated": evaluated,
             "compute_seconds": result.seconds,
             "seconds_per_step": result.seconds / max(result.steps, 1),
@@ -361,6 +432,12 @@ def parser() -> argparse.ArgumentParser:
         help="search mode: halves of 2n search items (default), or the report's search data",
     )
     p.add_argument(
+        "--exact",
+        default="run",
+        choices=("run", "report"),
+        help="--inputs report: run the exact search (default) or take the committed report's",
+    )
+    p.add_argument(
         "--held-out",
         type=int,
         default=None,
@@ -388,6 +465,11 @@ def main(argv=None) -> int:
                 check_output(path, overwrite=args.overwrite, option=option)
         if args.csv and args.timing:
             raise InputError("--csv writes the search mode's rows; leave it out with --timing")
+        if args.exact == "report" and (args.inputs != "report" or args.n != REPORT_N):
+            raise InputError(
+                f"--exact report is the report's search on its data: pass --inputs report with "
+                f"--n {REPORT_N} (or leave --exact out)"
+            )
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

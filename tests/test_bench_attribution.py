@@ -42,3 +42,24 @@ def test_csv_with_timing_is_refused(tmp_path, capsys):
     assert code == 2
     assert "--timing" in capsys.readouterr().err
     assert not (tmp_path / "t.csv").exists()
+
+
+def test_exact_from_report_is_the_committed_circuit():
+    from hydra_core.zoo.registry import load_model
+
+    with attribution.CIRCUITS_CSV.open() as f:
+        row = next(r for r in csv.DictReader(f) if r["objective"] == "avg")
+    budget = int(row["heads_removed"])
+    found = attribution.exact_from_report(load_model("default").model, False, "avg", budget)
+    assert [f"L{layer}H{head}" for layer, head in found.order] == row["removed"].split()
+    acc, auroc = float(row["search_accuracy"]), float(row["search_auroc"])
+    assert found.scores[-1] == pytest.approx((acc + auroc) / 2)
+    assert found.steps == budget and found.complete
+    assert attribution.report_circuit(False, "avg", budget + 1) is None
+    assert attribution.parse_head("L3H10") == (3, 10)
+
+
+def test_exact_report_needs_the_reports_data(capsys):
+    assert attribution.main(["--exact", "report"]) == 2
+    assert "--inputs report" in capsys.readouterr().err
+    assert attribution.main(["--inputs", "report", "--n", "64", "--exact", "report"]) == 2
