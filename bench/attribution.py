@@ -6,13 +6,27 @@
     python bench/attribution.py --timing vit-b16     # ViT-B/16 shape, random weights: s/step
     python bench/attribution.py --timing mpnet-sentiment --n 16 --steps 2
     python bench/attribution.py --timing vit-b16 --flops   # FLOPs of a step, exact vs guided
+    python bench/attribution.py --inputs report --budget 24 --csv guided.csv   # the report's data
+    python bench/attribution.py --inputs report --model minilm-sentiment --budget 36
 
 Search mode: the modality's search split with ``2 n`` ID items and ``2 n`` pooled OOD items is cut
 in two (stratified, :func:`~hydra_core.analysis.holdout.holdout_split`, fraction 0.5, seed 0): the
 searches run on one half (about n + n), the held-out objective at the end (with its 95% interval
 over resamples of the held-out items) is read on the other. For the exact search and each K:
 candidates evaluated exactly, compute seconds, the Jaccard agreement of the removed set with the
-exact search's, the held-out objective at the budget. Searches are cached (``--cache-dir``,
+exact search's, the held-out objective at the budget.
+
+``--inputs report``: the searches run on the report's own search tensors (``n`` per search part,
+default 256 as the reports: n ID + n pooled OOD items), and the held-out objective is read on the
+report's held-out sample (search-role items the search did not use, at most 512 per set for
+images, 256 for text, :func:`~hydra_core.report.stability.held_out_sample`). The exact search is
+then the report's own search, so its stability Jaccard is the committed report's
+(docs/report/stability.csv, docs/report/text/stability.csv, read where its budget is the bench's
+and ``n`` the report's 256), and its held-out objective the one there (printed beside it as a
+check). ``--exact report`` does not run the exact search: its removed heads are the committed
+report's circuit (docs/report/circuits.csv, docs/report/text/circuit.csv; the same search on the
+same data), its candidates every remaining head at every step, its time the report run's.
+Searches are cached (``--cache-dir``,
 default ``$HYDRA_LAB_CACHE``): a re-run reads them back and reports their stored compute time.
 
 Timing mode: a few steps of the exact search and of the guided search (K = 8) on a small batch,
@@ -23,22 +37,30 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hydra_core.analysis.greedy import greedy_circuit  # noqa: E402
+from hydra_core.analysis.greedy_result import GreedyResult  # noqa: E402
 from hydra_core.analysis.holdout import held_out_curve, holdout_split  # noqa: E402
 from hydra_core.cache import DiskCache  # noqa: E402
+from hydra_core.errors import InputError  # noqa: E402
+from hydra_core.outputs import check_output, write_csv, write_json  # noqa: E402
 
 STABILITY_CSV = Path(__file__).resolve().parents[1] / "docs" / "report" / "stability.csv"
+TEXT_STABILITY_CSV = STABILITY_CSV.parent / "text" / "stability.csv"
+CIRCUITS_CSV = STABILITY_CSV.parent / "circuits.csv"
+TEXT_CIRCUITS_CSV = STABILITY_CSV.parent / "text" / "circuit.csv"
+#: items per search part of the reports (ReportConfig / TextReportConfig n_search)
+REPORT_N = 256
 
 
 def loadavg() -> float:
@@ -83,25 +105,108 @@ def split_data(name: str, n: int):
     )
 
 
-def stability_jaccard(objective: str) -> float:
-    """The committed report's stability Jaccard of the exact search (docs/report/stability.csv)."""
+def stability_row(text: bool, objective: str, budget: int) -> dict | None:
+    """The committed report's stability row of the exact search of ``objective`` (image:
+    docs/report/stability.csv; text: docs/report/text/stability.csv); None where there is none
+    or its budget is not ``budget``."""
     circuit = {"avg": "CircAvg", "acc": "CircAcc", "ood": "CircOOD"}[objective]
+    path = TEXT_STABILITY_CSV if text else STABILITY_CSV
     try:
-        with STABILITY_CSV.open() as f:
+        with path.open() as f:
             for row in csv.DictReader(f):
-                if row["circuit"] == circuit:
-                    return float(row["jaccard"])
+                if row["circuit"] == circuit and int(row["budget"]) == budget:
+                    return row
     except OSError:
         pass
-    return math.nan
+    return None
+
+
+def report_circuit(text: bool, objective: str, budget: int) -> dict | None:
+    """The committed report's circuit of ``objective`` (its exact search: image
+    docs/report/circuits.csv, text docs/report/text/circuit.csv); None where there is none or it
+    removed another number of heads than ``budget``."""
+    path = TEXT_CIRCUITS_CSV if text else CIRCUITS_CSV
+    try:
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row["objective"] == objective and int(row["heads_removed"]) == budget:
+                    return row
+    except OSError:
+        pass
+    return None
+
+
+def parse_head(label: str) -> tuple[int, int]:
+    """``L3H10`` -> (3, 10)."""
+    layer, head = label.removeprefix("L").split("H")
+    return int(layer), int(head)
+
+
+def exact_from_report(model, text: bool, objective: str, budget: int) -> GreedyResult:
+    """The report's exact search as a :class:`GreedyResult` (its removal order; the search
+    objective at the budget from its search accuracy and AUROC, the steps before it unknown:
+    NaN; ``seconds`` the report run's), refused in one line where the report has none."""
+    from hydra_core.models.adapter import head_layout
+
+    row = report_circuit(text, objective, budget)
+    if row is None:
+        raise InputError(
+            f"--exact report: the committed report has no {objective} circuit of {budget} heads; "
+            "pass the report's budget (24 image, 36 text) or --exact run"
+        )
+    acc, auroc = float(row["search_accuracy"]), float(row["search_auroc"])
+    final = {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[objective]
+    nan = [math.nan] * (budget - 1)
+    return GreedyResult(
+        objective=objective,
+        budget=budget,
+        order=[parse_head(h) for h in row["removed"].split()],
+        scores=[*nan, final],
+        accuracy=[*nan, acc],
+        auroc=[*nan, auroc],
+        base_accuracy=float(row["dense_search_accuracy"]),
+        base_auroc=float(row["dense_search_auroc"]),
+        base_score=math.nan,
+        candidate_scores=[],
+        complete=True,
+        seconds=float(row["seconds"]),
+        num_heads=head_layout(model).num_heads,
+    )
+
+
+def report_data(name: str, n: int, held_out: int | None):
+    """(model, search part, held-out part, text) on the report's data: the search tensors of the
+    modality's benchmark with ``n`` items per search part (as the report builds them) and the
+    report's held-out sample of the search-role items they leave (at most ``held_out`` per set;
+    None: the report's default, 512 for images, 256 for text)."""
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.report.run import ReportConfig
+    from hydra_core.report.stability import held_out_sample
+    from hydra_core.report.text import TextReportConfig
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(name)
+    text = loaded.modality.name == "text"
+    if held_out is None:
+        held_out = (TextReportConfig() if text else ReportConfig()).held_out
+    benchmark = loaded.modality.benchmark(n_search=n)
+    inputs = search_inputs(loaded.preprocess, benchmark)
+    full = loaded.modality.benchmark(n_search=None)
+    held = held_out_sample(loaded.preprocess, full, benchmark, inputs, held_out)
+    search = (inputs.id_x, inputs.id_y, inputs.ood_x, tuple(inputs.ood_strata()))
+    return loaded.model.eval(), search, held, text
 
 
 def search_mode(args) -> dict:
-    model, search, held = split_data(args.model, args.n)
+    text = False
+    if args.inputs == "report":
+        model, search, held, text = report_data(args.model, args.n, args.held_out)
+    else:
+        model, search, held = split_data(args.model, args.n)
     id_x, id_y, ood_x, _ = search
     log(
         f"{args.model}: search {len(id_x)} ID + {len(ood_x)} OOD, held out {len(held[0])} + "
-        f"{len(held[2])}; budget {args.budget}, objective {args.objective}"
+        f"{len(held[2])} ({args.inputs}); budget {args.budget}, objective {args.objective}"
     )
     cache = DiskCache(args.cache_dir) if args.cache_dir else None
     rows = []
@@ -110,27 +215,40 @@ def search_mode(args) -> dict:
         label = "exact" if k is None else f"K={k}"
         load = loadavg()
         start = time.perf_counter()
-        result = greedy_circuit(
-            model,
-            id_x,
-            id_y,
-            ood_x,
-            objective=args.objective,
-            budget=args.budget,
-            candidates=k,
-            cache=cache,
-            progress=lambda s, label=label: log(
-                f"  {label} step {s.step + 1}: {s.seconds:.1f} s, score {s.score:.4f}"
-            ),
-        )
+        from_report = k is None and args.exact == "report"
+        if from_report:
+            result = exact_from_report(model, text, args.objective, args.budget)
+            log(f"  exact: the committed report's circuit, {result.seconds:.0f} s in its run")
+        else:
+            result = greedy_circuit(
+                model,
+                id_x,
+                id_y,
+                ood_x,
+                objective=args.objective,
+                budget=args.budget,
+                candidates=k,
+                cache=cache,
+                progress=lambda s, label=label: log(
+                    f"  {label} step {s.step + 1}: {s.seconds:.1f} s, score {s.score:.4f}"
+                ),
+            )
         wall = time.perf_counter() - start
         curve = held_out_curve(model, result, held[0], held[1], held[2], ood_strata=held[3])
         exact = exact or result
-        evaluated = sum(result.evaluated) if len(result.evaluated) == result.steps else math.nan
+        if from_report:  # every remaining head at every step
+            total = sum(result.num_heads)
+            evaluated = sum(total - t for t in range(result.steps))
+        elif len(result.evaluated) == result.steps:
+            evaluated = sum(result.evaluated)
+        else:
+            evaluated = math.nan
         row = {
             "search": label,
+            "source": "report" if from_report else "this bench (or its cache)",
             "candidates_evaluated": evaluated,
             "compute_seconds": result.seconds,
+            "seconds_per_step": result.seconds / max(result.steps, 1),
             "wall_seconds_this_run": wall,
             "load_before": load,
             "load_after": loadavg(),
@@ -140,7 +258,7 @@ def search_mode(args) -> dict:
             "held_out": curve.held_out[-1],
             "held_out_lo": curve.held_out_lo[-1],
             "held_out_hi": curve.held_out_hi[-1],
-            "removed": result.labels(),
+            "removed": " ".join(result.labels()),
         }
         rows.append(row)
         log(
@@ -149,8 +267,22 @@ def search_mode(args) -> dict:
             f"{row['jaccard_vs_exact']:.3f}; held-out {row['held_out']:.4f} "
             f"[{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}]"
         )
-    stab = stability_jaccard(args.objective) if args.model == "default" else math.nan
-    log(f"exact search's stability Jaccard (docs/report/stability.csv): {stab:.3f}")
+    reference = None
+    if args.inputs == "report" and args.n == REPORT_N:
+        reference = stability_row(text, args.objective, args.budget)
+    elif args.inputs == "halves" and args.model == "default":
+        reference = stability_row(False, args.objective, args.budget)
+    stab = float(reference["jaccard"]) if reference else math.nan
+    where = "docs/report/text/stability.csv" if text else "docs/report/stability.csv"
+    log(f"exact search's stability Jaccard ({where}): {stab:.3f}")
+    if reference and args.inputs == "report":
+        log(
+            f"the report's held-out objective of this search at the budget: "
+            f"{float(reference['held_out_at_budget']):.4f} "
+            f"[{float(reference['held_out_at_budget_lo']):.4f}, "
+            f"{float(reference['held_out_at_budget_hi']):.4f}] (this run: "
+            f"{rows[0]['held_out']:.4f})"
+        )
     base = rows[0]
     log(
         "\n| search | candidates evaluated | fewer | compute s | Jaccard vs exact | "
@@ -166,10 +298,16 @@ def search_mode(args) -> dict:
         )
     return {
         "model": args.model,
+        "inputs": args.inputs,
         "n": args.n,
+        "search_n_id": len(id_x),
+        "search_n_ood": len(ood_x),
+        "held_out_n_id": len(held[0]),
+        "held_out_n_ood": len(held[2]),
         "budget": args.budget,
         "objective": args.objective,
         "stability_jaccard": stab,
+        "stability_resamples": int(reference["resamples"]) if reference else None,
         "rows": rows,
     }
 
@@ -268,11 +406,14 @@ def timing_mode(args) -> dict:
     return {"timing": args.timing, "n": args.n, "steps": args.steps, **found}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument(
-        "--n", type=int, default=None, help="search items per side (default 512; timing: 8)"
+        "--n",
+        type=int,
+        default=None,
+        help="search items per side (default 512; --inputs report: 256; timing: 8)",
     )
     p.add_argument("--budget", type=int, default=24)
     p.add_argument("--objective", default="avg", choices=("acc", "ood", "avg"))
@@ -284,17 +425,59 @@ def main() -> int:
     p.add_argument(
         "--skip-exact", action="store_true", help="timing mode: time the guided search alone"
     )
+    p.add_argument(
+        "--inputs",
+        default="halves",
+        choices=("halves", "report"),
+        help="search mode: halves of 2n search items (default), or the report's search data",
+    )
+    p.add_argument(
+        "--exact",
+        default="run",
+        choices=("run", "report"),
+        help="--inputs report: run the exact search (default) or take the committed report's",
+    )
+    p.add_argument(
+        "--held-out",
+        type=int,
+        default=None,
+        help="--inputs report: held-out items per set (default: the report's, 512 / 256 text)",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
-    args = p.parse_args()
+    p.add_argument(
+        "--csv", default=None, metavar="PATH", help="search mode: also write one row per search"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace --json / --csv files")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.n is None:
-        args.n = 8 if args.timing else 512
+        args.n = 8 if args.timing else REPORT_N if args.inputs == "report" else 512
+    try:
+        for option, path in (("--json", args.json), ("--csv", args.csv)):
+            if path:
+                check_output(path, overwrite=args.overwrite, option=option)
+        if args.csv and args.timing:
+            raise InputError("--csv writes the search mode's rows; leave it out with --timing")
+        if args.exact == "report" and (args.inputs != "report" or args.n != REPORT_N):
+            raise InputError(
+                f"--exact report is the report's search on its data: pass --inputs report with "
+                f"--n {REPORT_N} (or leave --exact out)"
+            )
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     found = timing_mode(args) if args.timing else search_mode(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(found, indent=2))
+        write_json(args.json, found)
+    if args.csv:
+        write_csv(args.csv, pd.DataFrame(found["rows"]), index=False)
     return 0
 
 
