@@ -179,28 +179,3 @@ def _as_systems(systems: Sequence, shorthand: dict) -> list[System]:
     if unknown:
         raise TypeError(f"evaluate_systems() got unexpected keyword arguments {unknown}")
     return hydra_systems(systems, **shorthand)
-
-
-def _as_systems(systems: Sequence, shorthand: dict) -> list[System]:
-    """``systems`` as System objects: member masks or fine-tuned members stand for
-    :func:`hydra_systems` of them (with the shorthand keywords)."""
-    systems = list(systems)
-    if not systems:
-        raise ValueError(
-            "no systems: pass the systems to evaluate (e.g. [Single(), Hydra(members)]) or the "
-            "member masks"
-        )
-    if all(isinstance(s, System) for s in systems):
-        if shorthand:
-            raise TypeError(
-                f"{', '.join(sorted(shorthand))}: these keywords describe member masks; with "
-                "System objects, put them in the systems (Pruned, Hydra, DeepEnsemble, ...)"
-            )
-        return systems
-    if any(isinstance(s, System) for s in systems):
-        raise TypeError("pass System objects or member masks, not a mix")
-    known = {"label", "pruned", "finetune", "finetune_seeds", "train_set", "deep_ensemble"}
-    unknown = sorted(set(shorthand) - known)
-    if unknown:
-        raise TypeError(f"evaluate_systems() got unexpected keyword arguments {unknown}")
-    return hydra_systems(systems, **shorthand)
