@@ -41,7 +41,12 @@ from hydra_core.baselines.packed import PackedViT
 from hydra_core.cache import cache_key, model_fingerprint
 from hydra_core.evaluate import callable_model
 from hydra_core.files import atomic_write
-from hydra_core.hydra.finetune import FinetuneConfig, members_training_items, schedule_of
+from hydra_core.hydra.finetune import (
+    FinetuneConfig,
+    members_training_items,
+    schedule_of,
+    trainer_config,
+)
 from hydra_core.paths import cache_dir
 from hydra_core.training import trainer
 from hydra_core.training.schedules import warmup_cosine
@@ -370,17 +375,7 @@ def _finetune(
         parameters,
         logits_and_labels,
         shuffled,
-        trainer.TrainerConfig(
-            steps=total,
-            lr=config.lr,
-            optimizer=config.optimizer,
-            weight_decay=config.weight_decay,
-            momentum=config.momentum,
-            grad_clip=config.grad_clip,
-            label_smoothing=config.label_smoothing,
-            seed=int(seed),
-            dropout_seed=int(seed),
-        ),
+        trainer_config(config, total, seed),
         schedule_of(config, total),
         progress=progress,
         resume=resume,

@@ -207,6 +207,22 @@ def learning_rate(config: FinetuneConfig, step: int, total: int) -> float:
     return schedule_of(config, total)(step)
 
 
+def trainer_config(config: FinetuneConfig, total: int, seed: int) -> TrainerConfig:
+    """The training loop's settings of a fine-tuning of ``total`` steps with ``config``, its
+    batch order and dropout drawn from ``seed``."""
+    return TrainerConfig(
+        steps=total,
+        lr=config.lr,
+        optimizer=config.optimizer,
+        weight_decay=config.weight_decay,
+        momentum=config.momentum,
+        grad_clip=config.grad_clip,
+        label_smoothing=config.label_smoothing,
+        seed=int(seed),
+        dropout_seed=int(seed),
+    )
+
+
 def schedule_of(config: FinetuneConfig, total: int) -> Schedule:
     """The learning rate of every step of a run of ``total`` steps (:func:`learning_rate`)."""
     return warmup_cosine_to_floor(config.lr, config.warmup_steps, total, config.min_lr_fraction)
@@ -598,17 +614,7 @@ def _train(
         trainable_parameters(model, config.trainable),
         logits_and_labels,
         shuffled,
-        TrainerConfig(
-            steps=total,
-            lr=config.lr,
-            optimizer=config.optimizer,
-            weight_decay=config.weight_decay,
-            momentum=config.momentum,
-            grad_clip=config.grad_clip,
-            label_smoothing=config.label_smoothing,
-            seed=int(seed),
-            dropout_seed=int(seed),
-        ),
+        trainer_config(config, total, seed),
         schedule_of(config, total),
         progress=progress,
     )
