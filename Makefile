@@ -16,12 +16,9 @@ setup: $(STAMP)
 # Re-installs only when a requirements file changed (the stamp is newer otherwise).
 # The project itself is installed editable: `import hydra_core` works from any folder, and the
 # console script `hydra-lab` (= python -m hydra_core) is on the venv's PATH.
-$(STAMP): requirements.txt requirements-dev.txt requirements-data.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-data.txt pyproject.toml scripts/install.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --no-deps -r requirements-data.txt
-	$(BIN)/python -m pip install -q --no-deps -e .
+	scripts/install.sh $(BIN)/python
 	touch $(STAMP)
 
 # .streamlit/config.toml: no file watcher (it watched the whole checkout, .venv included) and no
