@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -506,10 +507,12 @@ def stored_paths(method: str, root: str | Path | None = None) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def train_command(method: str, epochs: int | None = None) -> str:
-    """The command that trains (or fine-tunes) ``method``'s copy of the default model."""
+def train_command(method: str, epochs: int | None = None, model: str | None = None) -> str:
+    """The command that trains (or fine-tunes) ``method``'s copy of ``model`` (a model source as
+    ``train-baselines --model`` takes it; None: the default model, which needs no flag)."""
     check_method(method)
-    extra = "" if epochs is None else f" --epochs {epochs}"
+    extra = "" if model is None else f" --model {shlex.quote(str(model))}"
+    extra += "" if epochs is None else f" --epochs {epochs}"
     return f"python -m hydra_core train-baselines {method}{extra}"
 
 

@@ -502,6 +502,7 @@ def _train_baselines(args: argparse.Namespace) -> int:
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
+    from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
     from hydra_core.report import DEFAULT_OUT
 
     p.add_argument(
@@ -535,6 +536,16 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-finetune", action="store_true", help="zero-shot systems only")
     p.add_argument("--no-deep-ensemble", action="store_true", help="leave Deep Ensembles out")
+    p.add_argument(
+        "--efficient",
+        nargs="*",
+        choices=list(EFFICIENT_NAMES),
+        default=None,
+        metavar="METHOD",
+        help="the image report: the efficient ensembles looked for in the cache (each stored "
+        "copy is a row of Tables 1-2 and 7; the report never trains one, it names the "
+        "`train-baselines` command); none given: none (default: all four)",
+    )
     p.add_argument(
         "--finetune-recipe",
         choices=FINETUNE_RECIPES,
@@ -592,6 +603,16 @@ def _text_only_recipe(args: argparse.Namespace) -> None:
         )
 
 
+def _image_only_efficient(args: argparse.Namespace) -> None:
+    """Refuse --efficient for a report other than the image report (called in their
+    branches)."""
+    if args.efficient is not None:
+        raise InputError(
+            "--efficient applies to the image report (--task image); leave it out for "
+            f"--task {args.task}"
+        )
+
+
 @command("report", _report_arguments)
 def _report(args: argparse.Namespace) -> int:
     """Replication report of the paper's analyses on the default model (Markdown + CSV)."""
@@ -631,6 +652,7 @@ def _report(args: argparse.Namespace) -> int:
     bars = stage_bars() if distributed.job_rank() == 0 else None
     if args.task == "zero-shot":
         _text_only_recipe(args)
+        _image_only_efficient(args)
         if distributed.job_size() > 1:
             raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
@@ -654,6 +676,7 @@ def _report(args: argparse.Namespace) -> int:
         from hydra_core.report.text import run_text_report
         from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
 
+        _image_only_efficient(args)
         config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
@@ -672,6 +695,8 @@ def _report(args: argparse.Namespace) -> int:
         config = replace(config, finetune=None)
     if args.no_deep_ensemble:
         config = replace(config, deep_ensemble=False)
+    if args.efficient is not None:
+        config = replace(config, efficient=tuple(dict.fromkeys(args.efficient)))
     with distributed.alone():
         run_report(
             config, args.out or DEFAULT_OUT, progress=bars, log=tqdm.write, overwrite=args.overwrite

@@ -7,8 +7,9 @@ the paper's numbering:
 - Table 4: zero-shot pruning, Taylor against the CircAvg circuit (same number of heads removed);
 - Table 5: ID/OOD centroid distances of the last layer's heads, CircOOD against the dense model;
 - Table 6: CircAcc against CircOOD;
-- Tables 1-2: single model, Taylor, CircAvg, Hydra (Taylor), Hydra (Circ) and Deep Ensembles (when
-  trained copies exist) on every metric, zero-shot and, unless disabled, fine-tuned;
+- Tables 1-2: single model, Taylor, CircAvg, Hydra (Taylor), Hydra (Circ), Deep Ensembles (when
+  trained copies exist) and the efficient ensembles whose trained copies are stored (never
+  trained by the report) on every metric, zero-shot and, unless disabled, fine-tuned;
 - Table 9: where diversity comes from: members differing by their pruning seed against identical
   members (and, fine-tuned, by batch order);
 - Table 11: fused against non-fused members;

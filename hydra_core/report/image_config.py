@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
+from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.hydra.finetune import FinetuneConfig
 
@@ -51,6 +52,11 @@ class ReportConfig:
         taylor_samples: ID search images the Taylor scores use.
         finetune: how members and pruned models are fine-tuned (None: zero-shot only).
         deep_ensemble: include Deep Ensembles when trained copies of the model exist.
+        efficient: the paper's efficient ensembles looked for (``"packed-ensembles"``,
+            ``"mimo"``, ``"batch-ensemble"``, ``"lora-ensembles"``): each one whose trained copy
+            is stored in the cache (``train-baselines``) is a row of Tables 1-2 and 7 and of the
+            paper's statements about it; the report never trains one, it names the command that
+            does (empty: none looked for).
         distance_samples: images per set for the centroid distances (Table 5).
         evidence_samples: images per report set for the per-head evidence (heads.csv; None:
             all).
@@ -76,6 +82,7 @@ class ReportConfig:
     taylor_samples: int | None = 256
     finetune: FinetuneConfig | None = FinetuneConfig()
     deep_ensemble: bool = True
+    efficient: tuple[str, ...] = tuple(EFFICIENT_NAMES)
     distance_samples: int | None = 1000
     evidence_samples: int | None = 1000
     device: str = "auto"
@@ -84,6 +91,14 @@ class ReportConfig:
     latency_repeats: int = 20
     stability_resamples: int = 5
     held_out: int | None = 512
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.efficient if m not in EFFICIENT_NAMES]
+        if unknown:
+            raise ValueError(
+                f"efficient: unknown efficient ensemble(s) {', '.join(map(repr, unknown))}; "
+                f"choose from {', '.join(EFFICIENT_NAMES)}"
+            )
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:

@@ -30,7 +30,7 @@ def markdown_report(
         lambda tables, setup: _search_sections(tables),
         stability,
         heads,
-        lambda tables, setup: systems_sections(tables, finetuned),
+        lambda tables, setup: systems_sections(tables, finetuned, setup),
         cost_section,
         lambda tables, setup: coverage_section(),
     )

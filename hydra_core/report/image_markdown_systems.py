@@ -1,6 +1,6 @@
 """The image report's ``report.md``: Tables 1-2 (every system), the OOD gain under every score,
-Table 12 (seeds), the differences over repeats, the paper's claims, Table 9, Table 11 and the
-cost (Table 7)."""
+Table 12 (seeds), the differences over repeats, the paper's claims
+(:mod:`~hydra_core.report.image_markdown_claims`), Table 9, Table 11 and the cost (Table 7)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from hydra_core.report.claims import INTERVAL_METHOD, near_far_verdicts, signed, verdict_tally
+from hydra_core.report.claims import INTERVAL_METHOD
+from hydra_core.report.image_markdown_claims import claims_sections
 from hydra_core.report.markdown import column_header, cost_columns, markdown_table
 
 
-def systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[str]) -> list[str]:
-    """Tables 1-2 (every system), Table 9 (diversity) and Table 11 (fusion)."""
+def systems_sections(
+    tables: Mapping[str, pd.DataFrame], finetuned: Sequence[str], setup: Mapping | None = None
+) -> list[str]:
+    """Tables 1-2 (every system), Table 9 (diversity) and Table 11 (fusion); ``setup`` says
+    which efficient ensembles were not run (their statements are listed as not judged)."""
     t1 = tables["table1_systems"].drop(
         columns=[c for c in tables["table1_systems"] if c.startswith(("near_", "far_"))]
     )
@@ -28,7 +32,9 @@ def systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[str
         "## Tables 1-2 - every system on every metric",
         "",
         "OOD columns are averages over all OOD sets; near/far below. Rows marked fine-tuned were "
-        "fine-tuned after pruning; the others are zero-shot.",
+        "fine-tuned after pruning; the others are zero-shot. The efficient ensembles "
+        "(Packed-Ensembles, MIMO, BatchEnsemble, LoRA Ensembles; kind `efficient-ensemble`) are "
+        "their stored trained copies, one each (the setup says which were not run).",
         "",
         markdown_table(t1),
         "",
@@ -61,7 +67,9 @@ def systems_sections(tables: Mapping[str, pd.DataFrame], finetuned: Sequence[str
         "",
         *_seed_section(tables["table12_seeds"]),
         *_over_repeats_section(tables.get("differences_over_repeats")),
-        *_claims_section(tables.get("paper_claims"), tables["table12_seeds"]["repeat"].nunique()),
+        *claims_sections(
+            tables.get("paper_claims"), tables["table12_seeds"]["repeat"].nunique(), setup
+        ),
         "## Table 11 - fused vs non-fused members",
         "",
         "Fused: one Hydra model, MLPs averaged over members. Non-fused: members run separately, "
@@ -157,48 +165,6 @@ def _over_repeats_section(frame: pd.DataFrame | None) -> list[str]:
             "",
         ]
     return lines
-
-
-def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
-    """The paper's Table 1 statements with our mean difference over the repeats, its two-level
-    interval and the verdict; then how many agree, disagree or cannot be decided."""
-    if claims is None or claims.empty:
-        return []
-    shown = pd.DataFrame(
-        {
-            "the paper says (ImageNet-1K, Table 1)": claims["claim"],
-            "paper": [f"{v:+.2f}" for v in claims["paper_difference"]],
-            f"ours, mean of {repeats} repeats": [
-                signed(m, v, lo, hi)
-                for m, v, lo, hi in claims[["metric", "ours", "ours_lo", "ours_hi"]].itertuples(
-                    index=False
-                )
-            ],
-            "verdict": claims["verdict"],
-            "verdict, near / far OOD": near_far_verdicts(claims, "ours"),
-        }
-    )
-    untested = claims[claims["verdict"] == "–"]
-    no_deep = "Deep Ensembles" in {*untested["system"], *untested["reference"]}
-    return [
-        f"## The paper's statements over the {repeats} repeats",
-        "",
-        "Each statement is a difference between two rows of the paper's Table 1 (ImageNet-1K, "
-        "ViT-B/16); ours is the same difference between our systems (Hydras fine-tuned after "
-        "pruning, as the paper's; CircAvg and Taylor zero-shot, as its Table 4), the mean over "
-        "the repeats with the two-level interval of Differences over the repeats. **agrees**: "
-        "the interval excludes 0 on the paper's side; **disagrees**: on the other side; "
-        "**n.s.**: it holds 0, so this run cannot decide the statement at this scale. The "
-        "settings differ (a 1.8M-parameter ViT on Fashion-MNIST, other OOD sets), so directions "
-        "are compared, not sizes (`paper_claims.csv`). A statement over all OOD sets is judged "
-        "on the near and the far sets apart too.",
-        "",
-        markdown_table(shown),
-        "",
-        f"Of {verdict_tally(claims['claim'], claims['verdict'])}"
-        + (" The statements about Deep Ensembles need their trained copies." if no_deep else ""),
-        "",
-    ]
 
 
 def cost_section(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from hydra_core.baselines.deep_ensembles import DeepEnsemble
 from hydra_core.baselines.systems import MCDropoutBaseline
 from hydra_core.cache import DiskCache
@@ -23,6 +25,7 @@ from hydra_core.hydra.members import CIRCUIT_NAMES
 from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.masks import MemberMask
 from hydra_core.report.heads import evidence_table
+from hydra_core.report.image_claims import efficient_claims
 from hydra_core.report.image_config import DEFAULT_OUT, ReportConfig
 from hydra_core.report.image_markdown import markdown_report
 from hydra_core.report.image_repeats import seeded_repeats
@@ -31,6 +34,7 @@ from hydra_core.report.image_stages import (
     cost_systems,
     deep_ensemble_of,
     distances_table,
+    efficient_systems,
     finetuned_systems,
     image_setup,
     write_overlaps,
@@ -121,6 +125,7 @@ def run_report(
     run.save_members([*circ_members, *b5_members, *taylor_members])
 
     deep = deep_ensemble_of(config, run)
+    efficients = efficient_systems(config, run)  # stored copies only: the report never trains
     zero_shot = [
         Single(),
         MCDropoutBaseline(),  # the model's own dropout; a model without any: skipped, why said
@@ -128,6 +133,7 @@ def run_report(
         Hydra(circ_members, HYDRA_CIRC),
         Hydra(b5_members, HYDRA_CIRC_B5),
         *([] if deep is None else [DeepEnsemble(deep)]),
+        *efficients,
         Hydra(taylor_members, HYDRA_TAYLOR),
         Hydra(identical, HYDRA_IDENTICAL),
     ]
@@ -149,7 +155,8 @@ def run_report(
 
     with stages("cost and latency"):
         images = loaded.preprocess(benchmark.id_report.images[: config.latency_batch]).to(device)
-        timed = cost_systems(systems, circ_members, deep is not None, finetuned_labels)
+        others = [e.name for e in efficients]
+        timed = cost_systems(systems, circ_members, deep is not None, finetuned_labels, others)
         systems.measure(images, systems=timed, repeats=config.latency_repeats)
 
     with stages("centroid distances (Table 5)"):
@@ -180,6 +187,9 @@ def run_report(
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated
     tables["differences_over_repeats"] = over_repeats
+    about_efficient = efficient_claims(systems)  # repeat 0 alone: one stored copy each
+    if not about_efficient.empty:
+        claims = pd.concat([claims, about_efficient], ignore_index=True)
     tables["paper_claims"] = claims
     tables["transfer"] = transfer
     if stability is not None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
 from hydra_core.evaluate import interval_columns
 from hydra_core.experiment.pruning import HYDRA_CIRC, HYDRA_CIRC_B5, HYDRA_TAYLOR
 from hydra_core.experiment.run import system_name
@@ -57,7 +58,8 @@ def report_tables(
         finetuned: labels of the fine-tuned Hydra variants in ``systems`` (empty when zero-shot).
 
     Tables pick their rows by system name and skip the ones that were not evaluated, so a
-    zero-shot run or one without Deep Ensembles gives the same tables minus those rows.
+    zero-shot run or one without Deep Ensembles or an efficient ensemble gives the same tables
+    minus those rows.
     """
     summary = systems.summary().set_index("system")
     return {
@@ -97,6 +99,7 @@ def _table1(summary: pd.DataFrame, deep: bool, finetuned: Sequence[str]) -> pd.D
     main += [fused(HYDRA_TAYLOR), fused(HYDRA_CIRC), fused(HYDRA_CIRC_B5)]
     if deep:
         main.append("Deep Ensembles")
+    main += list(EFFICIENT_NAMES.values())  # those whose stored copies were evaluated
     if HYDRA_CIRC_FT in finetuned:
         main += [
             "Taylor (fine-tuned)",

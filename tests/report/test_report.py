@@ -7,6 +7,7 @@ import re
 
 import pandas as pd
 import pytest
+import torch
 
 from hydra_core.cli import main
 from hydra_core.report import Budgets, ReportConfig, markdown_table
@@ -50,10 +51,34 @@ CSVS = [
 ]
 
 
+def store_tiny_batch_ensemble(checkpoint: str, cache_root):
+    """A BatchEnsemble copy of the tiny model stored where ``train-baselines batch-ensemble``
+    would store it under ``cache_root`` (r and s as drawn, not fine-tuned: a tiny stand-in)."""
+    from safetensors.torch import save_file
+
+    from hydra_core.baselines import efficient
+    from hydra_core.baselines.batch_ensemble import batch_ensemble
+    from hydra_core.hydra.finetune import members_training_items
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(checkpoint)
+    settings, config = efficient.EfficientSettings(), efficient.FINETUNE
+    data = members_training_items(loaded.model, config)
+    root = cache_root / efficient.FOLDER
+    path = efficient.finetune_path(
+        efficient.BATCH, settings, config, loaded.model, data, loaded.preprocess, 0, root
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ensemble = batch_ensemble(loaded.model, settings.estimators, 0, settings.init_std)
+    save_file({k: v.contiguous() for k, v in ensemble.state_dict().items()}, str(path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> tuple:
     root = tmp_path_factory.mktemp("report")
     checkpoint = write_tiny_checkpoint(root / "tiny.safetensors")
+    store_tiny_batch_ensemble(checkpoint, root / "cache")  # the other three: not stored
     out = root / "out"
     mp = pytest.MonkeyPatch()
     mp.setenv("HYDRA_LAB_CACHE", str(root / "cache"))
@@ -266,3 +291,123 @@ def test_budgets_and_markdown():
         "|---|---|---|---|",
         "| a | 91.23 | 0.0123 | – |",
     ]
+
+
+def test_stored_efficient_ensembles_are_rows_and_the_others_say_how_to_train(report_dir):
+    """The stored BatchEnsemble copy is a row of Tables 1-2 and 7 with the numbers of the
+    ensemble's mean softmax on the report items; the three not stored are one line each with
+    the command that trains them; the setup records which were included."""
+    from sklearn.metrics import roc_auc_score
+
+    from hydra_core.baselines import efficient
+    from hydra_core.data.benchmark import default_benchmark
+    from hydra_core.zoo.registry import load_model
+
+    checkpoint = str(report_dir.parent / "tiny.safetensors")
+    loaded = load_model(checkpoint)
+    root = report_dir.parent / "cache" / efficient.FOLDER
+    ensemble = efficient.batch_ensemble_copy(
+        loaded.model, loaded.preprocess, root=root, train=False
+    )
+    assert ensemble is not None
+    benchmark = default_benchmark(n_search=64, n_report=200, ood=["mnist", "noise"])
+
+    def msp(images):  # the members' mean softmax: (N, C)
+        with torch.no_grad():
+            return ensemble(loaded.preprocess(images)).softmax(-1).mean(1)
+
+    id_probs = msp(benchmark.id_report.images)
+    labels = benchmark.id_report.labels
+    table1 = pd.read_csv(report_dir / "table1_systems.csv").set_index("system")
+    row = table1.loc["BatchEnsemble"]
+    assert row["kind"] == "efficient-ensemble" and row["heads"] == "8x3"
+    accuracy = (id_probs.argmax(-1) == labels).double().mean().item()
+    assert row["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    nll = -id_probs[torch.arange(len(labels)), labels].log().double().mean().item()
+    assert row["nll"] == pytest.approx(nll, rel=1e-4)
+    aurocs = []
+    for ood in benchmark.ood_report:  # OOD positive, scored by minus the MSP
+        scores = torch.cat([id_probs.max(-1).values, msp(ood.images).max(-1).values])
+        truth = [0] * len(id_probs) + [1] * len(ood)
+        aurocs.append(roc_auc_score(truth, -scores.numpy()))
+    assert row["all_auroc"] == pytest.approx(sum(aurocs) / len(aurocs), abs=1e-6)
+    assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
+    assert not {"Packed-Ensembles", "MIMO", "LoRA Ensembles"} & set(table1.index)
+    differences = pd.read_csv(report_dir / "differences_to_single.csv").set_index("system")
+    expected = row["accuracy"] - table1.loc["single", "accuracy"]
+    assert differences.loc["BatchEnsemble", "accuracy"] == pytest.approx(expected, abs=1e-9)
+    cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
+    assert cost.loc["BatchEnsemble", "latency_ms"] > 0
+    facts = json.loads((report_dir / "report.json").read_text())["setup"]["efficient_ensembles"]
+    assert facts["looked_for"] == ["packed-ensembles", "mimo", "batch-ensemble", "lora-ensembles"]
+    assert facts["included"] == ["BatchEnsemble"]
+    assert list(facts["not_run"]) == ["Packed-Ensembles", "MIMO", "LoRA Ensembles"]
+    text = (report_dir / "report.md").read_text()
+    assert "in the tables: BatchEnsemble. The report loads their stored" in text
+    for method in ("packed-ensembles", "mimo", "lora-ensembles"):
+        name = efficient.NAMES[method]
+        command = f"python -m hydra_core train-baselines {method} --model {checkpoint}"
+        assert facts["not_run"][name]["command"] == command
+        line = f"- **{name}**: not run, no trained copy is stored; train it with `{command}`"
+        assert sum(line in x for x in text.splitlines()) == 1
+
+
+def test_the_papers_statements_about_the_efficient_ensembles(report_dir):
+    """Hydra (Circ) minus BatchEnsemble, judged on repeat 0 with the items' interval; the
+    statements about the ensembles not run are listed as not judged."""
+    from hydra_core.report.claims import verdict
+    from hydra_core.report.image_claims import REPEAT_0
+
+    claims = pd.read_csv(report_dir / "paper_claims.csv")
+    ours = claims[claims["judged_on"] == REPEAT_0]
+    assert set(ours["reference"]) == {"BatchEnsemble"}
+    assert set(ours["system"]) == {"Hydra (Circ), fine-tuned (fused)"}
+    # the paper: 80.88 - 80.53 accuracy, 86.29 - 84.34 AUROC; equal Brier scores: no statement
+    assert ours.set_index("metric")["paper_difference"].to_dict() == pytest.approx(
+        {"accuracy": 0.35, "nll": 0.02, "all_auroc": 1.95, "all_fpr95": -2.76}
+    )
+    table1 = pd.read_csv(report_dir / "table1_systems.csv").set_index("system")
+    accuracy = ours.set_index("metric").loc["accuracy"]
+    hydra, batch = (table1.loc[s, "accuracy"] for s in accuracy[["system", "reference"]])
+    assert accuracy["ours"] == pytest.approx(100 * (hydra - batch), abs=1e-9)
+    assert float(accuracy["ours_repeats"]) == pytest.approx(accuracy["ours"])  # one repeat
+    for r in ours.itertuples():
+        assert r.ours_lo <= r.ours <= r.ours_hi
+        assert r.verdict == verdict(r.paper_difference, r.ours, r.ours_lo, r.ours_hi), r.claim
+    text = (report_dir / "report.md").read_text()
+    assert "## The paper's statements about the efficient ensembles (repeat 0)" in text
+    assert "Hydra (Circ) raises OOD AUROC over BatchEnsemble" in text
+    assert (
+        "Not judged (not run, see the setup): the statements about Packed-Ensembles, MIMO, "
+        "LoRA Ensembles." in text
+    )
+
+
+def test_efficient_ensembles_looked_for_are_checked():
+    from hydra_core.baselines.efficient import train_command
+
+    assert ReportConfig.quick(efficient=()).efficient == ()
+    with pytest.raises(ValueError, match="unknown efficient ensemble.*'oba'.*choose from"):
+        ReportConfig(efficient=("mimo", "oba"))
+    assert train_command("mimo") == "python -m hydra_core train-baselines mimo"
+    assert train_command("mimo", 3, "my model.safetensors") == (
+        "python -m hydra_core train-baselines mimo --model 'my model.safetensors' --epochs 3"
+    )
+
+
+def test_the_report_command_passes_the_efficient_ensembles_looked_for(monkeypatch, capsys):
+    import hydra_core.report
+
+    seen = []
+    monkeypatch.setattr(
+        hydra_core.report, "run_report", lambda config, *a, **k: seen.append(config)
+    )
+    for flags, expected in [
+        ([], ("packed-ensembles", "mimo", "batch-ensemble", "lora-ensembles")),
+        (["--efficient", "mimo", "batch-ensemble", "mimo"], ("mimo", "batch-ensemble")),
+        (["--efficient"], ()),
+    ]:
+        assert main(["report", "--quick", *flags]) == 0
+        assert seen.pop().efficient == expected
+    assert main(["report", "--task", "text", "--efficient", "mimo"]) == 2
+    assert "--efficient applies to the image report" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""The image report's ``report.md``: the paper's statements, those judged over the repeats and
+those about the efficient ensembles, judged on repeat 0 (one stored copy each), with the
+ensembles not run listed as not judged."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from hydra_core.report.claims import near_far_verdicts, signed, verdict_tally
+from hydra_core.report.image_claims import REPEAT_0
+from hydra_core.report.markdown import markdown_table
+
+
+def claims_sections(
+    claims: pd.DataFrame | None, repeats: int, setup: Mapping | None = None
+) -> list[str]:
+    """The statements over the ``repeats``, then those about the efficient ensembles
+    (``setup["efficient_ensembles"]`` says which were not run)."""
+    return [
+        *_claims_section(_judged(claims, repeat_0=False), repeats),
+        *_efficient_claims_section(_judged(claims, repeat_0=True), setup),
+    ]
+
+
+def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
+    """The paper's Table 1 statements with our mean difference over the repeats, its two-level
+    interval and the verdict; then how many agree, disagree or cannot be decided."""
+    if claims is None or claims.empty:
+        return []
+    shown = pd.DataFrame(
+        {
+            "the paper says (ImageNet-1K, Table 1)": claims["claim"],
+            "paper": [f"{v:+.2f}" for v in claims["paper_difference"]],
+            f"ours, mean of {repeats} repeats": [
+                signed(m, v, lo, hi)
+                for m, v, lo, hi in claims[["metric", "ours", "ours_lo", "ours_hi"]].itertuples(
+                    index=False
+                )
+            ],
+            "verdict": claims["verdict"],
+            "verdict, near / far OOD": near_far_verdicts(claims, "ours"),
+        }
+    )
+    untested = claims[claims["verdict"] == "–"]
+    no_deep = "Deep Ensembles" in {*untested["system"], *untested["reference"]}
+    return [
+        f"## The paper's statements over the {repeats} repeats",
+        "",
+        "Each statement is a difference between two rows of the paper's Table 1 (ImageNet-1K, "
+        "ViT-B/16); ours is the same difference between our systems (Hydras fine-tuned after "
+        "pruning, as the paper's; CircAvg and Taylor zero-shot, as its Table 4), the mean over "
+        "the repeats with the two-level interval of Differences over the repeats. **agrees**: "
+        "the interval excludes 0 on the paper's side; **disagrees**: on the other side; "
+        "**n.s.**: it holds 0, so this run cannot decide the statement at this scale. The "
+        "settings differ (a 1.8M-parameter ViT on Fashion-MNIST, other OOD sets), so directions "
+        "are compared, not sizes (`paper_claims.csv`). A statement over all OOD sets is judged "
+        "on the near and the far sets apart too.",
+        "",
+        markdown_table(shown),
+        "",
+        f"Of {verdict_tally(claims['claim'], claims['verdict'])}"
+        + (" The statements about Deep Ensembles need their trained copies." if no_deep else ""),
+        "",
+    ]
+
+
+def _judged(claims: pd.DataFrame | None, repeat_0: bool) -> pd.DataFrame | None:
+    """The statements judged on repeat 0 alone (the efficient ensembles'), or the others."""
+    if claims is None or "judged_on" not in claims:
+        return None if repeat_0 else claims
+    return claims[(claims["judged_on"] == REPEAT_0) == repeat_0]
+
+
+def _efficient_claims_section(claims: pd.DataFrame | None, setup: Mapping | None) -> list[str]:
+    """The paper's statements comparing Hydra (Circ) with the efficient ensembles that ran, on
+    repeat 0 with the items' interval; the ensembles not run are listed as not judged."""
+    facts = (setup or {}).get("efficient_ensembles") or {}
+    not_run = list(facts.get("not_run", {}))
+    if (claims is None or claims.empty) and not not_run:
+        return []
+    lines = ["## The paper's statements about the efficient ensembles (repeat 0)", ""]
+    if claims is not None and not claims.empty:
+        shown = pd.DataFrame(
+            {
+                "the paper says (ImageNet-1K, Table 1)": claims["claim"],
+                "paper": [f"{v:+.2f}" for v in claims["paper_difference"]],
+                "ours, repeat 0": [
+                    signed(m, v, lo, hi)
+                    for m, v, lo, hi in claims[["metric", "ours", "ours_lo", "ours_hi"]].itertuples(
+                        index=False
+                    )
+                ],
+                "verdict": claims["verdict"],
+                "verdict, near / far OOD": near_far_verdicts(claims, "ours"),
+            }
+        )
+        lines += [
+            "Hydra (Circ) (fine-tuned, as above) minus each efficient ensemble in the paper's "
+            'Table 1 ("Compared with [...] adapter-based methods and other efficient ensembles, '
+            'Hydra Ensembles achieves better robustness", 5.1). Each efficient ensemble is one '
+            "stored copy, not seeded per repeat, so these are judged on repeat 0 alone: the "
+            "paired difference with its 95% bootstrap interval over the report images, without "
+            "the seeds' variance (`paper_claims.csv`, `judged_on`). Verdicts as above.",
+            "",
+            markdown_table(shown),
+            "",
+            f"Of {verdict_tally(claims['claim'], claims['verdict'])}",
+            "",
+        ]
+    if not_run:
+        lines += [
+            f"Not judged (not run, see the setup): the statements about {', '.join(not_run)}.",
+            "",
+        ]
+    return lines
