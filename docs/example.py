@@ -1,12 +1,12 @@
 """The Python tour of docs/python.md (the README's example is a part of it), runnable as it
-stands: `python docs/example.py` (about a minute on 2 CPU cores; tests/docs/test_docs.py runs it and
+stands: `python docs/example.py` (about 40 s on 2 CPU cores; tests/docs/test_docs.py runs it and
 checks that every line of those two blocks is here). Sizes are small so that it is quick; the
 defaults are larger."""
 
 import hydra_core as hc
 
 loaded = hc.load_model("default")  # LoadedModel: .model (timm ViT, eval mode), .preprocess
-bench = hc.default_benchmark(n_search=128, n_report=500)  # disjoint search / report splits
+bench = hc.default_benchmark(n_search=64, n_report=200)  # disjoint search / report splits
 inputs = hc.search_inputs(loaded.preprocess, bench)  # search split as tensors, OOD pooled
 cache = hc.DiskCache()  # cache/ in the repository: searches resume, results are reused
 

@@ -38,6 +38,8 @@ from hydra_core.errors import InputError
 #: the text report's fine-tuning recipes by name (hydra_core.training.top.TOP_RECIPES, which a
 #: test keeps this equal to; not imported here, so the parser is built without torch)
 FINETUNE_RECIPES = ("fast", "paper", "paper-short")
+#: the one the text report uses unless told (hydra_core.training.top.DEFAULT_TOP_RECIPE, likewise)
+DEFAULT_FINETUNE_RECIPE = "paper-short"
 
 
 def _finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -554,7 +556,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "1 epoch of 2,000 sentences at lr 3e-4), paper (D.2: every layer, lr 1e-5, up to 7 "
         "epochs of every sentence, early stopping on held-out training sentences) or "
         "paper-short (the same on 2,000 sentences, at most 3 epochs, patience 1); docs/text.md "
-        "measures each one's cost (default: fast)",
+        f"measures each one's cost (default: {DEFAULT_FINETUNE_RECIPE})",
     )
     p.add_argument(
         "--task",

@@ -22,6 +22,7 @@ from hydra_core.models.text import TextClassifier
 from hydra_core.training.prefix import state_batches
 from hydra_core.training.schedules import warmup_linear
 from hydra_core.training.top import (
+    DEFAULT_TOP_RECIPE,
     TOP_RECIPES,
     TopFinetuneConfig,
     finetune_top,
@@ -64,9 +65,10 @@ def test_the_paper_recipes_are_d2():
     short = TOP_RECIPES["paper-short"]  # the paper's, shorter: what a report affords
     assert replace(short, recipe="paper", n_train=None, epochs=7, patience=2) == top
     assert (short.n_train, short.epochs, short.patience) == (2000, 3, 1)
-    from hydra_core.cli.hydra import FINETUNE_RECIPES
+    from hydra_core.cli.hydra import DEFAULT_FINETUNE_RECIPE, FINETUNE_RECIPES
 
     assert FINETUNE_RECIPES == tuple(TOP_RECIPES)
+    assert DEFAULT_FINETUNE_RECIPE == DEFAULT_TOP_RECIPE  # what --help says is the default
     with pytest.raises(ValueError, match="recipe must be one of fast, paper"):
         top_recipe("slow")
     with pytest.raises(ValueError, match="recipe must be one of"):
