@@ -675,7 +675,7 @@ def test_text_setup_search_representations_hydra(server, browser):
     all_fitted("text")
 
 
-@pytest.mark.slow  # about 75 s of a worker: `make test-e2e` runs it; AppTest covers the CLIP pages in CI
+@pytest.mark.slow  # ~75 s of a worker: `make test-e2e` runs it; AppTest covers the CLIP pages in CI
 def test_zero_shot_clip_setup_search_hydra(server, browser, tmp_path):
     """The zero-shot walk on a tiny random OpenCLIP model saved as an open_clip folder (no CLIP
     weights exist offline): Setup's OpenCLIP source, its RANDOM warning, heads of both towers
