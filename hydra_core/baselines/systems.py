@@ -31,6 +31,7 @@ from hydra_core.experiment.run import STAGES, Run, SystemInfo
 from hydra_core.experiment.systems import System
 from hydra_core.hydra.finetune import members_training_items
 from hydra_core.models.adapter import head_layout
+from hydra_core.models.preprocess import untrimmed
 from hydra_core.training.top import TopFinetuneConfig
 
 MC_DROPOUT = "MC Dropout"
@@ -276,7 +277,7 @@ class EfficientBaseline(System):
             report = lambda seed, done, total: progress(done, total)  # noqa: E731
         model = copy(
             run.model,
-            run.loaded.preprocess,
+            untrimmed(run.loaded.preprocess),  # the key of the copy train-baselines stores
             settings=self.settings,
             train_set=self._train(),
             root=self.root,

@@ -544,9 +544,10 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(EFFICIENT_NAMES),
         default=None,
         metavar="METHOD",
-        help="the image report: the efficient ensembles looked for in the cache (each stored "
-        "copy is a row of Tables 1-2 and 7; the report never trains one, it names the "
-        "`train-baselines` command); none given: none (default: all four)",
+        help="the image and text reports: the efficient ensembles looked for in the cache (each "
+        "stored copy is a row of the systems' and the cost tables; the report never trains one, "
+        "it names the `train-baselines` command); none given: none (default: all four for the "
+        "image report, batch-ensemble and lora-ensembles for the text report)",
     )
     p.add_argument(
         "--finetune-recipe",
@@ -605,13 +606,13 @@ def _text_only_recipe(args: argparse.Namespace) -> None:
         )
 
 
-def _image_only_efficient(args: argparse.Namespace) -> None:
-    """Refuse --efficient for a report other than the image report (called in their
-    branches)."""
+def _no_efficient(args: argparse.Namespace) -> None:
+    """Refuse --efficient for a report other than the image and text reports (called in its
+    branch)."""
     if args.efficient is not None:
         raise InputError(
-            "--efficient applies to the image report (--task image); leave it out for "
-            f"--task {args.task}"
+            "--efficient applies to the image and text reports (--task image or text); leave it "
+            f"out for --task {args.task}"
         )
 
 
@@ -654,7 +655,7 @@ def _report(args: argparse.Namespace) -> int:
     bars = stage_bars() if distributed.job_rank() == 0 else None
     if args.task == "zero-shot":
         _text_only_recipe(args)
-        _image_only_efficient(args)
+        _no_efficient(args)
         if distributed.job_size() > 1:
             raise InputError("the zero-shot report has no repeats to share: run it alone")
         from hydra_core.models.zero_shot import prompt_templates
@@ -678,10 +679,11 @@ def _report(args: argparse.Namespace) -> int:
         from hydra_core.report.text import run_text_report
         from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
 
-        _image_only_efficient(args)
         config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
         off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
+        if args.efficient is not None:
+            config = replace(config, efficient=tuple(dict.fromkeys(args.efficient)))
         with distributed.alone():
             run_text_report(
                 config,

@@ -126,3 +126,9 @@ class TrimmedPreprocess:
         packed = self.preprocess(texts)  # (N, 2, T)
         used = max(1, int(packed[:, 1].sum(1).max())) if len(packed) else packed.shape[-1]
         return packed[..., :used]
+
+
+def untrimmed(preprocess: Callable) -> Callable:
+    """``preprocess`` without :class:`TrimmedPreprocess`'s trimming: what keys a copy stored for
+    the model (a trimmed batch differs in shape only, never in a result)."""
+    return preprocess.preprocess if isinstance(preprocess, TrimmedPreprocess) else preprocess

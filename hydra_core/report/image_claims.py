@@ -23,6 +23,7 @@ import pandas as pd
 from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
 from hydra_core.experiment.results import SystemsReport
 from hydra_core.report.claims import claim_columns, paper_rows
+from hydra_core.report.efficient_ensembles import OVER_REPEATS, REPEAT_0
 from hydra_core.report.tables import HYDRA_CIRC_FT, HYDRA_TAYLOR_FT, fused
 
 #: The paper's Table 1, ImageNet-1K (ViT-B/16): accuracy and OOD metrics in percent, OOD averaged
@@ -67,11 +68,6 @@ PAIRS = (
 #: based methods and other efficient ensembles, Hydra Ensembles achieves better robustness", 5.1)
 EFFICIENT_PAIRS = tuple(("Hydra (Circ)", name) for name in EFFICIENT_NAMES.values())
 
-#: ``judged_on``: how a statement's interval was formed
-OVER_REPEATS = "repeats: mean, two-level interval (repeats, then report items)"
-REPEAT_0 = (
-    "repeat 0: paired bootstrap over the report items (one stored copy, not seeded per repeat)"
-)
 
 WORDS = {
     "accuracy": "accuracy",

@@ -9,6 +9,7 @@ from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
 from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL
 from hydra_core.hydra.finetune import FinetuneConfig
+from hydra_core.report.efficient_ensembles import check_efficient
 
 #: where the report goes unless told (never the committed docs/report/ by default)
 DEFAULT_OUT = Path("results") / "report"
@@ -93,12 +94,7 @@ class ReportConfig:
     held_out: int | None = 512
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.efficient if m not in EFFICIENT_NAMES]
-        if unknown:
-            raise ValueError(
-                f"efficient: unknown efficient ensemble(s) {', '.join(map(repr, unknown))}; "
-                f"choose from {', '.join(EFFICIENT_NAMES)}"
-            )
+        check_efficient(self.efficient)
 
     @classmethod
     def quick(cls, **overrides) -> ReportConfig:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from hydra_core.report.claims import near_far_verdicts, signed, verdict_tally
-from hydra_core.report.image_claims import REPEAT_0
+from hydra_core.report.efficient_ensembles import judged
 from hydra_core.report.markdown import markdown_table
 
 
@@ -19,8 +19,8 @@ def claims_sections(
     """The statements over the ``repeats``, then those about the efficient ensembles
     (``setup["efficient_ensembles"]`` says which were not run)."""
     return [
-        *_claims_section(_judged(claims, repeat_0=False), repeats),
-        *_efficient_claims_section(_judged(claims, repeat_0=True), setup),
+        *_claims_section(judged(claims, repeat_0=False), repeats),
+        *_efficient_claims_section(judged(claims, repeat_0=True), setup),
     ]
 
 
@@ -64,13 +64,6 @@ def _claims_section(claims: pd.DataFrame | None, repeats: int) -> list[str]:
         + (" The statements about Deep Ensembles need their trained copies." if no_deep else ""),
         "",
     ]
-
-
-def _judged(claims: pd.DataFrame | None, repeat_0: bool) -> pd.DataFrame | None:
-    """The statements judged on repeat 0 alone (the efficient ensembles'), or the others."""
-    if claims is None or "judged_on" not in claims:
-        return None if repeat_0 else claims
-    return claims[(claims["judged_on"] == REPEAT_0) == repeat_0]
 
 
 def _efficient_claims_section(claims: pd.DataFrame | None, setup: Mapping | None) -> list[str]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from hydra_core.report.efficient_ensembles import efficient_lines
 from hydra_core.report.markdown import jaccard_text, markdown_table
+
+#: the efficient ensembles the image report looks for, in the setup's words
+EFFICIENT_WHICH = (
+    "Table 1's Packed-Ensembles, MIMO, BatchEnsemble, LoRA Ensembles; C.1.4 settings, "
+    "docs/baselines.md"
+)
 
 
 def setup_section(setup: dict) -> list[str]:
@@ -63,7 +70,7 @@ def setup_section(setup: dict) -> list[str]:
             "--seeds 1 2` (both at once in about 30 min on 2 CPU cores; resumable) and run the "
             "report again."
         ),
-        *efficient_lines(setup.get("efficient_ensembles")),
+        *efficient_lines(setup.get("efficient_ensembles"), EFFICIENT_WHICH),
         "- **MC Dropout** (5 passes, the model's own dropout): "
         + (
             f"not run: {setup['mc_dropout_skipped'].split(':')[0]}."
@@ -83,28 +90,6 @@ def setup_section(setup: dict) -> list[str]:
         markdown_table(seconds),
         "",
     ]
-
-
-def efficient_lines(facts: dict | None) -> list[str]:
-    """The efficient ensembles: which are in the tables, and one line per one not run, with the
-    command that trains it (the report loads stored copies only, it never trains one)."""
-    if not facts or not facts["looked_for"]:
-        return []
-    included = ", ".join(facts["included"]) or "none"
-    lines = [
-        "- **Efficient ensembles** (Table 1's Packed-Ensembles, MIMO, BatchEnsemble, LoRA "
-        f"Ensembles; C.1.4 settings, docs/baselines.md): in the tables: {included}. The report "
-        "loads their stored trained copies and never trains one."
-    ]
-    for name, why in facts["not_run"].items():
-        if why["command"]:
-            lines.append(
-                f"- **{name}**: not run, no trained copy is stored; train it with "
-                f"`{why['command']}` and run the report again."
-            )
-        else:
-            lines.append(f"- **{name}**: not run: {why['reason']}.")
-    return lines
 
 
 def _protocol_sentence(protocol: dict) -> str:

@@ -1,6 +1,6 @@
 """The image report's stages beside the pipeline's: the fine-tuned systems, the systems Table 7
-times, Table 5's distances, Deep Ensembles when trained copies exist, the efficient ensembles whose
-trained copies are stored, the setup, the overlaps."""
+times, Table 5's distances, Deep Ensembles when trained copies exist, the setup (with the efficient
+ensembles': :mod:`~hydra_core.report.efficient_ensembles`), the overlaps."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from hydra_core.baselines import efficient
-from hydra_core.baselines.deep_ensembles import deep_ensemble_for, reference_checkpoint
-from hydra_core.baselines.systems import MC_DROPOUT, EfficientBaseline
+from hydra_core.baselines.deep_ensembles import deep_ensemble_for
+from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.data.fashion_mnist import load_fashion_mnist
 from hydra_core.evaluate import evaluate_model
 from hydra_core.experiment.pipeline import Pipeline
@@ -29,9 +28,9 @@ from hydra_core.hydra.members import member_overlap
 from hydra_core.hydra.systems import Hydra, Single
 from hydra_core.masks import MemberMask
 from hydra_core.outputs import write_csv
+from hydra_core.report.efficient_ensembles import efficient_facts
 from hydra_core.report.image_config import ReportConfig
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_CIRC_FT, HYDRA_TAYLOR, fused
-from hydra_core.zoo.default import DEFAULT_CHECKPOINT
 
 if TYPE_CHECKING:
     from hydra_core.data.benchmark import Benchmark
@@ -143,43 +142,6 @@ def deep_ensemble_of(config: ReportConfig, run: Pipeline) -> list[nn.Module] | N
     if not config.deep_ensemble:
         return None
     return deep_ensemble_for(config.model, log=lambda reason: run.log(f"{run.tag} {reason}"))
-
-
-def efficient_systems(config: ReportConfig, run: Pipeline) -> list[EfficientBaseline]:
-    """The efficient ensembles ``config.efficient`` names, each loaded from its copy stored under
-    the run's cache (``<cache>/efficient_ensembles``), never trained: one that is not stored is
-    left out by the system, its reason in the report's ``skipped``."""
-    reference = reference_checkpoint(config.model)
-    root = Path(run.cache.root) / efficient.FOLDER
-    return [EfficientBaseline(m, reference, train=False, root=root) for m in config.efficient]
-
-
-def efficient_facts(config: ReportConfig, systems: SystemsReport) -> dict:
-    """``setup["efficient_ensembles"]``: the ensembles looked for, those in the tables, and per
-    one left out why and the command that trains it (None where none can: Packed-Ensembles and
-    MIMO follow a Hydra Lab checkpoint's recipe)."""
-    skipped = systems.setup.get("skipped", {})
-    reference = reference_checkpoint(config.model)
-    has_recipe = reference is not None
-    model = None if reference == DEFAULT_CHECKPOINT else config.model  # the default: no flag
-    not_run = {}
-    for method in config.efficient:
-        name = efficient.NAMES[method]
-        if name in systems.info:
-            continue
-        trainable = method not in efficient.FROM_SCRATCH or has_recipe
-        not_run[name] = {
-            "method": method,
-            "reason": skipped.get(name, "not evaluated"),
-            "command": efficient.train_command(method, model=model) if trainable else None,
-        }
-    return {
-        "looked_for": list(config.efficient),
-        "included": [
-            efficient.NAMES[m] for m in config.efficient if efficient.NAMES[m] in systems.info
-        ],
-        "not_run": not_run,
-    }
 
 
 def image_setup(

@@ -24,6 +24,7 @@ from hydra_core.experiment.pruning import Budgets
 from hydra_core.hydra.members import CIRCUIT_NAMES
 from hydra_core.hydra.systems import Hydra, Pruned, Single
 from hydra_core.masks import MemberMask
+from hydra_core.report.efficient_ensembles import efficient_systems
 from hydra_core.report.heads import evidence_table
 from hydra_core.report.image_claims import efficient_claims
 from hydra_core.report.image_config import DEFAULT_OUT, ReportConfig
@@ -34,7 +35,6 @@ from hydra_core.report.image_stages import (
     cost_systems,
     deep_ensemble_of,
     distances_table,
-    efficient_systems,
     finetuned_systems,
     image_setup,
     write_overlaps,

@@ -77,6 +77,7 @@ from hydra_core.experiment.pipeline import Pipeline
 from hydra_core.experiment.pruning import Budgets
 from hydra_core.experiment.results import SystemsReport
 from hydra_core.models.preprocess import TrimmedPreprocess
+from hydra_core.report.efficient_ensembles import efficient_systems
 from hydra_core.report.heads import evidence_table
 from hydra_core.report.text_config import (
     DEFAULT_TEXT_OUT,
@@ -150,7 +151,10 @@ def run_text_report(
         for _ in later_repeats():
             pass
         return {}
-    main = text_repeat(run, config, budgets, train_set, trimmed, report_set, deep_kind, 0)
+    efficients = efficient_systems(config, run)  # stored copies only: the report never trains
+    main = text_repeat(
+        run, config, budgets, train_set, trimmed, report_set, deep_kind, 0, None, efficients
+    )
     reports = [main.report, *later_repeats()]
     stability = run.stability(
         main.circuits,
@@ -176,7 +180,7 @@ def run_text_report(
         tables["heads"] = evidence_table(
             loaded, benchmark, fit.id_x, fit.id_y, n=n, batch_size=batch, cache=run.cache
         )
-    setup = text_setup(run, config, budgets, members, deep_kind)
+    setup = text_setup(run, config, budgets, members, deep_kind, main.report)
     return run.write(tables, setup, main.report, text_markdown)
 
 

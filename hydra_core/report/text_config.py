@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from hydra_core.analysis._maps import DEFAULT_OOD_AGGREGATE
+from hydra_core.baselines import efficient
 from hydra_core.baselines.shared_backbone import DEEP_HEADS
 from hydra_core.data.benchmark import DEFAULT_PROTOCOL
+from hydra_core.report.efficient_ensembles import check_efficient
 from hydra_core.training.top import (
     DEFAULT_TOP_RECIPE,
     TopFinetuneConfig,
@@ -28,6 +30,10 @@ if TYPE_CHECKING:
 #: where the report goes unless told (never the committed docs/report/ by default)
 DEFAULT_TEXT_OUT = Path("results") / "report" / "text"
 
+
+#: the efficient ensembles that apply to a text model (fine-tuned from it; Packed-Ensembles and
+#: MIMO are trained from scratch with a Hydra Lab checkpoint's recipe, docs/baselines.md)
+TEXT_EFFICIENT = (efficient.BATCH, efficient.LORA)
 
 #: fine-tuning after pruning, every pruned model and member: the default named recipe
 #: (:data:`~hydra_core.training.top.TOP_RECIPES`; ``report --finetune-recipe`` picks another)
@@ -63,6 +69,14 @@ class TextReportConfig:
             model being seed 0 (:func:`train_text_ensemble`); ``"heads"``: fresh heads on the
             shared encoder (:func:`deep_heads`); None: no Deep Ensembles row.
         deep_heads: how ``"heads"`` trains them.
+        efficient: the paper's efficient ensembles looked for (default: the two that apply to a
+            text model, ``"batch-ensemble"`` and ``"lora-ensembles"``, fine-tuned from it; the
+            paper's Table 2 has LoRA Ensembles): each one whose trained copy of the model is
+            stored in the cache (``train-baselines ... --model MODEL``) is a row of Table 2 and
+            the cost table, and of the paper's statements about it; the report never trains one,
+            it names the command that does. ``"packed-ensembles"`` and ``"mimo"`` are trained
+            from scratch with a Hydra Lab checkpoint's recipe: for a text model they are left
+            out with that reason (empty: none looked for).
         device, batch_size: where and in what batches to predict.
         latency_batch, latency_repeats: sentences per timed forward and timed calls per system.
         fusion_check: report sentences on which fused and separately run members are compared.
@@ -89,6 +103,7 @@ class TextReportConfig:
     finetune: TopFinetuneConfig | None = FINETUNE
     deep: str | None = "train-text"
     deep_heads: TopFinetuneConfig = DEEP_HEADS
+    efficient: tuple[str, ...] = TEXT_EFFICIENT
     device: str = "auto"
     batch_size: int = 128
     latency_batch: int = 32
@@ -97,6 +112,9 @@ class TextReportConfig:
     stability_resamples: int = 3
     held_out: int | None = 256
     evidence_samples: int | None = 500
+
+    def __post_init__(self) -> None:
+        check_efficient(self.efficient)
 
     @classmethod
     def quick(cls, **overrides) -> TextReportConfig:

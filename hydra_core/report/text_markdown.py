@@ -11,10 +11,12 @@ from collections.abc import Mapping
 import pandas as pd
 
 from hydra_core.report.claims import CIRCAVG, signed, verdict_counts
+from hydra_core.report.efficient_ensembles import judged
 from hydra_core.report.markdown import heads, markdown_table, render, stability
 from hydra_core.report.text_markdown_setup import coverage_section, setup_section
 from hydra_core.report.text_markdown_tables import (
     claims_section,
+    efficient_claims_section,
     fusion_cost_section,
     table2_section,
 )
@@ -30,6 +32,7 @@ def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         heads,
         table2_section,
         lambda tables, setup: claims_section(tables["paper_claims"], setup, tables.get("repeats")),
+        lambda tables, setup: efficient_claims_section(tables["paper_claims"], setup),
         fusion_cost_section,
         lambda tables, setup: coverage_section(setup),
     )
@@ -51,7 +54,7 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     """The paper's headline statements against ours (pruned systems fine-tuned after pruning,
     as the paper's; zero-shot where no fine-tuned row exists), the verdict counts, and whether
     the search's gains reached the report split."""
-    claims = tables["paper_claims"]
+    claims = judged(tables["paper_claims"], repeat_0=False)  # the efficient ones: their section
     rows = claims.set_index("claim")
     lines = []
     for claim in HEADLINES:

@@ -12,7 +12,11 @@ from torch import nn
 
 from hydra_core.analysis.inputs import SearchInputs
 from hydra_core.baselines.shared_backbone import DEEP
-from hydra_core.baselines.systems import MCDropoutBaseline, SharedBackboneBaseline
+from hydra_core.baselines.systems import (
+    EfficientBaseline,
+    MCDropoutBaseline,
+    SharedBackboneBaseline,
+)
 from hydra_core.data.provenance import ChosenOn
 from hydra_core.experiment.pipeline import Pipeline
 from hydra_core.experiment.pruning import Budgets
@@ -61,11 +65,14 @@ def text_repeat(
     deep_kind: str | None,
     r: int,
     inputs: SearchInputs | None = None,
+    efficients: Sequence[EfficientBaseline] = (),
 ) -> TextRepeat:
     """One repeat: the three searches and the pruning on ``inputs`` (default: the run's search
     tensors), then every system on the report split of ``benchmark`` (sorted by length), pruning
     seeds r*M .. r*M + M - 1 and fine-tuning seed r. Cached models and predictions make the
-    systems that do not change between repeats (single, MC Dropout, Deep Ensembles) cheap."""
+    systems that do not change between repeats (single, MC Dropout, Deep Ensembles) cheap.
+    ``efficients``: the efficient ensembles' stored copies (repeat 0 alone: one copy each, not
+    seeded per repeat; one not stored is left out, its reason in the report's ``skipped``)."""
     model, device, stages = run.loaded.model, run.device, run.stage
     tag = f", repeat {r}" if r else ""
     m = len(config.seeds)
@@ -109,6 +116,10 @@ def text_repeat(
             deep_runs = deep.runs
             if deep_kind == "heads":
                 deep_runs = [training_row(DEEP, h) for h in deep.runs]
+    for efficient in efficients:  # loaded, never trained by the report
+        with stages(f"{efficient.name}: its stored copy, evaluated{tag}"):
+            systems.check_unseen(efficient)
+            efficient.add_to(systems)
     hydras = {}
     with stages("fuse and evaluate Hydra (Taylor), Hydra (Circ) and its B.5 ablation" + tag):
         for label in HYDRAS:
@@ -140,7 +151,7 @@ def text_repeat(
                 parts = [(t.model, head_layout(t.model).all_kept()) for t in tuned_members[label]]
                 hydras[ft_label] = fuse_members(parts)  # MLPs averaged over the members
                 systems.add_fused(fused(ft_label), hydras[ft_label], kept_heads(members[label]))
-    report = SystemsReport(systems.evaluations, systems.info)
+    report = SystemsReport(systems.evaluations, systems.info, setup={"skipped": systems.skipped})
     return TextRepeat(
         systems, report, circuits, taylor, circavg, members, pruned, hydras, tuned, tuned_members,
         deep_runs,

@@ -1,5 +1,6 @@
 """The text report's stages beside the pipeline's: fused against separately run members, the
-cost of one system of each kind, the training table, how Deep Ensembles (D) is made, the setup."""
+cost of one system of each kind, the training table, how Deep Ensembles (D) is made, the setup
+(with the efficient ensembles': :mod:`~hydra_core.report.efficient_ensembles`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from hydra_core.baselines.efficient import NAMES as EFFICIENT_NAMES
 from hydra_core.baselines.shared_backbone import DEEP, has_train_text_recipe
 from hydra_core.baselines.systems import MC_DROPOUT
 from hydra_core.evaluate import callable_model, probabilities
@@ -21,6 +23,7 @@ from hydra_core.experiment.results import SystemsReport
 from hydra_core.experiment.run import Run
 from hydra_core.hydra.cost import cost_table, parameter_breakdown
 from hydra_core.masks import MemberMask
+from hydra_core.report.efficient_ensembles import efficient_facts
 from hydra_core.report.tables import HYDRA_CIRC, HYDRA_CIRC_FT, HYDRA_TAYLOR, fused
 from hydra_core.report.text_config import TextReportConfig
 from hydra_core.report.text_tables import HYDRAS, SINGLE
@@ -100,7 +103,8 @@ def text_cost(
     chosen[system_name(HYDRA_CIRC, "unfused")] = [
         pruned_copy(model, m.keep) for m in members[HYDRA_CIRC]
     ]
-    for name in (fused(HYDRA_TAYLOR), fused(HYDRA_CIRC), fused(HYDRA_CIRC_FT), DEEP, MC_DROPOUT):
+    others = (DEEP, MC_DROPOUT, *EFFICIENT_NAMES.values())  # the efficient: where evaluated
+    for name in (fused(HYDRA_TAYLOR), fused(HYDRA_CIRC), fused(HYDRA_CIRC_FT), *others):
         if name in systems.info:
             chosen[name] = systems.info[name].models
     sample = fixed_sample(run.benchmark.id_report, config.latency_batch, "latency")
@@ -166,9 +170,11 @@ def text_setup(
     budgets: Budgets,
     members: Mapping[str, Sequence[MemberMask]],
     deep: str | None,
+    systems: SystemsReport,
 ) -> dict:
     """The run's description (``report.json``'s ``setup``); ``protocol`` says which sentences
-    selected heads and which were reported, and every seed."""
+    selected heads and which were reported, and every seed; ``efficient_ensembles`` which of
+    them ``systems`` (repeat 0) evaluated and how to train the others."""
     m = len(config.seeds)
     seeds = {
         "pruning": list(config.seeds),
@@ -190,5 +196,6 @@ def text_setup(
         finetune=None if config.finetune is None else asdict(config.finetune),
         deep=deep,
         deep_heads=asdict(config.deep_heads) if deep == "heads" else None,
+        efficient_ensembles=efficient_facts(config, systems),
     )
     return run.finish(setup)

@@ -409,5 +409,5 @@ def test_the_report_command_passes_the_efficient_ensembles_looked_for(monkeypatc
     ]:
         assert main(["report", "--quick", *flags]) == 0
         assert seen.pop().efficient == expected
-    assert main(["report", "--task", "text", "--efficient", "mimo"]) == 2
-    assert "--efficient applies to the image report" in capsys.readouterr().err
+    assert main(["report", "--task", "zero-shot", "--efficient", "mimo"]) == 2
+    assert "--efficient applies to the image and text reports" in capsys.readouterr().err

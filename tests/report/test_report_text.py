@@ -46,6 +46,7 @@ SECTIONS = [
     "## Tables 18-20",
     "## Differences to the single model",
     "## Agreements and disagreements with the paper",
+    "## The paper's statements about the efficient ensembles (repeat 0)",
     "## Fused vs separately run members",
     "## Cost",
     "## What this report covers",
@@ -72,6 +73,7 @@ ROWS = [
     SINGLE,
     DEEP,
     MC_DROPOUT,
+    "LoRA Ensembles",  # its stored copy (BatchEnsemble: not stored)
     "Taylor",
     "CircAvg",
     "Hydra (Taylor) (fused)",
@@ -110,11 +112,41 @@ def tokenizer() -> transformers.BertTokenizer:
     )
 
 
+def store_tiny_lora(source: str, cache_root) -> None:
+    """A LoRA Ensembles copy of the tiny BERT stored where ``train-baselines lora-ensembles
+    --model SOURCE`` would store it under ``cache_root`` (a stand-in for the fine-tuning: each
+    member's B set to random values from its seed)."""
+    from safetensors.torch import save_file
+
+    from hydra_core.baselines import efficient
+    from hydra_core.baselines.lora import adapter_state, lora_member
+    from hydra_core.hydra.finetune import members_training_items
+    from hydra_core.zoo.registry import load_model
+
+    loaded = load_model(source)
+    settings, config = efficient.EfficientSettings(), efficient.LORA_FINETUNE
+    data = members_training_items(loaded.model, config)
+    for seed in settings.seeds:
+        path = efficient.finetune_path(
+            efficient.LORA, settings, config, loaded.model, data, loaded.preprocess, seed,
+            cache_root / efficient.FOLDER,
+        )  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        member = lora_member(loaded.model, seed, settings.rank, settings.lora_alpha)
+        g = torch.Generator().manual_seed(100 + seed)
+        with torch.no_grad():
+            for name, p in member.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        save_file({k: v.contiguous() for k, v in adapter_state(member).items()}, str(path))
+
+
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("text-report")
     tiny_sentiment_bert().save_pretrained(root / "tiny")
     tokenizer().save_pretrained(root / "tiny")
+    store_tiny_lora(str(root / "tiny"), root / "cache")  # BatchEnsemble: not stored
     out = root / "out"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HYDRA_LAB_CACHE", str(root / "cache"))
@@ -288,3 +320,133 @@ def test_deep_heads_config_and_paper_numbers():
 )
 def test_verdicts(paper, value, lo, hi, verdict):
     assert claim_verdict(paper, value, lo, hi) == verdict
+
+
+# --- the efficient ensembles ---------------------------------------------------------------------
+
+
+def test_the_stored_lora_copy_is_a_row_and_batch_ensemble_says_how_to_train(report_dir):
+    """The stored LoRA Ensembles copy is a row of Table 2, the differences, the per-set and the
+    cost tables with the numbers of its members' mean softmax on the report sentences;
+    BatchEnsemble, not stored, is one line with the command that trains it."""
+    from sklearn.metrics import roc_auc_score
+
+    from hydra_core.baselines import efficient
+    from hydra_core.report.text_config import TextReportConfig, text_benchmark
+    from hydra_core.zoo.registry import load_model
+
+    source = str(report_dir.parent / "tiny")
+    loaded = load_model(source)
+    root = report_dir.parent / "cache" / efficient.FOLDER
+    ensemble = efficient.lora_copy(loaded.model, loaded.preprocess, root=root, train=False)
+    assert ensemble is not None
+    benchmark = text_benchmark(TextReportConfig.quick(ood=("imdb", "abc_news")))
+
+    def mean_softmax(data):  # (N, C)
+        with torch.no_grad():
+            return ensemble(loaded.preprocess(data.inputs)).softmax(-1).mean(1)
+
+    id_probs, labels = mean_softmax(benchmark.id_report), benchmark.id_report.labels
+    table = pd.read_csv(report_dir / "table2_systems.csv").set_index("system")
+    row = table.loc["LoRA Ensembles"]
+    assert row["kind"] == "efficient-ensemble" and row["heads"] == "12x3"
+    assert row["trained_after_pruning"] == "–"
+    accuracy = (id_probs.argmax(-1) == labels).double().mean().item()
+    assert row["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    nll = -id_probs[torch.arange(len(labels)), labels].log().double().mean().item()
+    assert row["nll"] == pytest.approx(nll, rel=1e-4)
+    aurocs = {}
+    for ood in benchmark.ood_report:  # OOD positive, scored by minus the MSP
+        scores = torch.cat([id_probs.max(-1).values, mean_softmax(ood).max(-1).values])
+        truth = [0] * len(id_probs) + [1] * len(ood)
+        aurocs[ood.name] = roc_auc_score(truth, -scores.numpy())
+    assert row["all_auroc"] == pytest.approx(sum(aurocs.values()) / len(aurocs), abs=1e-6)
+    assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
+    assert row["nll"] != table.loc[SINGLE, "nll"]  # the adapters change the predictions
+    per_set = pd.read_csv(report_dir / "per_set.csv").set_index(["system", "set"])
+    for name, auroc in aurocs.items():
+        assert per_set.loc[("LoRA Ensembles", name), "auroc"] == pytest.approx(auroc, abs=1e-6)
+    differences = pd.read_csv(report_dir / "differences_to_single.csv").set_index("system")
+    expected = row["accuracy"] - table.loc[SINGLE, "accuracy"]
+    assert differences.loc["LoRA Ensembles", "accuracy"] == pytest.approx(expected, abs=1e-9)
+    cost = pd.read_csv(report_dir / "table7_cost.csv").set_index("system")
+    assert cost.loc["LoRA Ensembles", "latency_ms"] > 0
+    assert "BatchEnsemble" not in set(table.index) | set(cost.index)
+    report = json.loads((report_dir / "report.json").read_text())
+    facts = report["setup"]["efficient_ensembles"]
+    assert facts["looked_for"] == ["batch-ensemble", "lora-ensembles"]
+    assert facts["included"] == ["LoRA Ensembles"] and list(facts["not_run"]) == ["BatchEnsemble"]
+    command = f"python -m hydra_core train-baselines batch-ensemble --model {source}"
+    assert facts["not_run"]["BatchEnsemble"]["command"] == command
+    assert report["setup"]["config"]["efficient"] == ["batch-ensemble", "lora-ensembles"]
+    text = (report_dir / "report.md").read_text()
+    assert "in the tables: LoRA Ensembles. The report loads their stored" in text
+    line = f"- **BatchEnsemble**: not run, no trained copy is stored; train it with `{command}`"
+    assert sum(line in x for x in text.splitlines()) == 1
+
+
+def test_the_papers_statements_about_lora_ensembles_are_judged_on_repeat_0(report_dir):
+    """LoRA Ensembles against Deep Ensembles (D) and Hydra (Circ) against LoRA Ensembles, the
+    paired difference of repeat 0 with its interval over the report sentences."""
+    from hydra_core.report.efficient_ensembles import OVER_REPEATS, REPEAT_0
+
+    claims = pd.read_csv(report_dir / "paper_claims.csv")
+    assert set(claims["judged_on"]) == {OVER_REPEATS, REPEAT_0}
+    ours = claims[claims["judged_on"] == REPEAT_0].set_index("claim")
+    assert ours["paper_difference"].to_dict() == pytest.approx(
+        {
+            "LoRA Ensembles detect OOD worse than Deep Ensembles (D): AUROC": 70.83 - 74.81,
+            "LoRA Ensembles detect OOD worse than Deep Ensembles (D): FPR95": 68.70 - 62.69,
+            "Hydra (Circ) beats LoRA Ensembles on AUROC": 77.60 - 70.83,
+            "Hydra (Circ) beats LoRA Ensembles on FPR95": 55.06 - 68.70,
+        }
+    )
+    table = pd.read_csv(report_dir / "table2_systems.csv").set_index("system")
+    row = ours.loc["Hydra (Circ) beats LoRA Ensembles on AUROC"]
+    hydra = table.loc["Hydra (Circ), fine-tuned (fused)", "all_auroc"]
+    assert row["fine_tuned"] == pytest.approx(
+        100 * (hydra - table.loc["LoRA Ensembles", "all_auroc"])
+    )
+    assert float(row["fine_tuned_repeats"]) == pytest.approx(row["fine_tuned"])  # one repeat
+    lora = ours.loc["LoRA Ensembles detect OOD worse than Deep Ensembles (D): AUROC"]
+    assert lora["zero_shot"] == lora["fine_tuned"]  # neither is pruned
+    for r in ours.itertuples():
+        assert r.fine_tuned_lo <= r.fine_tuned <= r.fine_tuned_hi
+        expected = claim_verdict(r.paper_difference, r.fine_tuned, r.fine_tuned_lo, r.fine_tuned_hi)
+        assert r.fine_tuned_verdict == expected
+    text = (report_dir / "report.md").read_text()
+    section = text.split("## The paper's statements about the efficient ensembles (repeat 0)")[1]
+    assert "Hydra (Circ) beats LoRA Ensembles on AUROC" in section.split("## Fused")[0]
+    agreements = text.split("## Agreements and disagreements")[1].split("## The paper's")[0]
+    assert "LoRA Ensembles" not in agreements  # judged over the repeats: the others only
+
+
+def test_statements_about_an_efficient_ensemble_not_run_are_listed_as_not_judged():
+    from hydra_core.report.text_markdown_tables import efficient_claims_section
+
+    setup = {"efficient_ensembles": {"looked_for": ["batch-ensemble"], "included": []}}
+    lines = efficient_claims_section(pd.DataFrame(columns=["judged_on"]), setup)
+    assert "Not judged (not run, see the setup): the statements about LoRA Ensembles." in lines
+    none_looked_for = {"efficient_ensembles": {"looked_for": [], "included": []}}
+    assert efficient_claims_section(pd.DataFrame(columns=["judged_on"]), none_looked_for) == []
+
+
+def test_the_text_report_takes_efficient_and_the_zero_shot_report_refuses_it(monkeypatch, capsys):
+    import hydra_core.report.text
+    from hydra_core.report.text_config import TextReportConfig
+
+    seen = []
+    monkeypatch.setattr(
+        hydra_core.report.text, "run_text_report", lambda config, *a, **k: seen.append(config)
+    )
+    for flags, expected in [
+        ([], ("batch-ensemble", "lora-ensembles")),
+        (["--efficient", "lora-ensembles", "mimo", "lora-ensembles"], ("lora-ensembles", "mimo")),
+        (["--efficient"], ()),
+    ]:
+        assert main(["report", "--task", "text", "--quick", *flags]) == 0
+        assert seen.pop().efficient == expected
+    with pytest.raises(ValueError, match="unknown efficient ensemble.*'oba'"):
+        TextReportConfig(efficient=("oba",))
+    assert main(["report", "--task", "zero-shot", "--efficient", "mimo"]) == 2
+    assert "--efficient applies to the image and text reports" in capsys.readouterr().err
