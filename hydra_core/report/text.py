@@ -32,6 +32,10 @@ The systems:
   own seed from the least useful heads of the Taylor global ranking or of the CircAvg greedy
   ranking (as the image report builds them), fused into one model with
   :func:`~hydra_core.hydra.fused.fuse_members`.
+- **LoRA Ensembles**, **BatchEnsemble** (``config.efficient``): their copies stored by
+  ``train-baselines ... --model MODEL``, evaluated in repeat 0 (one copy each, not seeded per
+  repeat; the paper's statements about LoRA Ensembles judged there), never trained by the report
+  (:mod:`~hydra_core.report.efficient_ensembles`).
 
 The pruned models and members appear twice: zero-shot (pruned, not trained) and fine-tuned after
 pruning (paper D.2: AdamW with decoupled weight decay, a per-step linear warm-up over 10% of the

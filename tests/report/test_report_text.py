@@ -450,3 +450,22 @@ def test_the_text_report_takes_efficient_and_the_zero_shot_report_refuses_it(mon
         TextReportConfig(efficient=("oba",))
     assert main(["report", "--task", "zero-shot", "--efficient", "mimo"]) == 2
     assert "--efficient applies to the image and text reports" in capsys.readouterr().err
+
+
+def test_a_stored_copy_is_keyed_by_the_untrimmed_preprocessing(tmp_path):
+    """The report's trimmed batches would key another copy than the one ``train-baselines``
+    stores (the key holds the preprocessing's output on the first items): the efficient
+    ensembles look theirs up with the preprocessing unwrapped."""
+    from hydra_core.baselines import efficient
+    from hydra_core.models.preprocess import untrimmed
+
+    data, preprocess = texts_and_preprocess()
+    trimmed = TrimmedPreprocess(preprocess)
+    assert untrimmed(trimmed) is preprocess and untrimmed(preprocess) is preprocess
+    model = TextClassifier(tiny_sentiment_bert())
+    settings, config = efficient.EfficientSettings(), efficient.LORA_FINETUNE
+    paths = [
+        efficient.finetune_path(efficient.LORA, settings, config, model, data, p, 0, tmp_path)
+        for p in (preprocess, trimmed)
+    ]
+    assert paths[0] != paths[1]
