@@ -680,7 +680,7 @@ def _report(args: argparse.Namespace) -> int:
         from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
 
         config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
-        off = {"finetune": args.no_finetune, "deep_heads": args.no_deep_ensemble}
+        off = {"finetune": args.no_finetune, "deep": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
         if args.efficient is not None:
             config = replace(config, efficient=tuple(dict.fromkeys(args.efficient)))

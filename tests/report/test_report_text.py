@@ -446,6 +446,12 @@ def test_the_text_report_takes_efficient_and_the_zero_shot_report_refuses_it(mon
     ]:
         assert main(["report", "--task", "text", "--quick", *flags]) == 0
         assert seen.pop().efficient == expected
+    # --no-deep-ensemble leaves the Deep Ensembles row out (deep None), whatever makes it
+    assert main(["report", "--task", "text", "--quick", "--no-deep-ensemble"]) == 0
+    config = seen.pop()
+    assert config.deep is None and config.deep_heads is not None
+    assert main(["report", "--task", "text", "--quick"]) == 0
+    assert seen.pop().deep is not None
     with pytest.raises(ValueError, match="unknown efficient ensemble.*'oba'"):
         TextReportConfig(efficient=("oba",))
     assert main(["report", "--task", "zero-shot", "--efficient", "mimo"]) == 2
