@@ -19,32 +19,54 @@ def _cost(row: pd.Series, column: str) -> str:
     return "" if pd.isna(value) else f" at {value:.2f}x the single model's multiply-adds"
 
 
-def ensembling_verdict(table: pd.DataFrame, column: str = "all_auroc", what: str = "") -> str:
+#: the AUROC columns a verdict is given on: near and far apart, then all sets (never all alone)
+AUROC_GROUPS = (("near_auroc", "near OOD"), ("far_auroc", "far OOD"), ("all_auroc", "all sets"))
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def ensembling_verdict(
+    table: pd.DataFrame, groups: tuple[tuple[str, str], ...] = AUROC_GROUPS
+) -> str:
     """One paragraph from a :meth:`~hydra_core.experiment.results.SystemsReport.comparisons` table:
-    fused minus its best member on ``column`` (named ``what``) with the paired interval, each
-    with its cost, and what that means: a significant gain is the ensembling's; a difference
-    whose interval contains 0, or a loss, says the pruning (the best member alone) bought
-    whatever the fused ensemble gains over the single model. Empty without a best-member row."""
+    fused minus its best member on each of ``groups`` (column, name: by default the AUROC on near
+    OOD, far OOD and all sets, apart) with the paired intervals, each with its cost, and what each
+    means: a significant gain (interval above 0) is the ensembling's; a difference whose interval
+    contains 0, or a loss, says the pruning (the best member alone) bought whatever the fused
+    ensemble gains over the single model there. Empty without a best-member row."""
     best = table[table["role"] == "best member"]
-    if best.empty or column not in table:
+    if best.empty:
         return ""
     row = best.iloc[0]
-    what = what or column
+    present = [(c, name) for c, name in groups if c in table and pd.notna(row[c])]
+    if not present:
+        return ""
     fused, member = row["system"], row["against"]
     said = (
         f"**{fused}**{_cost(row, 'macs_ratio')} minus its best member **{member}**"
-        f"{_cost(row, 'against_macs_ratio')}, {what}: {_interval(row, column)} (paired 95% "
-        "interval)."
+        f"{_cost(row, 'against_macs_ratio')}, AUROC (paired 95% intervals): "
+        + "; ".join(f"{name} {_interval(row, c)}" for c, name in present)
+        + "."
     )
-    low, high = row[f"{column}_lo"], row[f"{column}_hi"]
-    if low > 0:
-        return said + " The ensemble beats its best member: the ensembling adds to the pruning."
-    if high < 0:
-        return (
-            said + " Its best member alone beats the ensemble: the pruning, not the ensembling, "
-            "bought the gain."
+    beats = [name for c, name in present if row[f"{c}_lo"] > 0]
+    loses = [name for c, name in present if row[f"{c}_hi"] < 0]
+    neither = [name for c, name in present if name not in beats and name not in loses]
+    if beats:
+        said += (
+            f" The ensemble beats its best member on {_joined(beats)}: the ensembling adds to "
+            "the pruning there."
         )
-    return (
-        said + " Not significant: the best member alone does as well, so the pruning, not the "
-        "ensembling, bought whatever the ensemble gains over the single model."
-    )
+    if loses:
+        said += (
+            f" Its best member alone beats the ensemble on {_joined(loses)}: the pruning, not "
+            "the ensembling, bought the gain there."
+        )
+    if neither:
+        said += (
+            f" Not significant on {_joined(neither)}: the best member alone does as well, so the "
+            "pruning, not the ensembling, bought whatever the ensemble gains over the single "
+            "model there."
+        )
+    return said

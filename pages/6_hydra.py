@@ -296,7 +296,7 @@ def against_baselines(report, label: str) -> None:
         "the highest AUROC all (mean over the OOD sets). MACs ratios: multiply-adds over the "
         "single model's."
     )
-    st.markdown(ensembling_verdict(table, "all_auroc", "AUROC all (mean over the OOD sets)"))
+    st.markdown(ensembling_verdict(table))  # near and far apart, then all sets
 
 
 def uncertain_view(context, report) -> None:

@@ -279,9 +279,14 @@ def test_hydra_assembles_and_shows_the_metrics_table(app, setup):
         assert cell.startswith(f"{found.value:+.4f}")
         assert cell.endswith("(n.s.)") == (not found.significant)
     verdict = next(m.value for m in app.markdown if "minus its best member" in m.value)
-    assert f"**{best}**" in verdict and ("pruning, not the ensembling" in verdict) == (
-        not report.difference("Hydra (fused)", best, "auroc", "all").lo > 0
-    )
+    assert f"**{best}**" in verdict
+    for group, name in (("near", "near OOD"), ("far", "far OOD"), ("all", "all sets")):
+        found = report.difference("Hydra (fused)", best, "auroc", group)
+        assert f"{name} {found.value:+.4f}" in verdict  # near and far apart, never all alone
+    gains = [
+        report.difference("Hydra (fused)", best, "auroc", g).lo > 0 for g in ("near", "far", "all")
+    ]
+    assert ("pruning, not the ensembling" in verdict) == (not all(gains))
     per_set = app.dataframe[3].value
     assert {"mnist", "noise", "near-OOD average", "far-OOD average"} <= set(per_set["set"])
     cost = app.dataframe[4].value.set_index("system")
