@@ -675,6 +675,8 @@ def _report(args: argparse.Namespace) -> int:
         out = args.out or DEFAULT_ZERO_SHOT_OUT
         run_zero_shot_report(config, out, progress=bars, log=tqdm.write, overwrite=args.overwrite)
         return 0
+    if args.efficient is not None:  # `--efficient` alone: () (none), not None (the default)
+        overrides["efficient"] = tuple(dict.fromkeys(args.efficient))
     if args.task == "text":
         from hydra_core.report.text import run_text_report
         from hydra_core.report.text_config import DEFAULT_TEXT_OUT, text_config_from_args
@@ -682,8 +684,6 @@ def _report(args: argparse.Namespace) -> int:
         config = text_config_from_args(args.quick, args.finetune_recipe, **overrides)
         off = {"finetune": args.no_finetune, "deep": args.no_deep_ensemble}
         config = replace(config, **{k: None for k, on in off.items() if on})
-        if args.efficient is not None:
-            config = replace(config, efficient=tuple(dict.fromkeys(args.efficient)))
         with distributed.alone():
             run_text_report(
                 config,
@@ -699,8 +699,6 @@ def _report(args: argparse.Namespace) -> int:
         config = replace(config, finetune=None)
     if args.no_deep_ensemble:
         config = replace(config, deep_ensemble=False)
-    if args.efficient is not None:
-        config = replace(config, efficient=tuple(dict.fromkeys(args.efficient)))
     with distributed.alone():
         run_report(
             config, args.out or DEFAULT_OUT, progress=bars, log=tqdm.write, overwrite=args.overwrite
