@@ -44,12 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     shared = global_options()
     for name, (add_arguments, run) in COMMANDS.items():
-        doc = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else ""
+        doc = summary(run.__doc__)
         # argparse %-formats a help string (not a description): "95% intervals" is text there
         p = sub.add_parser(name, help=doc.replace("%", "%%"), description=doc, parents=[shared])
         add_arguments(p)
         p.set_defaults(run=run)
     return parser
+
+
+def summary(docstring: str | None) -> str:
+    """A command's one-sentence summary for ``--help``: its docstring's first paragraph on one
+    line (a summary wrapped over two source lines is not cut at the line break)."""
+    first = (docstring or "").strip().split("\n\n")[0]
+    return " ".join(first.split())
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

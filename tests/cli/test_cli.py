@@ -32,6 +32,18 @@ def test_every_command_has_help(name, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
+def test_command_list_shows_each_summary_whole(capsys):
+    """A summary wrapped over two docstring lines is shown whole in ``--help``, not cut at the
+    line break (it used to end mid-sentence: "... goes on from its last")."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    listing = "".join(capsys.readouterr().out.split())  # argparse wraps at spaces and hyphens
+    for name, (_, run) in COMMANDS.items():
+        first = run.__doc__.strip().split("\n\n")[0]
+        assert first.rstrip().endswith((".", ")")), name  # a whole sentence in the source
+        assert "".join(first.split()) in listing, name
+
+
 def test_eval_json(checkpoint, capsys):
     assert main(["eval", "--model", checkpoint, *DATA, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
