@@ -80,8 +80,10 @@ def column_header(column: str) -> str:
     return HEADERS.get(column, column.replace("_", " "))
 
 
-def _cell(column: str, value: object) -> str:
-    """One value as shown in the report; missing values (None, NaN) as a dash."""
+def _cell(column: str, value: object, magnitude: float | None = None) -> str:
+    """One value as shown in the report; missing values (None, NaN) as a dash. ``magnitude``:
+    the size that picks the digits of a plain number (default its own), so that an interval's
+    bounds are shown with the digits of the value they belong to."""
     if value is None or (isinstance(value, float) and value != value):
         return "–"
     if isinstance(value, (bool, np.bool_)):
@@ -92,11 +94,12 @@ def _cell(column: str, value: object) -> str:
             return f"{100 * value:.2f}"
         if column == "max_prob_diff":
             return f"{value:.1e}"
-        if column in TWO_DECIMALS:
+        if column in TWO_DECIMALS or column.endswith("(points)"):
             return f"{value:,.2f}"
         if column == "seconds":
             return f"{value:,.1f}"
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
+        size = abs(value) if magnitude is None else magnitude
+        return f"{value:.4f}" if size < 10 else f"{value:,.1f}"
     if isinstance(value, (int, np.integer)):
         return f"{value:,}"
     return str(value)
@@ -119,11 +122,14 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 def _interval_cell(column: str, row: pd.Series) -> str:
     """The cell of ``column``, with its interval when the row has ``column_lo`` / ``_hi``."""
-    value = _cell(column, row[column])
-    lo, hi = row.get(f"{column}_lo"), row.get(f"{column}_hi")
-    if lo is None or hi is None or value == "–" or lo != lo or hi != hi:
-        return value
-    return f"{value} [{_cell(column, lo)}, {_cell(column, hi)}]"
+    value, lo, hi = row[column], row.get(f"{column}_lo"), row.get(f"{column}_hi")
+    shown = _cell(column, value)
+    if lo is None or hi is None or shown == "–" or lo != lo or hi != hi:
+        return shown
+    numbers = [abs(v) for v in (value, lo, hi) if isinstance(v, (float, np.floating))]
+    # one precision for the three: -9.6 [-10.1, -9.1], not -9.5938 [-10.1, -9.1061]
+    size = max(numbers, default=None)
+    return f"{_cell(column, value, size)} [{_cell(column, lo, size)}, {_cell(column, hi, size)}]"
 
 
 #: Table 7's columns, in the order every report shows them (those a run measured)

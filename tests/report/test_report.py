@@ -293,6 +293,27 @@ def test_budgets_and_markdown():
     ]
 
 
+def test_an_interval_is_shown_with_its_values_precision():
+    """A value and its bounds share one precision, picked by the largest of the three (a gain of
+    -9.59 with a lower bound of -10.10 was shown as ``-9.5938 [-10.1, -9.1061]``); AUROC points
+    always with two decimals."""
+    frame = pd.DataFrame(
+        {
+            "delta": [-9.5938, 0.0123],
+            "delta_lo": [-10.1012, 0.0101],
+            "delta_hi": [-9.1061, 0.0145],
+            "near ΔAUROC (points)": [27.21, -2.6391],
+            "near ΔAUROC (points)_lo": [26.6, -3.0219],
+            "near ΔAUROC (points)_hi": [27.8, -2.2699],
+        }
+    )
+    rows = markdown_table(frame).splitlines()[2:]
+    assert rows == [
+        "| -9.6 [-10.1, -9.1] | 27.21 [26.60, 27.80] |",
+        "| 0.0123 [0.0101, 0.0145] | -2.64 [-3.02, -2.27] |",
+    ]
+
+
 def test_stored_efficient_ensembles_are_rows_and_the_others_say_how_to_train(report_dir):
     """The stored BatchEnsemble copy is a row of Tables 1-2 and 7 with the numbers of the
     ensemble's mean softmax on the report items; the three not stored are one line each with
