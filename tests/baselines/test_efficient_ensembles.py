@@ -148,6 +148,29 @@ def test_batch_ensemble_members_are_rank_one_scaled_copies():
             torch.testing.assert_close(out[:, m], plain(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_token_batch_linear_gives_torch_uncertaintys_numbers_bit_for_bit(bias):
+    """The broadcast forward (r, s and bias not repeated row by row) equals TorchUncertainty's
+    ``BatchLinear.forward`` exactly, on token inputs (flattened as the library needs them) and
+    on plain rows; a plain batch that is no multiple of E takes the library's own rule."""
+    from torch_uncertainty.layers import BatchLinear
+
+    torch.manual_seed(0)
+    layer = TokenBatchLinear(12, 20, 3, bias=bias)
+    with torch.no_grad():
+        layer.r_group.normal_(1, 0.5)
+        layer.s_group.normal_(1, 0.5)
+        if bias:
+            layer.bias.normal_()
+        tokens = torch.randn(6, 5, 12)
+        expected = BatchLinear.forward(layer, tokens.reshape(-1, 12)).reshape(6, 5, 20)
+        assert torch.equal(layer(tokens), expected)
+        rows = torch.randn(9, 12)
+        assert torch.equal(layer(rows), BatchLinear.forward(layer, rows))
+        ragged = torch.randn(7, 12)  # 7 = 2 x 3 + 1: the library repeats the first rows' weights
+        assert torch.equal(layer(ragged), BatchLinear.forward(layer, ragged))
+
+
 def test_batch_ensemble_starts_from_the_trained_weights():
     model = make_tiny_vit(seed=1)
     x = torch.randn(4, 1, 16, 16, generator=torch.Generator().manual_seed(2))
