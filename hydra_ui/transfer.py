@@ -46,6 +46,10 @@ def transfer_benchmark(context) -> Benchmark:
     )
 
 
+#: where the page's shortcut warning sends the user: the matrix of this page's transfer section
+CHECK_ON_PAGE = "its row of the transfer matrix below shows whether its circuit transfers"
+
+
 @st.cache_data(show_spinner="Checking the search sets for surface shortcuts...", max_entries=8)
 def shortcut_checks(setup_key: str, _context) -> dict:
     """The shortcut check of the setup's search sets, by set (``to_dict`` entries plus the
@@ -53,14 +57,16 @@ def shortcut_checks(setup_key: str, _context) -> dict:
     checks = benchmark_shortcuts(
         _context.loaded, _context.benchmark, cache=disk_cache(), device=_context.device
     )
-    return {name: {**c.to_dict(), "warning": c.warning()} for name, c in checks.items()}
+    return {
+        name: {**c.to_dict(), "warning": c.warning(CHECK_ON_PAGE)} for name, c in checks.items()
+    }
 
 
 def shortcut_warnings(context) -> None:
     """One warning per search set that surface features separate as well as the model does."""
     for entry in shortcut_checks(context.config.key, context).values():
         if entry["warns"]:
-            st.warning(entry["warning"].replace("python -m hydra_core transfer", "below"))
+            st.warning(entry["warning"])
 
 
 def start_transfer(context, objective: str, budget: int) -> None:

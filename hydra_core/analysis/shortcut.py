@@ -24,6 +24,11 @@ from hydra_core.metrics.bootstrap import bootstrap_interval
 #: folds of the cross-validation (fewer when a side has fewer items)
 FOLDS = 5
 
+#: where a warning sends the user to see whether a circuit transfers
+CHECK = "check the transfer matrix: python -m hydra_core transfer"
+#: ... in the transfer matrix (the command or the page's section), which is that check
+CHECK_IN_MATRIX = "its row of the transfer matrix shows whether its circuit transfers"
+
 
 @dataclass(frozen=True)
 class ShortcutCheck:
@@ -47,13 +52,15 @@ class ShortcutCheck:
         keys = ("auroc", "lo", "hi", "dense_auroc")
         return {**{k: float(getattr(self, k)) for k in keys}, "warns": self.warns}
 
-    def warning(self) -> str:
-        """The one-line warning of a set that warns."""
+    def warning(self, check: str = CHECK) -> str:
+        """The one-line warning of a set that warns, ending with where to ``check`` whether its
+        circuit transfers (default: the ``transfer`` command; the transfer matrix itself says
+        its own row)."""
         return (
             f"shortcut: surface features alone tell the search set {self.name!r} from the ID "
             f"search items at AUROC {self.auroc:.3f} [{self.lo:.3f}, {self.hi:.3f}], the dense "
             f"model at {self.dense_auroc:.3f}: heads chosen on it may separate a surface cue, "
-            "not OOD data in general (check the transfer matrix: python -m hydra_core transfer)"
+            f"not OOD data in general ({check})"
         )
 
 

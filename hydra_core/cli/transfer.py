@@ -28,10 +28,11 @@ from hydra_core.cli.common import (
 from hydra_core.errors import InputError
 
 
-def shortcut_summary(loaded, benchmark, cache, args) -> dict:
+def shortcut_summary(loaded, benchmark, cache, args, *, in_matrix: bool = False) -> dict:
     """The shortcut check of ``benchmark``'s search sets (rank 0 prints one warning line per
-    set that warns): ``{SET: {"auroc", "lo", "hi", "dense_auroc", "warns"}}``."""
-    from hydra_core.analysis.shortcut import benchmark_shortcuts
+    set that warns; ``in_matrix``: the transfer command's, which is the check the line points
+    to): ``{SET: {"auroc", "lo", "hi", "dense_auroc", "warns"}}``."""
+    from hydra_core.analysis.shortcut import CHECK, CHECK_IN_MATRIX, benchmark_shortcuts
 
     checks = benchmark_shortcuts(
         loaded, benchmark, cache=cache, device=args.device, batch_size=args.batch_size
@@ -39,7 +40,7 @@ def shortcut_summary(loaded, benchmark, cache, args) -> dict:
     if distributed.is_main():
         for check in checks.values():
             if check.warns:
-                warn(check.warning())
+                warn(check.warning(CHECK_IN_MATRIX if in_matrix else CHECK))
     return {name: check.to_dict() for name, check in checks.items()}
 
 
@@ -120,7 +121,7 @@ def _transfer(args: argparse.Namespace) -> int:
             f"{len(benchmark.id_report)} ID report items; OOD search + held-out: {sizes}",
             file=sys.stderr,
         )
-    shortcut = shortcut_summary(loaded, benchmark, cache, args)
+    shortcut = shortcut_summary(loaded, benchmark, cache, args, in_matrix=True)
     bars: dict = {}
 
     def progress(name: str, done: int, budget: int) -> None:

@@ -101,6 +101,17 @@ def test_surface_features_are_the_plain_computation():
     assert TEXT_MODALITY.surface_features is text_surface_features
 
 
+def test_a_warning_names_the_set_its_figures_and_where_to_check_transfer():
+    from hydra_core.analysis.shortcut import CHECK_IN_MATRIX, ShortcutCheck
+
+    check = ShortcutCheck("photos", 0.97, 0.95, 0.99, dense_auroc=0.55, n_id=64, n_ood=64)
+    assert check.warns
+    line = check.warning()
+    assert "'photos'" in line and "0.970 [0.950, 0.990]" in line and "0.550" in line
+    assert line.endswith("(check the transfer matrix: python -m hydra_core transfer)")
+    assert check.warning(CHECK_IN_MATRIX).endswith(f"({CHECK_IN_MATRIX})")
+
+
 def test_the_search_records_and_warns(checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["search", "--model", checkpoint, *DATA, "--budget", "2", "--out", str(out), "--json"]

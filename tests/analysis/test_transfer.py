@@ -143,6 +143,11 @@ def test_the_command_writes_the_matrix_and_resumes_from_the_cache(checkpoint, tm
     assert table.delta_auroc.tolist() == pytest.approx([c["delta_auroc"] for c in found["cells"]])
     written = json.loads((out / "transfer_ood.json").read_text())
     assert set(written["shortcut"]) == {"mnist", "noise", "faces"}
+    # a set that warns is told to read its row here, not to run this command again
+    warned = [line for line in printed.err.splitlines() if "shortcut:" in line]
+    assert len(warned) == sum(e["warns"] for e in written["shortcut"].values())
+    assert all("row of the transfer matrix" in line for line in warned)
+    assert not any("hydra_core transfer" in line for line in warned)
     # the searches are cached: a second run into another folder gives the same matrix
     assert main([*argv[:-1], str(tmp_path / "again"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == found
