@@ -44,20 +44,7 @@ class ImageSet:
                 f"ImageSet {self.name!r}: images must be a uint8 tensor of shape (N, C, H, W), "
                 f"got {self.images.dtype} with shape {tuple(self.images.shape)}"
             )
-        if self.labels is not None:
-            if self.labels.shape != (len(self.images),):
-                raise ValueError(
-                    f"ImageSet {self.name!r}: {len(self.images)} images but labels of shape "
-                    f"{tuple(self.labels.shape)}"
-                )
-            if self.labels.dtype != torch.int64:
-                raise ValueError(
-                    f"ImageSet {self.name!r}: labels must be int64, got {self.labels.dtype}"
-                )
-        if self.group not in GROUPS:
-            raise ValueError(
-                f"ImageSet {self.name!r}: group must be one of {GROUPS}, got {self.group!r}"
-            )
+        check_labels_and_group(self, "images")
 
     def __len__(self) -> int:
         return len(self.images)
@@ -88,6 +75,20 @@ class ImageSet:
         if self.labels is not None:
             h.update(self.labels.contiguous().numpy().tobytes())
         return h.hexdigest()[:16]
+
+
+def check_labels_and_group(data_set, items: str) -> None:
+    """What every set's ``__post_init__`` checks beside its items: labels (if any) one int64
+    per item, and a group of :data:`GROUPS`; errors name the set's class and name."""
+    where = f"{type(data_set).__name__} {data_set.name!r}"
+    labels, n = data_set.labels, len(data_set)
+    if labels is not None:
+        if labels.shape != (n,):
+            raise ValueError(f"{where}: {n} {items} but labels of shape {tuple(labels.shape)}")
+        if labels.dtype != torch.int64:
+            raise ValueError(f"{where}: labels must be int64, got {labels.dtype}")
+    if data_set.group not in GROUPS:
+        raise ValueError(f"{where}: group must be one of {GROUPS}, got {data_set.group!r}")
 
 
 def stable_seed(*parts: object) -> int:

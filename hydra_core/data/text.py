@@ -93,7 +93,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hydra_core.data.images import GROUPS, ImageSet, stable_permutation, stable_seed
+from hydra_core.data.images import (
+    ImageSet,
+    check_labels_and_group,
+    stable_permutation,
+    stable_seed,
+)
 from hydra_core.data.ood import OODSource, WheelFile
 from hydra_core.errors import InputError
 
@@ -156,20 +161,7 @@ class TextSet:
         if not isinstance(self.texts, tuple) or not all(isinstance(t, str) for t in self.texts):
             kind = type(self.texts).__name__
             raise ValueError(f"TextSet {self.name!r}: texts must be a tuple of str, got a {kind}")
-        if self.labels is not None:
-            if self.labels.shape != (len(self.texts),):
-                raise ValueError(
-                    f"TextSet {self.name!r}: {len(self.texts)} texts but labels of shape "
-                    f"{tuple(self.labels.shape)}"
-                )
-            if self.labels.dtype != torch.int64:
-                raise ValueError(
-                    f"TextSet {self.name!r}: labels must be int64, got {self.labels.dtype}"
-                )
-        if self.group not in GROUPS:
-            raise ValueError(
-                f"TextSet {self.name!r}: group must be one of {GROUPS}, got {self.group!r}"
-            )
+        check_labels_and_group(self, "texts")
 
     def __len__(self) -> int:
         return len(self.texts)

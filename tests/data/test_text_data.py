@@ -86,6 +86,26 @@ def test_text_set_validation(kwargs, message):
         TextSet(**({"name": "t", "texts": ("one", "two")} | kwargs))
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"images": torch.zeros(2, 4, 4, dtype=torch.uint8)}, "images must be a uint8 tensor"),
+        ({"labels": torch.zeros(3, dtype=torch.int64)}, "2 images but labels of shape \\(3,\\)"),
+        ({"labels": torch.zeros(2, dtype=torch.int32)}, "labels must be int64, got torch.int32"),
+        ({"group": "middle"}, "group must be one of \\('id', 'near', 'far'\\), got 'middle'"),
+    ],
+)
+def test_image_set_validation_names_the_set_as_the_text_set_does(kwargs, message):
+    images = torch.zeros(2, 1, 4, 4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=f"^ImageSet 'i': {message}"):
+        ImageSet(**({"name": "i", "images": images} | kwargs))
+    if "images" not in kwargs:  # the same check, worded for texts
+        texts = {"name": "t", "texts": ("one", "two")}
+        text_message = message.replace("images", "texts")
+        with pytest.raises(ValueError, match=f"^TextSet 't': {text_message}"):
+            TextSet(**(texts | kwargs))
+
+
 def test_inputs_are_what_preprocess_takes_for_both_kinds():
     texts = tiny_set("t", 3)
     images = ImageSet("i", torch.zeros(2, 1, 4, 4, dtype=torch.uint8))
