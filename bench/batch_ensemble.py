@@ -22,6 +22,7 @@ Outputs are checked equal first (``torch.equal``). Latency is the median of roun
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -47,7 +48,8 @@ class LibraryForward(TokenBatchLinear):
 
 
 def with_library_forward(model: torch.nn.Module) -> torch.nn.Module:
-    """Every ``TokenBatchLinear`` of ``model`` switched to TorchUncertainty's forward, in place."""
+    """Every ``TokenBatchLinear`` of ``model`` (or ``model`` itself) switched to
+    TorchUncertainty's forward, in place."""
     for module in model.modules():
         if type(module) is TokenBatchLinear:
             module.__class__ = LibraryForward
@@ -62,8 +64,7 @@ def layer_rows(repeats: int) -> dict:
         ours.s_group.normal_(1, 0.5)
         ours.bias.normal_()
     x = torch.randn(ESTIMATORS * 32, 17, 192)
-    library = with_library_forward(torch.nn.Sequential(TokenBatchLinear(192, 384, ESTIMATORS)))
-    library[0].load_state_dict(ours.state_dict())
+    library = with_library_forward(copy.deepcopy(ours))  # the same weights
     with torch.inference_mode():
         equal = torch.equal(ours(x), library(x))
         times = measure_latencies(
@@ -78,7 +79,7 @@ def model_rows(repeats: int) -> dict:
     torch.manual_seed(0)
     single = build_vit(VitConfig()).eval()
     ours = batch_ensemble(single, ESTIMATORS, seed=0)
-    library = with_library_forward(batch_ensemble(single, ESTIMATORS, seed=0))
+    library = with_library_forward(copy.deepcopy(ours))  # the same weights
     x = torch.randn(32, 1, 28, 28)
     with torch.inference_mode():
         equal = torch.equal(ours(x), library(x))
