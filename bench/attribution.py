@@ -19,7 +19,7 @@ exact search's, the held-out objective at the budget.
 ``--inputs report``: the searches run on the report's own search tensors (``n`` per search part,
 default 256 as the reports: n ID + n pooled OOD items), and the held-out objective is read on the
 report's held-out sample (search-role items the search did not use, at most 512 per set for
-images, 256 for text, :func:`~hydra_core.report.stability.held_out_sample`). The exact search is
+images, 256 for text, :func:`~hydra_core.experiment.stability.held_out_sample`). The exact search is
 then the report's own search, so its stability Jaccard is the committed report's
 (docs/report/stability.csv, docs/report/text/stability.csv, read where its budget is the bench's
 and ``n`` the report's 256), and its held-out objective the one there (printed beside it as a
@@ -180,8 +180,8 @@ def report_data(name: str, n: int, held_out: int | None):
     report's held-out sample of the search-role items they leave (at most ``held_out`` per set;
     None: the report's default, 512 for images, 256 for text)."""
     from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.experiment.stability import held_out_sample
     from hydra_core.report.run import ReportConfig
-    from hydra_core.report.stability import held_out_sample
     from hydra_core.report.text import TextReportConfig
     from hydra_core.zoo.registry import load_model
 

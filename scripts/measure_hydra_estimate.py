@@ -17,7 +17,7 @@ import torch
 
 from hydra_core.baselines.systems import TemperatureBaseline
 from hydra_core.cache import DiskCache
-from hydra_core.hydra.experiment import evaluate_systems, hydra_systems
+from hydra_core.experiment.evaluate import evaluate_systems, hydra_systems
 from hydra_core.masks import MemberMask
 from hydra_core.models.adapter import head_layout
 from hydra_core.zoo.registry import load_model
