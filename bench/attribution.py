@@ -29,6 +29,12 @@ same data), its candidates every remaining head at every step, its time the repo
 Searches are cached (``--cache-dir``,
 default ``$HYDRA_LAB_CACHE``): a re-run reads them back and reports their stored compute time.
 
+``--stability B`` measures the yardstick on the bench's own search data, at any ``n``: the exact
+search on B stratified bootstrap resamples of it (``greedy_stability``, seed 0, as
+``search --stability B``), whose mean pairwise Jaccard replaces the committed report's. Under
+``torchrun --nproc-per-node N`` every search shares its candidates out over the N processes (the
+same result bit for bit); rank 0 alone prints and writes.
+
 Timing mode: a few steps of the exact search and of the guided search (K = 8) on a small batch,
 seconds per step. The machine's load average is printed beside each timing.
 """
@@ -48,6 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hydra_core import distributed  # noqa: E402
 from hydra_core.analysis.greedy import greedy_circuit  # noqa: E402
 from hydra_core.analysis.greedy_result import GreedyResult  # noqa: E402
 from hydra_core.analysis.holdout import held_out_curve, holdout_split  # noqa: E402
@@ -71,7 +78,8 @@ def loadavg() -> float:
 
 
 def log(message: str) -> None:
-    print(message, flush=True)
+    if distributed.is_main():
+        print(message, flush=True)
 
 
 def jaccard(a, b) -> float:
@@ -268,14 +276,18 @@ def search_mode(args) -> dict:
             f"[{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}]"
         )
     reference = None
-    if args.inputs == "report" and args.n == REPORT_N:
+    if args.stability:
+        reference = own_stability(args, model, search, cache)
+    elif args.inputs == "report" and args.n == REPORT_N:
         reference = stability_row(text, args.objective, args.budget)
     elif args.inputs == "halves" and args.model == "default":
         reference = stability_row(False, args.objective, args.budget)
     stab = float(reference["jaccard"]) if reference else math.nan
     where = "docs/report/text/stability.csv" if text else "docs/report/stability.csv"
+    if args.stability:
+        where = f"this bench, {args.stability} resamples"
     log(f"exact search's stability Jaccard ({where}): {stab:.3f}")
-    if reference and args.inputs == "report":
+    if reference and args.inputs == "report" and not args.stability:
         log(
             f"the report's held-out objective of this search at the budget: "
             f"{float(reference['held_out_at_budget']):.4f} "
@@ -308,7 +320,42 @@ def search_mode(args) -> dict:
         "objective": args.objective,
         "stability_jaccard": stab,
         "stability_resamples": int(reference["resamples"]) if reference else None,
+        "stability_source": where if reference else None,
+        "stability_removed": reference.get("removed") if reference else None,
         "rows": rows,
+    }
+
+
+def own_stability(args, model, search, cache) -> dict:
+    """The exact search on ``args.stability`` bootstrap resamples of the bench's search data: its
+    mean pairwise Jaccard at the budget, and each resample's removed heads."""
+    from hydra_core.analysis.stability import greedy_stability
+
+    id_x, id_y, ood_x, strata = search
+    start = time.perf_counter()
+    result = greedy_stability(
+        model,
+        id_x,
+        id_y,
+        ood_x,
+        objective=args.objective,
+        budget=args.budget,
+        resamples=args.stability,
+        seed=0,
+        ood_strata=strata,
+        cache=cache,
+        progress=lambda p: log(
+            f"  stability: {p.done}/{p.total} resample-steps, {p.groups} sharing, {p.seconds:.1f} s"
+        ),
+    )
+    log(
+        f"stability: {result.resamples} resamples, {result.group_steps} group steps, "
+        f"{result.seconds:.0f} s compute (this run {time.perf_counter() - start:.0f} s)"
+    )
+    return {
+        "jaccard": result.jaccard(),
+        "resamples": result.resamples,
+        "removed": [" ".join(f"L{layer}H{head}" for layer, head in o) for o in result.orders],
     }
 
 
@@ -411,6 +458,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="default")
     p.add_argument(
         "--n",
+        "--items",  # the same: under torchrun, whose parser takes --n for one of its own options
+        dest="n",
         type=int,
         default=None,
         help="search items per side (default 512; --inputs report: 256; timing: 8)",
@@ -443,6 +492,14 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="--inputs report: held-out items per set (default: the report's, 512 / 256 text)",
     )
+    p.add_argument(
+        "--stability",
+        type=int,
+        default=None,
+        metavar="B",
+        help="search mode: measure the exact search's stability Jaccard on B bootstrap resamples "
+        "of the bench's search data (default: the committed report's, at --inputs report --n 256)",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=os.environ.get("HYDRA_LAB_CACHE"))
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
@@ -455,6 +512,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    distributed.init_from_env()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.n is None:
@@ -470,10 +528,17 @@ def main(argv=None) -> int:
                 f"--exact report is the report's search on its data: pass --inputs report with "
                 f"--n {REPORT_N} (or leave --exact out)"
             )
+        if args.stability is not None and (args.timing or args.stability < 2):
+            raise InputError(
+                "--stability B resamples the search mode's data at least twice: pass B >= 2 "
+                "and leave --timing out"
+            )
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     found = timing_mode(args) if args.timing else search_mode(args)
+    if not distributed.is_main():
+        return 0
     if args.json:
         write_json(args.json, found)
     if args.csv:

@@ -63,3 +63,42 @@ def test_exact_report_needs_the_reports_data(capsys):
     assert attribution.main(["--exact", "report"]) == 2
     assert "--inputs report" in capsys.readouterr().err
     assert attribution.main(["--inputs", "report", "--n", "64", "--exact", "report"]) == 2
+
+
+def test_items_is_n_for_torchrun():
+    # torchrun's own parser takes --n for one of its options, so the bench takes --items too
+    assert attribution.parser().parse_args(["--items", "64"]).n == 64
+    assert attribution.parser().parse_args(["--n", "64"]).n == 64
+
+
+@pytest.mark.parametrize(
+    "argv", [["--stability", "1"], ["--timing", "vit-b16", "--stability", "3"]]
+)
+def test_stability_needs_two_resamples_of_the_search_mode(argv, capsys):
+    assert attribution.main(argv) == 2
+    assert "--stability" in capsys.readouterr().err
+
+
+def test_own_stability_is_greedy_stability_on_the_bench_data():
+    import argparse
+
+    import torch
+
+    from hydra_core.analysis.stability import greedy_stability
+    from tests.conftest import make_tiny_vit
+
+    model = make_tiny_vit().eval()
+    g = torch.Generator().manual_seed(0)
+    id_x = torch.randn(12, 1, 16, 16, generator=g)
+    id_y = torch.arange(12) % 3
+    ood_x = torch.randn(12, 1, 16, 16, generator=g) * 3
+    strata = ("a",) * 6 + ("b",) * 6
+    args = argparse.Namespace(stability=3, objective="avg", budget=3)
+    found = attribution.own_stability(args, model, (id_x, id_y, ood_x, strata), None)
+    direct = greedy_stability(
+        model, id_x, id_y, ood_x, budget=3, resamples=3, seed=0, ood_strata=strata
+    )
+    assert found["jaccard"] == direct.jaccard() and found["resamples"] == 3
+    assert found["removed"] == [
+        " ".join(f"L{layer}H{head}" for layer, head in order) for order in direct.orders
+    ]
