@@ -331,18 +331,15 @@ def own_stability(args, model, search, cache) -> dict:
     mean pairwise Jaccard at the budget, and each resample's removed heads."""
     from hydra_core.analysis.stability import greedy_stability
 
-    id_x, id_y, ood_x, strata = search
     start = time.perf_counter()
     result = greedy_stability(
         model,
-        id_x,
-        id_y,
-        ood_x,
+        *search[:3],  # id_x, id_y, ood_x
         objective=args.objective,
         budget=args.budget,
         resamples=args.stability,
         seed=0,
-        ood_strata=strata,
+        ood_strata=search[3],
         cache=cache,
         progress=lambda p: log(
             f"  stability: {p.done}/{p.total} resample-steps, {p.groups} sharing, {p.seconds:.1f} s"
