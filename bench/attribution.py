@@ -276,16 +276,15 @@ def search_mode(args) -> dict:
             f"[{row['held_out_lo']:.4f}, {row['held_out_hi']:.4f}]"
         )
     reference = None
+    where = "docs/report/text/stability.csv" if text else "docs/report/stability.csv"
     if args.stability:
         reference = own_stability(args, model, search, cache)
+        where = f"this bench, {args.stability} resamples"
     elif args.inputs == "report" and args.n == REPORT_N:
         reference = stability_row(text, args.objective, args.budget)
     elif args.inputs == "halves" and args.model == "default":
         reference = stability_row(False, args.objective, args.budget)
     stab = float(reference["jaccard"]) if reference else math.nan
-    where = "docs/report/text/stability.csv" if text else "docs/report/stability.csv"
-    if args.stability:
-        where = f"this bench, {args.stability} resamples"
     log(f"exact search's stability Jaccard ({where}): {stab:.3f}")
     if reference and args.inputs == "report" and not args.stability:
         log(
@@ -330,6 +329,7 @@ def own_stability(args, model, search, cache) -> dict:
     """The exact search on ``args.stability`` bootstrap resamples of the bench's search data: its
     mean pairwise Jaccard at the budget, and each resample's removed heads."""
     from hydra_core.analysis.stability import greedy_stability
+    from hydra_core.models.family import head_label
 
     start = time.perf_counter()
     result = greedy_stability(
@@ -352,7 +352,7 @@ def own_stability(args, model, search, cache) -> dict:
     return {
         "jaccard": result.jaccard(),
         "resamples": result.resamples,
-        "removed": [" ".join(f"L{layer}H{head}" for layer, head in o) for o in result.orders],
+        "removed": [" ".join(head_label(*head) for head in o) for o in result.orders],
     }
 
 

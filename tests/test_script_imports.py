@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(
-    [*ROOT.glob("bench/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("docs/*.py")],
-    key=lambda p: str(p),
-)
+SCRIPTS = sorted([*ROOT.glob("bench/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("docs/*.py")])
 
 
 def _project_imports(path: Path) -> list[tuple[str, str | None, int]]:
