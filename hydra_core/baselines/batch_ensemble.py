@@ -1,4 +1,4 @@
-"""BatchEnsemble (Wen et al., 2020) applied to a trained ViT, then fine-tuned.
+"""BatchEnsemble (Wen et al., 2020) applied to a trained model, then fine-tuned.
 
 Every linear layer of the model (attention Q/K/V and output, MLP, classifier) becomes
 TorchUncertainty's ``BatchLinear``: the trained weight W shared by the E members, member m's
@@ -13,6 +13,13 @@ here flattens the tokens into the batch first (row order member-major, as the wr
 TorchUncertainty draws r and s from N(1, 0.5) (:data:`INIT_STD`); applied to a trained model that
 scales each layer's inputs and outputs by factors of 0.5 to 1.5, so the fine-tuning starts well
 below the model's accuracy, as the method's authors start from scratch.
+
+``top_blocks`` converts only the linear layers of the model's top blocks and those after its
+blocks (the head), and freezes the blocks below (``requires_grad`` off): BatchEnsemble on a
+pre-trained encoder's top, as Uncertainty Baselines fine-tunes its BatchEnsemble ViTs (its
+``be_layers``: the last two or three blocks, r and s from N(1, 0.5)). A model's modality says how
+many (:attr:`~hydra_core.models.modality.Modality.batch_ensemble_blocks`): every layer of the ViT
+trained here, the top two of a text encoder (why, measured: docs/baselines.md).
 
 (TorchUncertainty's own conversion, ``BatchEnsemble(convert_layers=True)``, builds new layers with
 fresh weights and sets them by dotted name on the root module, which leaves nested layers as they
@@ -29,6 +36,7 @@ from torch_uncertainty.layers import BatchLinear
 from torch_uncertainty.methods import BatchEnsemble
 
 from hydra_core.evaluate import callable_model
+from hydra_core.models.adapter import family_of
 
 #: standard deviation of TorchUncertainty's N(1, std) draw of the fast weights r and s
 INIT_STD = 0.5
@@ -81,16 +89,27 @@ class BatchEnsembleModel(nn.Module):
 
 @torch.no_grad()
 def batch_ensemble(
-    model: nn.Module, estimators: int = 3, seed: int = 0, init_std: float = INIT_STD
+    model: nn.Module,
+    estimators: int = 3,
+    seed: int = 0,
+    init_std: float = INIT_STD,
+    top_blocks: int | None = None,
 ) -> BatchEnsembleModel:
-    """A copy of ``model`` (in its callable form: a text model takes packed token ids) with
-    every ``nn.Linear`` a BatchEnsemble layer of ``estimators`` members: the trained weight
+    """A copy of ``model`` (in its callable form: a text model takes packed token ids) with its
+    ``nn.Linear`` layers BatchEnsemble layers of ``estimators`` members: the trained weight
     shared, the trained bias copied to every member, r and s drawn from N(1, init_std) with
-    ``seed`` (the caller's random state untouched)."""
+    ``seed`` (the caller's random state untouched). ``top_blocks``: only the layers of the top
+    blocks and after them, the blocks below frozen (None: every linear layer)."""
     if estimators < 1:
         raise ValueError(f"BatchEnsemble needs at least one member, got {estimators}")
     core = copy.deepcopy(model).cpu()
-    linears = [(n, m) for n, m in core.named_modules() if isinstance(m, nn.Linear)]
+    below = _frozen_blocks(core, top_blocks)
+    for block in below:
+        block.requires_grad_(False)
+    inside = {id(m) for block in below for m in block.modules()}
+    linears = [
+        (n, m) for n, m in core.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside
+    ]
     if not linears:
         raise ValueError("BatchEnsemble: the model has no linear layer to convert")
     generator = torch.Generator().manual_seed(int(seed))
@@ -106,6 +125,18 @@ def batch_ensemble(
         parent, _, attr = name.rpartition(".")
         setattr(core.get_submodule(parent) if parent else core, attr, layer)
     return BatchEnsembleModel(callable_model(core), estimators).eval()
+
+
+def _frozen_blocks(model: nn.Module, top_blocks: int | None) -> list[nn.Module]:
+    """The blocks below the top ``top_blocks`` (none when it is None)."""
+    if top_blocks is None:
+        return []
+    blocks = list(family_of(model).blocks(model))
+    if not 1 <= top_blocks <= len(blocks):
+        raise ValueError(
+            f"top_blocks must be 1..{len(blocks)} (the model's blocks), got {top_blocks}"
+        )
+    return blocks[: len(blocks) - top_blocks]
 
 
 def member_weight(layer: BatchLinear, m: int) -> torch.Tensor:

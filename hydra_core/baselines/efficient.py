@@ -48,6 +48,7 @@ from hydra_core.hydra.finetune import (
     schedule_of,
     trainer_config,
 )
+from hydra_core.models.adapter import family_of
 from hydra_core.paths import cache_dir
 from hydra_core.training import trainer
 from hydra_core.training.schedules import warmup_cosine
@@ -151,7 +152,10 @@ def finetune_path(
     settings, the recipe, the source weights, the training items, the preprocessing (its output
     on the first items) and the seed."""
     probe = preprocess_fn(data.inputs[:4])
-    parts = (settings.of(method), asdict(config), model_fingerprint(model), data.fingerprint())
+    own = settings.of(method)
+    if method == BATCH and (blocks := batch_blocks(model)) is not None:
+        own = {**own, "top_blocks": blocks}  # absent for every layer: the keys stored before it
+    parts = (own, asdict(config), model_fingerprint(model), data.fingerprint())
     key = cache_key(VERSION, method, *parts, probe, seed=int(seed))[:12]
     stem = f"{method}-seed{int(seed)}" if method == LORA else method
     return folder(root) / f"{stem}-{key}.safetensors"
@@ -383,6 +387,12 @@ def _finetune(
     )
 
 
+def batch_blocks(model: nn.Module) -> int | None:
+    """The top blocks BatchEnsemble converts in ``model`` (None: every linear layer), as its
+    modality says (:attr:`~hydra_core.models.modality.Modality.batch_ensemble_blocks`)."""
+    return family_of(model).modality.batch_ensemble_blocks
+
+
 def _embedding(name: str) -> bool:
     """Parameters BatchEnsemble's fine-tuning leaves as they are: patch, token and position
     embeddings (a ViT's ``patch_embed``, ``cls_token``, ``pos_embed``; a text encoder's
@@ -421,13 +431,16 @@ def batch_ensemble_copy(
         )
     data = members_training_items(model, config, train_set)
     path = finetune_path(BATCH, settings, config, model, data, preprocess_fn, seed, root)
-    ensemble = batch_ensemble(model, settings.estimators, seed, settings.init_std)
+    blocks = batch_blocks(model)
+    ensemble = batch_ensemble(model, settings.estimators, seed, settings.init_std, blocks)
     if path.is_file():
         ensemble.load_state_dict(load_file(str(path)))
         return ensemble.eval()
     if not train:
         return None
-    parameters = {n: p for n, p in ensemble.named_parameters() if not _embedding(n)}
+    parameters = {
+        n: p for n, p in ensemble.named_parameters() if p.requires_grad and not _embedding(n)
+    }
     resume = trainer.resume_path(path)
     result = _finetune(
         ensemble,
@@ -443,7 +456,7 @@ def batch_ensemble_copy(
     )
     meta = {
         "method": BATCH,
-        "settings": settings.of(BATCH),
+        "settings": {**settings.of(BATCH), "top_blocks": blocks},
         "finetune": asdict(config),
         "source": model_fingerprint(model),
         "seed": seed,

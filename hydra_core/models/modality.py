@@ -82,6 +82,11 @@ class Modality:
             of its items as the model sees them, what a shortcut classifier sees
             (:mod:`hydra_core.data.surface`; :mod:`hydra_core.analysis.shortcut`).
         surface_feature_names: the F features' names.
+        batch_ensemble_blocks: how many top blocks BatchEnsemble converts, with the layers
+            after the blocks (the head): None converts every linear layer (a ViT trained here
+            from scratch, Wen et al.'s whole network); a number keeps the blocks below as they
+            are, frozen, as fine-tuning a pre-trained encoder's top does (Uncertainty
+            Baselines' ``be_layers``; :mod:`hydra_core.baselines.batch_ensemble`).
     """
 
     name: str
@@ -101,6 +106,7 @@ class Modality:
     surface_features: Callable[[DataSet, object], np.ndarray]
     surface_feature_names: tuple[str, ...]
     synthetic_ood: tuple[str, ...] = ()
+    batch_ensemble_blocks: int | None = None
 
     def benchmark(
         self,
@@ -260,6 +266,9 @@ TEXT_MODALITY = Modality(
     surface_features=text_surface_features,
     surface_feature_names=TEXT_FEATURES,
     synthetic_ood=TEXT_SYNTHETIC,
+    # the top two encoder layers and the head: what the text recipes fine-tune (train-text, the
+    # fast recipe), the part Deep Ensembles (D) does not share (docs/baselines.md)
+    batch_ensemble_blocks=2,
 )
 #: every modality, by name
 MODALITIES = {m.name: m for m in (IMAGE_MODALITY, TEXT_MODALITY)}

@@ -388,6 +388,69 @@ def test_text_model_batch_ensemble_and_lora_members_take_packed_token_ids():
     assert not torch.allclose(out[:, 0], plain)
 
 
+def test_batch_ensemble_on_the_top_blocks_leaves_the_blocks_below_as_they_are():
+    """``top_blocks=1`` on a 2-layer text encoder: the top layer's and the head's linear layers
+    are BatchEnsemble layers whose members are rank-1 scaled copies (checked against the model
+    with each member's weights put in by hand); the lower layer stays the model's, frozen."""
+    from hydra_core.evaluate import callable_model
+    from hydra_core.models.text import pack
+    from tests.conftest import make_tiny_text, text_batch
+
+    model = make_tiny_text("bert", depth=2)
+    x = pack(*text_batch())
+    be = batch_ensemble(model, estimators=3, seed=0, top_blocks=1)
+    layers = dict(be.core.named_modules())
+    converted = {n for n, m in layers.items() if isinstance(m, TokenBatchLinear)}
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    below = {n for n in linears if ".layer.0." in n}
+    assert below and converted == {f"hf.{n}" for n in linears - below}
+    assert all(not p.requires_grad for n, p in be.named_parameters() if ".layer.0." in n)
+    assert all(p.requires_grad for n, p in be.named_parameters() if ".layer.1." in n)
+    with torch.no_grad():
+        out = be(x)
+        for m in range(3):
+            plain = copy.deepcopy(model)
+            for name in linears - below:
+                source, module = layers[f"hf.{name}"], plain.get_submodule(name)
+                module.weight.copy_(member_weight(source, m))
+                module.bias.copy_(source.bias[m])
+            torch.testing.assert_close(out[:, m], callable_model(plain)(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="top_blocks must be 1..2"):
+        batch_ensemble(model, top_blocks=3)
+
+
+def test_a_text_models_batch_ensemble_takes_its_modalitys_top_blocks(tmp_path):
+    """The text modality declares the top two blocks; the image ViT every layer. A text copy
+    trains only what the draw converted and records it; the frozen layers stay the model's."""
+    from hydra_core.data.text import TextSet
+    from hydra_core.models.text import pack
+    from tests.conftest import make_tiny_text
+
+    assert efficient.batch_blocks(make_tiny_vit(seed=1)) is None
+    model = make_tiny_text("bert", depth=3)
+    assert efficient.batch_blocks(model) == 2
+    g = torch.Generator().manual_seed(0)
+    words = torch.randint(3, 50, (12, 5), generator=g).tolist()
+    texts = tuple(" ".join(map(str, row)) for row in words)
+    data = TextSet("tiny", texts, torch.arange(12) % 3)
+
+    def prep(items):
+        ids = torch.tensor([[0, *(int(w) for w in t.split())] for t in items])
+        return pack(ids, torch.ones_like(ids))
+
+    copy_ = efficient.batch_ensemble_copy(
+        model, prep, config=FINETUNE, train_set=data, root=tmp_path
+    )
+    lower = model.bert.encoder.layer[0]
+    trained = copy_.core.hf.bert.encoder.layer[0]
+    pairs = zip(lower.parameters(), trained.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    start = batch_ensemble(model, top_blocks=2)
+    assert not torch.equal(copy_.core.hf.classifier.r_group, start.core.hf.classifier.r_group)
+    (path,) = efficient.stored_paths(efficient.BATCH, tmp_path)
+    assert efficient.read_meta(path)["settings"]["top_blocks"] == 2
+
+
 def test_stored_copy_names_the_files_without_training(tmp_path):
     model = make_tiny_vit(seed=1)
     data = ImageSet("tiny", _images(12, 1).images[..., :16, :16], _images(12, 1).labels % 5)
