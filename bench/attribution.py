@@ -144,17 +144,11 @@ def report_circuit(text: bool, objective: str, budget: int) -> dict | None:
     return None
 
 
-def parse_head(label: str) -> tuple[int, int]:
-    """``L3H10`` -> (3, 10)."""
-    layer, head = label.removeprefix("L").split("H")
-    return int(layer), int(head)
-
-
 def exact_from_report(model, text: bool, objective: str, budget: int) -> GreedyResult:
     """The report's exact search as a :class:`GreedyResult` (its removal order; the search
     objective at the budget from its search accuracy and AUROC, the steps before it unknown:
     NaN; ``seconds`` the report run's), refused in one line where the report has none."""
-    from hydra_core.models.adapter import head_layout
+    from hydra_core.models.adapter import head_layout, parse_head_label
 
     row = report_circuit(text, objective, budget)
     if row is None:
@@ -168,7 +162,7 @@ def exact_from_report(model, text: bool, objective: str, budget: int) -> GreedyR
     return GreedyResult(
         objective=objective,
         budget=budget,
-        order=[parse_head(h) for h in row["removed"].split()],
+        order=[parse_head_label(h) for h in row["removed"].split()],
         scores=[*nan, final],
         accuracy=[*nan, acc],
         auroc=[*nan, auroc],

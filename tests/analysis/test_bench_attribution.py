@@ -56,7 +56,6 @@ def test_exact_from_report_is_the_committed_circuit():
     assert found.scores[-1] == pytest.approx((acc + auroc) / 2)
     assert found.steps == budget and found.complete
     assert attribution.report_circuit(False, "avg", budget + 1) is None
-    assert attribution.parse_head("L3H10") == (3, 10)
 
 
 def test_exact_report_needs_the_reports_data(capsys):
