@@ -430,14 +430,20 @@ class Pipeline:
         write_output(self.out / "members.json", lambda tmp: save_masks(tmp, list(masks), identity))
 
     def evaluate(
-        self, systems: Sequence[System], *, benchmark: Benchmark | None = None, **options
+        self,
+        systems: Sequence[System],
+        *,
+        benchmark: Benchmark | None = None,
+        loaded: LoadedModel | None = None,
+        **options,
     ) -> SystemsReport:
         """:func:`~hydra_core.experiment.evaluate.evaluate_systems` of ``systems`` on the report
         split (of ``benchmark``, default the run's), on the run's device, cache and progress
-        (latency is timed in one stage later)."""
+        (latency is timed in one stage later); ``loaded``: the model with another preprocessing
+        (the same numbers, e.g. trimmed padding), default the run's."""
         options.setdefault("latency", False)
         return evaluate_systems(
-            self.loaded,
+            self.loaded if loaded is None else loaded,
             self.benchmark if benchmark is None else benchmark,
             systems,
             device=self.device,

@@ -43,7 +43,9 @@ class ReportConfig:
         repeats: how often the seeded systems are repeated (search subsample, pruning seeds and
             fine-tuning batch order change together); their mean ± std is Table 12.
         loso_set: the report set left out of a CircOOD search over halves of the other report
-            sets (the transfer table's leave-one-set-out run); None skips it.
+            sets (the transfer table's leave-one-set-out run); when the run does not report on
+            it, the first near report set (:func:`~hydra_core.report.transfer.left_out_set`);
+            None skips it.
         removed_per_layer: heads Taylor removes per layer; every circuit and every member removes
             as many heads in all (None: a third of the heads of a layer, rounded: 4 of 12, i.e. 8
             kept as in the paper's ViT-B experiments).

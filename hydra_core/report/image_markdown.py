@@ -12,6 +12,7 @@ import pandas as pd
 from hydra_core.report.image_markdown_setup import coverage_section, setup_section
 from hydra_core.report.image_markdown_systems import cost_section, systems_sections
 from hydra_core.report.markdown import heads, markdown_table, render, stability
+from hydra_core.report.transfer import transfer_section
 
 
 def markdown_report(
@@ -69,16 +70,7 @@ def _search_sections(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         "",
         markdown_table(tables["table6_circuits"]),
         "",
-        "## Transfer - does the circuits' OOD gain reach sets the search never saw?",
-        "",
-        "AUROC of each circuit minus the dense model's on every report set, with the paired 95% "
-        "interval of the difference; `significant` = the interval excludes 0. CircOOD and CircAvg "
-        "were searched on the search sets only, so every report set is unseen. The last row is a "
-        "leave-one-set-out run: CircOOD searched on halves of the other report sets, measured on "
-        "the set it left out.",
-        "",
-        markdown_table(tables["transfer"]),
-        "",
+        *transfer_section(tables["transfer"]),
     ]
 
 

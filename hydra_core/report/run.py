@@ -5,7 +5,7 @@ pipeline's stages (:class:`~hydra_core.experiment.pipeline.Pipeline`) on its con
 Markdown (:mod:`~hydra_core.report.image_markdown`). Its other stages: the fine-tuned systems,
 distances and setup (:mod:`~hydra_core.report.image_stages`), the repeats of the seeded systems
 (:mod:`~hydra_core.report.image_repeats`) and the transfer table
-(:mod:`~hydra_core.report.image_transfer`).
+(:mod:`~hydra_core.report.transfer`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from hydra_core.report.image_stages import (
     image_setup,
     write_overlaps,
 )
-from hydra_core.report.image_transfer import transfer_table
 from hydra_core.report.tables import (
     HYDRA_CIRC,
     HYDRA_CIRC_B5,
@@ -53,6 +52,7 @@ from hydra_core.report.tables import (
     ood_gain_table,
     report_tables,
 )
+from hydra_core.report.transfer import transfer_table
 from hydra_core.types import Log, StageProgress
 
 
@@ -182,7 +182,14 @@ def run_report(
         held_out=config.held_out,
     )
     with stages("transfer of the circuits' AUROC gain"):
-        transfer = transfer_table(systems, run, budgets, config)
+        transfer = transfer_table(
+            systems,
+            run,
+            budgets,
+            loso_set=config.loso_set,
+            n_search=config.n_search,
+            batch_size=config.batch_size,
+        )
 
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated

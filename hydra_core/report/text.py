@@ -99,6 +99,7 @@ from hydra_core.report.text_stages import (
     training_table,
 )
 from hydra_core.report.text_tables import text_tables
+from hydra_core.report.transfer import circuits_report, transfer_table
 from hydra_core.types import Log, StageProgress
 
 # --- the run --------------------------------------------------------------------------------------
@@ -178,6 +179,12 @@ def run_text_report(
     tables["training"] = training_table(main.deep_runs, main.tuned, main.tuned_members)
     if stability is not None:
         tables["stability"] = stability
+    with stages("transfer of the circuits' AUROC gain"):
+        sets = dict(benchmark=report_set, loaded=trimmed, batch_size=config.batch_size)
+        found = circuits_report(run, main.circuits, **sets)
+        tables["transfer"] = transfer_table(
+            found, run, budgets, loso_set=config.loso_set, n_search=config.n_search, **sets
+        )
     with stages("per-head evidence (heads.csv)"):
         fit = run.inputs
         n, batch = config.evidence_samples, config.batch_size

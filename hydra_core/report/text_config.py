@@ -84,6 +84,10 @@ class TextReportConfig:
             stability (0: none); held_out: unused search-role sentences per set scored after
             every step (:mod:`hydra_core.experiment.stability`).
         evidence_samples: report sentences per set for the per-head evidence (heads.csv).
+        loso_set: the report set left out of a CircOOD search over halves of the other report
+            sets (the transfer section's leave-one-set-out run; tweets: a near set in another
+            register than movie reviews); when the run does not report on it, the first near
+            report set (:func:`~hydra_core.report.transfer.left_out_set`); None skips it.
     """
 
     model: str = "minilm-sentiment"
@@ -112,6 +116,7 @@ class TextReportConfig:
     stability_resamples: int = 3
     held_out: int | None = 256
     evidence_samples: int | None = 500
+    loso_set: str | None = "tweets"
 
     def __post_init__(self) -> None:
         check_efficient(self.efficient)

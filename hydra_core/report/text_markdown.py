@@ -20,6 +20,7 @@ from hydra_core.report.text_markdown_tables import (
     fusion_cost_section,
     table2_section,
 )
+from hydra_core.report.transfer import transfer_section
 
 
 def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
@@ -28,6 +29,7 @@ def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         lambda tables, setup: setup_section(setup),
         lambda tables, setup: _summary_section(tables),
         _circuit_section,
+        lambda tables, setup: transfer_section(tables["transfer"]) if "transfer" in tables else [],
         stability,
         heads,
         table2_section,

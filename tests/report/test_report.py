@@ -25,7 +25,7 @@ SECTIONS = [
     "## Table 9",
     "## Table 11",
     "## Table 7",
-    "## Transfer",
+    "## Does it transfer?",
     "## Table 12",
     "## The paper's statements over the 2 repeats",
     "## What this report covers",

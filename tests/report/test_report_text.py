@@ -39,6 +39,7 @@ SECTIONS = [
     "## Setup",
     "## Summary",
     "## The CircAvg circuit",
+    "## Does it transfer?",
     "## Stability of the circuits",
     "## Per-head evidence",
     "## Table 2",
@@ -52,6 +53,7 @@ SECTIONS = [
     "## What this report covers",
 ]
 CSVS = [
+    "transfer",
     "table2_systems",
     "table17_near_far",
     "per_set",
@@ -186,6 +188,31 @@ def test_json_protocol_intervals_and_rows(report_dir):
     assert set(rows) - {SINGLE} <= differences
     all_sets = pd.read_csv(report_dir / "all_sets.csv")
     assert "guardian" not in set(all_sets["set"])
+
+
+def test_transfer_reports_near_and_far_and_a_left_out_set(report_dir):
+    """The transfer section: CircOOD and CircAvg (searched on guardian) on every report set with
+    its group, then CircOOD searched on halves of the other report sets and measured on the one
+    left out (tweets is not reported in this run: the first near set, imdb), in no other
+    table."""
+    transfer = pd.read_csv(report_dir / "transfer.csv")
+    assert list(transfer["circuit"]) == ["CircOOD"] * 2 + ["CircAvg"] * 2 + [
+        "CircOOD, imdb left out"
+    ]
+    assert list(transfer["ood_set"]) == ["imdb", "abc_news"] * 2 + ["imdb"]
+    assert list(transfer["group"]) == ["near", "far"] * 2 + ["near"]
+    assert set(transfer["searched_on"][:4]) == {"guardian"}
+    assert transfer.iloc[-1]["searched_on"] == "halves of abc_news"
+    delta = transfer["circuit_auroc"] - transfer["single_auroc"]
+    assert (delta - transfer["delta_auroc"]).abs().max() < 1e-9
+    assert (transfer["delta_auroc_lo"] <= transfer["delta_auroc"]).all()
+    for name in ("all_sets", "summary_all_systems", "differences_to_single"):
+        frame = pd.read_csv(report_dir / f"{name}.csv")
+        assert not {"CircOOD", "CircOOD, imdb left out"} & set(frame["system"]), name
+    text = (report_dir / "report.md").read_text()
+    section = text[text.index("## Does it transfer?") : text.index("## Stability")]
+    assert "**CircOOD** (searched on guardian): near " in section and "; far " in section
+    assert "**CircOOD, imdb left out** (searched on halves of abc_news): near " in section
 
 
 def test_verdicts_are_taken_over_the_repeats(report_dir):
