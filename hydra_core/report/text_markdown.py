@@ -83,14 +83,15 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
 def _transfer_line(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     """Whether what the CircAvg search gained on its own sentences reached the report split:
     its scores on the search split against the zero-shot circuit's paired differences to the
-    single model on the report split."""
+    single model on the report split, the near and the far sets apart."""
     circuit = tables["circuit"].iloc[0]
     differences = tables["differences_to_single"].set_index("system")
     if CIRCAVG not in differences.index:
         return []
     d = 100 * differences.loc[CIRCAVG].drop("kind").astype(float)  # in points
-    above = [d[f"{m}_lo"] > 0 for m in ("accuracy", "all_auroc")]
-    below = [d[f"{m}_hi"] < 0 for m in ("accuracy", "all_auroc")]
+    measures = ("accuracy", "near_auroc", "far_auroc")
+    above = [d[f"{m}_lo"] > 0 for m in measures]
+    below = [d[f"{m}_hi"] < 0 for m in measures]
     verdict = (
         "transferred"
         if all(above)
@@ -98,15 +99,15 @@ def _transfer_line(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         if all(below)
         else "transferred only in part"
     )
+    near, far = (signed("auroc", d[m], d[f"{m}_lo"], d[f"{m}_hi"]) for m in measures[1:])
     return [
         f"- **The search's gains {verdict}**: on its own search sentences the CircAvg circuit "
         f"moved accuracy from {100 * circuit['dense_search_accuracy']:.2f} to "
         f"{100 * circuit['search_accuracy']:.2f} and AUROC against the search OOD set from "
         f"{100 * circuit['dense_search_auroc']:.2f} to {100 * circuit['search_auroc']:.2f}; on "
         f"the report split (zero-shot) it changed accuracy by "
-        f"{signed('accuracy', d['accuracy'], d['accuracy_lo'], d['accuracy_hi'])} and OOD "
-        f"AUROC by {signed('auroc', d['all_auroc'], d['all_auroc_lo'], d['all_auroc_hi'])} "
-        "against the single model."
+        f"{signed('accuracy', d['accuracy'], d['accuracy_lo'], d['accuracy_hi'])}, AUROC on "
+        f"the near sets by {near} and on the far sets by {far} against the single model."
     ]
 
 

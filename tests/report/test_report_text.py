@@ -213,6 +213,8 @@ def test_transfer_reports_near_and_far_and_a_left_out_set(report_dir):
     section = text[text.index("## Does it transfer?") : text.index("## Stability")]
     assert "**CircOOD** (searched on guardian): near " in section and "; far " in section
     assert "**CircOOD, imdb left out** (searched on halves of abc_news): near " in section
+    summary = text[text.index("## Summary") : text.index("## The CircAvg circuit")]
+    assert "AUROC on the near sets by " in summary and " and on the far sets by " in summary
 
 
 def test_verdicts_are_taken_over_the_repeats(report_dir):
