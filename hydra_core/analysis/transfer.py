@@ -66,6 +66,7 @@ class TransferResult:
     groups: dict  # set -> "near" | "far"
     removed: dict  # searched_on -> the heads the search removed, as labels
     seconds: float  # compute of the searches, summed
+    candidates: int | None = None  # the guided search's K (None: the exact search)
 
     def matrix(self) -> pd.DataFrame:
         """AUROC changes as a table: rows searched on, columns reported on."""
@@ -136,6 +137,7 @@ def transfer_matrix(
     budget: int = 24,
     batch_size: int = 256,
     method: str = "fast",
+    candidates: int | None = None,
     device: str | torch.device | None = "auto",
     cache: DiskCache | None = None,
     progress: Callable[[str, int, int], None] | None = None,
@@ -147,14 +149,15 @@ def transfer_matrix(
 
     Each row's search goes through :func:`greedy_circuit` with ``cache``: a finished row is read
     back, an interrupted one resumes; under torchrun the processes share every step's candidates
-    and every prediction. ``progress(set, done_steps, budget)`` is called after every step;
+    and every prediction. ``candidates``: the guided search's K (None: the exact search; see
+    :func:`greedy_circuit`). ``progress(set, done_steps, budget)`` is called after every step;
     ``should_stop`` stops between steps (returns None: the finished steps are saved).
     """
     _check(benchmark, objective)
     sets = tuple(benchmark.search_names())
     groups = {s.name: s.group for s in benchmark.ood_report}
     model = loaded.model
-    rows, summary, removed, seconds = [], {}, {}, 0.0
+    rows, summary, removed, seconds, guided = [], {}, {}, 0.0, None
     for name in sets:
         data = row_benchmark(benchmark, name)
         inputs = search_inputs(loaded.preprocess, data)
@@ -169,6 +172,7 @@ def transfer_matrix(
             budget=budget,
             batch_size=batch_size,
             method=method,
+            candidates=candidates,
             cache=cache,
             progress=step,
             should_stop=should_stop,
@@ -176,6 +180,7 @@ def transfer_matrix(
         if not result.complete:
             return None
         seconds += result.seconds
+        guided = result.candidates  # None where K covers every head: the exact search
         removed[name] = [head_label(*h) for h in result.order]
         keep = result.keep_mask()
         options = dict(device=device, cache=cache, batch_size=batch_size)
@@ -204,7 +209,7 @@ def transfer_matrix(
             if r is not None
         }
     cells = pd.DataFrame(rows, columns=list(CELL_COLUMNS))
-    return TransferResult(cells, summary, objective, budget, sets, groups, removed, seconds)
+    return TransferResult(cells, summary, objective, budget, sets, groups, removed, seconds, guided)
 
 
 def _by_set(table: pd.DataFrame) -> dict[str, dict]:

@@ -63,15 +63,7 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
         help="heads to remove (default: %(default)s)",
     )
     options.add_search_method_argument(p)
-    p.add_argument(
-        "--candidates",
-        type=options.positive_int,
-        default=None,
-        metavar="K",
-        help="guided search: at each step evaluate exactly only the K heads with the best "
-        "attribution estimate (one forward and a few backward passes), re-estimated after each "
-        "removal; K at least the model's heads is the exact search (default: exact)",
-    )
+    options.add_candidates_argument(p)
     p.add_argument(
         "--no-resume",
         action="store_true",

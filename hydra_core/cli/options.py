@@ -201,6 +201,20 @@ def add_search_method_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_candidates_argument(p: argparse.ArgumentParser) -> None:
+    """``--candidates K`` of every command that runs greedy searches (search, transfer): the
+    guided search (docs/guided-search.md)."""
+    p.add_argument(
+        "--candidates",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="guided search: at each step evaluate exactly only the K heads with the best "
+        "attribution estimate (one forward and a few backward passes), re-estimated after each "
+        "removal; K at least the model's heads is the exact search (default: exact)",
+    )
+
+
 def add_scores_argument(p: argparse.ArgumentParser, effect: str) -> None:
     """``--scores`` of every command that reports OOD metrics (eval, hydra); ``effect``: what
     the scores beyond the first change in this command's output."""

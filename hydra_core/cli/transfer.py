@@ -62,6 +62,7 @@ def _transfer_arguments(p: argparse.ArgumentParser) -> None:
         help="heads each search removes (default: %(default)s, as search)",
     )
     options.add_search_method_argument(p)
+    options.add_candidates_argument(p)
     p.add_argument(
         "--json",
         action="store_true",
@@ -141,6 +142,7 @@ def _transfer(args: argparse.Namespace) -> int:
         budget=args.budget,
         batch_size=args.batch_size,
         method=args.method,
+        candidates=args.candidates,
         device=device,
         cache=cache,
         progress=progress,
@@ -158,6 +160,7 @@ def _transfer(args: argparse.Namespace) -> int:
         **result.to_json(),
         "objective": args.objective,
         "budget": args.budget,
+        "candidates": result.candidates,  # the guided search's K; None: exact
         "sets": {name: result.groups[name] for name in result.sets},
         "removed": result.removed,
         "shortcut": shortcut,

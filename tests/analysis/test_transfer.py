@@ -119,6 +119,29 @@ def test_cells_and_averages_are_the_plain_computation(setup):
                 assert found["lo"] <= found["delta_auroc"] <= found["hi"]
 
 
+def test_a_guided_matrix_searches_each_row_with_the_guided_search(setup, tmp_path):
+    """``candidates=K``: each row's circuit is :func:`greedy_circuit`'s guided search on the
+    row's own search data; K at least the model's heads gives the exact matrix."""
+    from hydra_core.analysis.greedy import greedy_circuit
+    from hydra_core.analysis.inputs import search_inputs
+    from hydra_core.models.adapter import head_label
+
+    loaded, benchmark = setup
+    guided = transfer_matrix(loaded, benchmark, budget=2, candidates=2, device="cpu")
+    assert guided.candidates == 2
+    for name in guided.sets:
+        inputs = search_inputs(loaded.preprocess, row_benchmark(benchmark, name))
+        alone = greedy_circuit(
+            loaded.model, inputs.id_x, inputs.id_y, inputs.ood_x, budget=2, candidates=2,
+            objective="ood",
+        )  # fmt: skip
+        assert guided.removed[name] == [head_label(*h) for h in alone.order]
+    exact = transfer_matrix(loaded, benchmark, budget=2, device="cpu")
+    every = transfer_matrix(loaded, benchmark, budget=2, candidates=8, device="cpu")
+    assert every.candidates is None and every.removed == exact.removed
+    pd.testing.assert_frame_equal(every.cells, exact.cells)
+
+
 def test_the_command_writes_the_matrix_and_resumes_from_the_cache(checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["transfer", "--model", checkpoint, *DATA, *SETS, "--budget", "2", "--out", str(out)]
@@ -143,6 +166,7 @@ def test_the_command_writes_the_matrix_and_resumes_from_the_cache(checkpoint, tm
     assert table.delta_auroc.tolist() == pytest.approx([c["delta_auroc"] for c in found["cells"]])
     written = json.loads((out / "transfer_ood.json").read_text())
     assert set(written["shortcut"]) == {"mnist", "noise", "faces"}
+    assert written["candidates"] is None  # the exact search unless --candidates K
     # a set that warns is told to read its row here, not to run this command again
     warned = [line for line in printed.err.splitlines() if "shortcut:" in line]
     assert len(warned) == sum(e["warns"] for e in written["shortcut"].values())
