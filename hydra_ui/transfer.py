@@ -69,9 +69,10 @@ def shortcut_warnings(context) -> None:
             st.warning(entry["warning"])
 
 
-def start_transfer(context, objective: str, budget: int) -> None:
+def start_transfer(context, objective: str, budget: int, k: int | None = None) -> None:
     """The matrix in a background job: one search per set (cached, so a finished row is read
-    back and a stopped one resumes), progress counted in heads removed over all rows."""
+    back and a stopped one resumes), progress counted in heads removed over all rows; ``k``:
+    every row as the guided search of K candidates per step (None: exact)."""
     benchmark = transfer_benchmark(context)
     sets = benchmark.search_names()
 
@@ -87,13 +88,14 @@ def start_transfer(context, objective: str, budget: int) -> None:
             benchmark,
             objective=objective,
             budget=budget,
+            candidates=k,
             device=context.device,
             cache=disk_cache(),
             progress=progress,
             should_stop=job.should_stop,
         )
 
-    info = {"objective": objective, "budget": budget, "sets": sets}
+    info = {"objective": objective, "budget": budget, "sets": sets, "candidates": k}
     results()["jobs"][JOB] = start_job(JOB, work, info)
 
 
@@ -131,7 +133,10 @@ def matrix_figure(result: TransferResult):
             result.summary[s].get(group, {}).get("delta_auroc", float("nan")) * 100
             for s in result.sets
         ]
-    title = f"{TITLES[result.objective]}, {result.budget} heads removed: AUROC change vs dense"
+    guided = "" if result.candidates is None else f" (guided, K = {result.candidates})"
+    title = (
+        f"{TITLES[result.objective]}, {result.budget} heads removed{guided}: AUROC change vs dense"
+    )
     return matrix_heatmap(
         table,
         title=title,
@@ -141,20 +146,22 @@ def matrix_figure(result: TransferResult):
     )
 
 
-def transfer_matrix_view(context, objective: str, budget: int) -> None:
+def transfer_matrix_view(context, objective: str, budget: int, k: int | None = None) -> None:
     """The section: what the matrix is, the button that computes it (a background job), its
-    progress, then the heatmap and the table."""
+    progress, then the heatmap and the table. ``k``: the page's candidates per step (the guided
+    search; None: exact), as for the search above."""
     st.subheader("Transfer across every OOD set")
     st.caption(
         "For every OOD set (search and report sets alike), a circuit is searched (the objective "
         "and budget chosen above; S_acc uses S_avg) on the ID search items and that set's search "
         "part alone, and its AUROC change against the dense model is measured on every set's "
         "held-out part, with paired 95% intervals. A set's own column (held-out items of the "
-        "distribution searched on) is not in the row's near / far averages. Searches are saved: "
-        "a finished matrix comes back at once."
+        "distribution searched on) is not in the row's near / far averages. With candidates "
+        "per step chosen above, every row is that guided search. Searches are saved: a "
+        "finished matrix comes back at once."
     )
     objective = objective if objective in TITLES else "avg"
-    key = f"transfer-{objective}-{budget}"
+    key = f"transfer-{objective}-{budget}-{k}"
     job = results()["jobs"].get(JOB)
     running = job is not None and job.running
     if st.button(
@@ -163,7 +170,7 @@ def transfer_matrix_view(context, objective: str, budget: int) -> None:
         disabled=running,
         help="One search per OOD set: as long as that many searches (saved ones are read back)",
     ):
-        start_transfer(context, objective, budget)
+        start_transfer(context, objective, budget, k)
         st.rerun()
     if running:
         watch_job(job, lambda j: str(j.progress or "starting the first search..."))
@@ -171,7 +178,9 @@ def transfer_matrix_view(context, objective: str, budget: int) -> None:
     job_outcome(job, "The transfer matrix")
     if job is not None and job.result is not None:
         done = job.info
-        results()[f"transfer-{done['objective']}-{done['budget']}"] = job.result
+        results()[f"transfer-{done['objective']}-{done['budget']}-{done['candidates']}"] = (
+            job.result
+        )
     result = results().get(key)
     if result is None:
         return

@@ -412,7 +412,7 @@ with show_error("Could not run the head search"):
                     ranking = [head_label(*h) for h in stored[o].ranking()]
                     st.caption("Full ranking, least useful first: " + ", ".join(ranking))
             transfer_view(context, runs, aggregate)
-    transfer_matrix_view(context, objective, budget)
+    transfer_matrix_view(context, objective, budget, k if 0 < k < total else None)
 
     stability_view(context, inputs, objective, budget, measured_step_cost(stored, objective, total))
 # --- Evidence: every head's evidence with intervals (hydra_ui/evidence.py) -----------------------

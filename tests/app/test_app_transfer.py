@@ -48,3 +48,15 @@ def test_the_matrix_is_computed_in_a_job_and_equals_the_library(app, reference):
     first = expected.cells.iloc[0]  # mnist's own cell
     own = table.loc[0, "on mnist (near)"]
     assert own.startswith(f"{first.delta_auroc * 100:+.2f} [") and own.endswith("(own, held out)")
+    # the page's candidates per step make every row the guided search, as the command's
+    # --candidates does
+    next(n for n in app.number_input if n.label.startswith("Candidates")).set_value(2)
+    app.run()
+    button(app, "Compute the transfer matrix").click()
+    app.run()
+    finish_job(app, "transfer")
+    guided = transfer_matrix(loaded, every, objective="ood", budget=2, candidates=2, device="cpu")
+    heatmap = next(f for f in figures(app) if "(guided, K = 2)" in f.layout.title.text)
+    np.testing.assert_allclose(
+        array(heatmap.data[0].z)[:, :4], guided.matrix().to_numpy() * 100, atol=1e-9
+    )
