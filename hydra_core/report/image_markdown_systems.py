@@ -10,7 +10,12 @@ import pandas as pd
 
 from hydra_core.report.claims import INTERVAL_METHOD
 from hydra_core.report.image_markdown_claims import claims_sections
-from hydra_core.report.markdown import column_header, cost_columns, markdown_table
+from hydra_core.report.markdown import (
+    column_header,
+    cost_columns,
+    markdown_table,
+    score_gains_section,
+)
 
 
 def systems_sections(
@@ -78,32 +83,6 @@ def systems_sections(
         "the effect of MLP averaging for fine-tuned ones.",
         "",
         markdown_table(tables["table11_fusion"]),
-        "",
-    ]
-
-
-def score_gains_section(gains: pd.DataFrame | None) -> list[str]:
-    """Does each system's OOD gain hold under every score (``ood_gain_by_score.csv``)."""
-    if gains is None or gains.empty:
-        return []
-    shown = pd.DataFrame({"score": gains["score"], "system": gains["system"]})
-    for g in ("near", "far"):
-        shown[f"{g}_auroc"] = gains[f"{g}_auroc"]
-        for suffix in ("", "_lo", "_hi"):  # AUROC points, as the AUROCs are shown
-            shown[f"{g} ΔAUROC (points){suffix}"] = 100 * gains[f"{g}_delta{suffix}"]
-        shown[f"{g} gain holds"] = gains[f"{g}_holds"]
-    return [
-        "## Does each system's OOD gain hold under every score",
-        "",
-        "Near- and far-OOD AUROC of each system under every OOD score, and its difference to "
-        "the single model under the same score with the paired 95% interval (in AUROC points); "
-        "the gain holds where the interval lies above 0. Max logit, energy, entropy, "
-        "Mahalanobis, ViM and KNN come from pytorch-ood; the last three read each model's "
-        "penultimate features and are fitted on the ID search split only, so the fused Hydra "
-        "rows have them through their unfused twins (docs/ood-scores.md). Mutual information "
-        "has no single-model reference, so no row here (`ood_gain_by_score.csv`).",
-        "",
-        markdown_table(shown),
         "",
     ]
 

@@ -83,6 +83,7 @@ from hydra_core.experiment.results import SystemsReport
 from hydra_core.models.preprocess import TrimmedPreprocess
 from hydra_core.report.efficient_ensembles import efficient_systems
 from hydra_core.report.heads import evidence_table
+from hydra_core.report.tables import ood_gain_table
 from hydra_core.report.text_config import (
     DEFAULT_TEXT_OUT,
     TextReportConfig,
@@ -179,6 +180,9 @@ def run_text_report(
     tables["training"] = training_table(main.deep_runs, main.tuned, main.tuned_members)
     if stability is not None:
         tables["stability"] = stability
+    with stages("OOD gain under every score"):
+        rows = list(tables["table2_systems"]["system"])
+        tables["ood_gain_by_score"] = ood_gain_table(main.report, report_set, rows)
     with stages("transfer of the circuits' AUROC gain"):
         sets = dict(benchmark=report_set, loaded=trimmed, batch_size=config.batch_size)
         found = circuits_report(run, main.circuits, **sets)

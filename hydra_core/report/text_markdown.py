@@ -12,7 +12,13 @@ import pandas as pd
 
 from hydra_core.report.claims import CIRCAVG, signed, verdict_counts
 from hydra_core.report.efficient_ensembles import judged
-from hydra_core.report.markdown import heads, markdown_table, render, stability
+from hydra_core.report.markdown import (
+    heads,
+    markdown_table,
+    render,
+    score_gains_section,
+    stability,
+)
 from hydra_core.report.text_markdown_setup import coverage_section, setup_section
 from hydra_core.report.text_markdown_tables import (
     claims_section,
@@ -33,6 +39,7 @@ def text_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         stability,
         heads,
         table2_section,
+        lambda tables, setup: score_gains_section(tables.get("ood_gain_by_score")),
         lambda tables, setup: claims_section(tables["paper_claims"], setup, tables.get("repeats")),
         lambda tables, setup: efficient_claims_section(tables["paper_claims"], setup),
         fusion_cost_section,

@@ -46,6 +46,7 @@ SECTIONS = [
     "## Table 17",
     "## Tables 18-20",
     "## Differences to the single model",
+    "## Does each system's OOD gain hold under every score",
     "## Agreements and disagreements with the paper",
     "## The paper's statements about the efficient ensembles (repeat 0)",
     "## Fused vs separately run members",
@@ -54,6 +55,7 @@ SECTIONS = [
 ]
 CSVS = [
     "transfer",
+    "ood_gain_by_score",
     "table2_systems",
     "table17_near_far",
     "per_set",
@@ -215,6 +217,20 @@ def test_transfer_reports_near_and_far_and_a_left_out_set(report_dir):
     assert "**CircOOD, imdb left out** (searched on halves of abc_news): near " in section
     summary = text[text.index("## Summary") : text.index("## The CircAvg circuit")]
     assert "AUROC on the near sets by " in summary and " and on the far sets by " in summary
+
+
+def test_every_systems_ood_gain_under_every_score(report_dir):
+    """ood_gain_by_score.csv: per score, near and far AUROC of Table 2's systems and the paired
+    difference to the single model; the MSP rows are the differences of Table 2's own."""
+    gains = pd.read_csv(report_dir / "ood_gain_by_score.csv")
+    assert {"msp", "max_logit", "energy", "entropy"} <= set(gains["score"])
+    msp = gains[gains["score"] == "msp"].set_index("system")
+    differences = pd.read_csv(report_dir / "differences_to_single.csv").set_index("system")
+    for system in set(msp.index) & set(differences.index):
+        for g in ("near", "far"):
+            value = differences.loc[system, f"{g}_auroc"]
+            assert msp.loc[system, f"{g}_delta"] == pytest.approx(value, abs=1e-9), system
+    assert (gains["near_delta_lo"] <= gains["near_delta"] + 1e-12).all()
 
 
 def test_verdicts_are_taken_over_the_repeats(report_dir):
