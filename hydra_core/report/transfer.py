@@ -83,9 +83,9 @@ def transfer_table(
     loaded = run.loaded if loaded is None else loaded
     benchmark = run.benchmark if benchmark is None else benchmark
     searched = ", ".join(benchmark.search_names())
-    present = set(systems.table()["system"])
-    circuits = [CIRCUIT_NAMES[o] for o in TRANSFERRED if CIRCUIT_NAMES[o] in present]
-    table = systems.table().set_index(["system", "set"])
+    frame = systems.table()
+    circuits = [CIRCUIT_NAMES[o] for o in TRANSFERRED if CIRCUIT_NAMES[o] in set(frame["system"])]
+    table = frame.set_index(["system", "set"])
     rows = [
         _transfer_row(systems, table, circuit, searched, data)
         for circuit in circuits
