@@ -133,13 +133,9 @@ def matrix_figure(result: TransferResult):
             result.summary[s].get(group, {}).get("delta_auroc", float("nan")) * 100
             for s in result.sets
         ]
-    guided = "" if result.candidates is None else f" (guided, K = {result.candidates})"
-    title = (
-        f"{TITLES[result.objective]}, {result.budget} heads removed{guided}: AUROC change vs dense"
-    )
     return matrix_heatmap(
         table,
-        title=title,
+        title=result.title,
         value_name="ΔAUROC (points)",
         text_format="+.1f",
         diverging=True,

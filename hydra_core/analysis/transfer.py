@@ -73,6 +73,14 @@ class TransferResult:
         table = self.cells.pivot(index="searched_on", columns="reported_on", values="delta_auroc")
         return table.reindex(index=list(self.sets), columns=list(self.sets))
 
+    @property
+    def title(self) -> str:
+        """What the matrix shows, for a figure's title: the circuit, its budget and, for the
+        guided search, its K."""
+        circuit = {"ood": "CircOOD", "avg": "CircAvg"}[self.objective]
+        guided = "" if self.candidates is None else f" (guided, K = {self.candidates})"
+        return f"{circuit}, {self.budget} heads removed{guided}: AUROC change vs dense"
+
     def to_json(self) -> dict:
         """``{"cells": [...], "summary": {...}}`` (``transfer --json``), plus what ran."""
         cells = [
@@ -276,8 +284,7 @@ def plot_transfer(result: TransferResult):
     ax.set_yticks(range(n), labels)
     ax.set_xlabel("reported on (held-out items)")
     ax.set_ylabel("searched on")
-    title = {"ood": "CircOOD", "avg": "CircAvg"}[result.objective]
-    ax.set_title(f"{title}, {result.budget} heads removed: AUROC change vs dense (points)")
+    ax.set_title(f"{result.title} (points)")
     fig.colorbar(image, ax=ax, label="AUROC change (points)")
     return fig
 

@@ -140,6 +140,9 @@ def test_a_guided_matrix_searches_each_row_with_the_guided_search(setup, tmp_pat
     every = transfer_matrix(loaded, benchmark, budget=2, candidates=8, device="cpu")
     assert every.candidates is None and every.removed == exact.removed
     pd.testing.assert_frame_equal(every.cells, exact.cells)
+    # the command's figure says which search drew it, like the app's
+    assert "(guided, K = 2)" in transfer.plot_transfer(guided).axes[0].get_title()
+    assert "guided" not in transfer.plot_transfer(exact).axes[0].get_title()
 
 
 def test_the_command_writes_the_matrix_and_resumes_from_the_cache(checkpoint, tmp_path, capsys):
