@@ -7,7 +7,7 @@ torch, timm and scikit-learn before it needs them."""
 
 from __future__ import annotations
 
-import importlib
+from hydra_core.lazy import lazy_exports
 
 _EXPORTS = {
     "hydra_core.analysis.greedy": ("GreedyResult", "greedy_circuit", "single_head_importance"),
@@ -80,17 +80,4 @@ _EXPORTS = {
     # load_model through the module that registers fused Hydra files as a model source
     "hydra_core.hydra.source": ("load_model",),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'hydra_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -21,6 +21,7 @@ LAYERS = (
         "hydra_core.paths",
         "hydra_core.errors",
         "hydra_core.files",
+        "hydra_core.lazy",
         "hydra_core.outputs",
         "hydra_core.hub",
         "hydra_core.distributed",

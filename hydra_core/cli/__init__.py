@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra_core.cli.options as options
@@ -34,7 +35,11 @@ for _module in (
     importlib.import_module(f"hydra_core.cli.{_module}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the ``argv`` it will parse, only the command named there
+    gets its arguments (a command's defaults and choices import the modules they come from, so
+    ``--help`` and every other command need not): every command does when ``argv`` is None."""
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     installed = Path(sys.argv[0]).name == "hydra-lab"  # the console script, not python -m
     parser = options.OneLineParser(
         prog="hydra-lab" if installed else "python -m hydra_core",
@@ -47,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         doc = summary(run.__doc__)
         # argparse %-formats a help string (not a description): "95% intervals" is text there
         p = sub.add_parser(name, help=doc.replace("%", "%%"), description=doc, parents=[shared])
-        add_arguments(p)
+        if named is None or named == name:
+            add_arguments(p)
         p.set_defaults(run=run)
     return parser
 
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread
         on_term = signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser(argv).parse_args(argv)
         options.refuse_ignored(args)  # contradictions and an absent --device, before any work
         warnings.showwarning = _one_line_warning
         if args.cache_dir:

@@ -43,7 +43,7 @@ from hydra_core.cli.stability import (
 )
 from hydra_core.cli.transfer import shortcut_summary
 from hydra_core.errors import InputError
-from hydra_core.models.adapter import head_label, head_layout, parse_head_label
+from hydra_core.models.family import head_label, parse_head_label
 from hydra_core.outputs import data_identity
 
 
@@ -90,6 +90,7 @@ def _search(args: argparse.Namespace) -> int:
 
     from hydra_core.analysis.greedy import greedy_circuit, load_greedy
     from hydra_core.masks import MemberMask, save_masks
+    from hydra_core.models.adapter import head_layout
 
     def check_budget(loaded, benchmark) -> None:
         total = head_layout(loaded.model).total_heads
@@ -391,6 +392,7 @@ def _represent(args: argparse.Namespace) -> int:
         project_features,
     )
     from hydra_core.masks import load_masks
+    from hydra_core.models.adapter import head_layout
 
     layer, heads, member = 0, [], None
 

@@ -21,7 +21,7 @@ from hydra_core.cli.common import (
     write_json,
     write_output,
 )
-from hydra_core.models.adapter import head_label, head_layout
+from hydra_core.models.family import head_label
 
 if TYPE_CHECKING:
     from hydra_core.analysis.inputs import SearchInputs
@@ -236,6 +236,7 @@ def _build_members(
         taylor_member,
         taylor_ranking,
     )
+    from hydra_core.models.adapter import head_layout
 
     model = loaded.model
     layout = head_layout(model)
@@ -428,6 +429,7 @@ def _cahp(args: argparse.Namespace) -> int:
     from hydra_core.analysis.cahp import cahp_select
     from hydra_core.hydra.members import refuse_towers_for_cahp
     from hydra_core.masks import MemberMask, save_masks
+    from hydra_core.models.adapter import head_layout
 
     def check(loaded, benchmark) -> None:  # the options the model decides, before the folder
         layout = head_layout(loaded.model)

@@ -13,21 +13,13 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 import hydra_core.cli.options as options
 from hydra_core import distributed
-from hydra_core.analysis.holdout import (
-    FEW_SAMPLES,
-    HeldOutCurve,
-    chance_jaccard,
-    held_out_curve,
-    holdout_split,
-    jaccard_words,
-)
-from hydra_core.analysis.stability import STABLE_SHARE, StabilityResult, greedy_stability
 from hydra_core.cli.common import (
     read_result_file,
     shows_progress,
@@ -36,7 +28,11 @@ from hydra_core.cli.common import (
     write_json,
 )
 from hydra_core.errors import InputError
-from hydra_core.models.adapter import head_label, head_layout
+from hydra_core.models.family import head_label
+
+if TYPE_CHECKING:
+    from hydra_core.analysis.holdout import HeldOutCurve
+    from hydra_core.analysis.stability import StabilityResult
 
 
 def add_stability_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +84,8 @@ def search_data(args: argparse.Namespace, inputs) -> SearchData:
     strata = inputs.ood_strata()
     if args.holdout is None:
         return SearchData(inputs.id_x, inputs.id_y, inputs.ood_x, strata)
+    from hydra_core.analysis.holdout import holdout_split
+
     split = holdout_split(inputs.id_y, strata, args.holdout, seed=args.seed)
 
     def part(id_rows, ood_rows):
@@ -105,6 +103,8 @@ def search_data(args: argparse.Namespace, inputs) -> SearchData:
 
 
 def warn_few_samples(data: SearchData) -> None:
+    from hydra_core.analysis.holdout import FEW_SAMPLES
+
     n = min(len(data.id_x), len(data.ood_x))
     if n < FEW_SAMPLES:
         warn(
@@ -116,6 +116,8 @@ def warn_few_samples(data: SearchData) -> None:
 
 def write_holdout(model, result, data: SearchData, out: Path, log) -> HeldOutCurve:
     """Score the search on the held-out part; write ``holdout_<objective>.csv/.json``."""
+    from hydra_core.analysis.holdout import held_out_curve
+
     id_x, id_y, ood_x, strata = data.held_out
     curve = held_out_curve(model, result, id_x, id_y, ood_x, ood_strata=strata)
     stem = result.objective
@@ -151,6 +153,9 @@ def run_stability(args, model, data: SearchData, result, cache, out: Path, ident
     """``--stability B``: the resampled searches; write ``stability_<objective>.json`` and
     ``stability_<objective>_heads.csv``."""
     from tqdm import tqdm
+
+    from hydra_core.analysis.holdout import jaccard_words
+    from hydra_core.analysis.stability import greedy_stability
 
     bar = tqdm(
         total=args.stability * args.budget,
@@ -207,6 +212,8 @@ def heads_frame(found: StabilityResult, result) -> pd.DataFrame:
     kept it (``keep_frequency``, higher = more important, the convention of every ranking), the
     step the search removed it at, and whether it is stably removed or kept
     (:data:`STABLE_SHARE`), most often removed first."""
+    from hydra_core.analysis.stability import STABLE_SHARE
+
     freq = found.frequency()
     step = {h: t + 1 for t, h in enumerate(result.order)}
     rows = []
@@ -237,6 +244,8 @@ def heads_frame(found: StabilityResult, result) -> pd.DataFrame:
 
 def json_summary(curve: HeldOutCurve | None, found: StabilityResult | None, result) -> dict:
     """What ``--json`` adds for the held-out curve and the stability run."""
+    from hydra_core.analysis.holdout import chance_jaccard
+
     extra = {}
     if curve is not None:
         extra["holdout"] = {
@@ -268,6 +277,9 @@ def read_stability_result(
     its search (for ties) and the data it was computed on (its ``data`` entry, None in an older
     file); another model's file (or, given ``data``, one of other search data) is refused, an
     unreadable one named."""
+
+    from hydra_core.analysis.stability import StabilityResult
+    from hydra_core.models.adapter import head_layout
 
     hint = "give the stability_<objective>.json that search --stability wrote"
 

@@ -32,6 +32,41 @@ def test_every_command_has_help(name, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_command_parsed_alone_has_what_the_whole_parser_gives_it(name, capsys):
+    """``main`` gives only the named command its arguments (:func:`build_parser` with the
+    argv): that command's help is the one the parser of every command prints."""
+    helps = []
+    for parser in (build_parser(), build_parser([name, "--help"])):
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1]
+
+
+#: libraries that take seconds to import, none of which the command list needs
+HEAVY = ("timm", "sklearn", "scipy", "open_clip", "transformers", "torch_uncertainty", "peft",
+         "matplotlib", "torchvision", "streamlit")  # fmt: skip
+
+
+def test_the_command_list_imports_no_model_or_analysis_library():
+    """``python -m hydra_core --help`` (and a mistyped command) answer in the time torch takes
+    to import, not the 10 s of every library the commands use."""
+    code = (
+        "import sys\n"
+        "from hydra_core.cli import main\n"
+        "for argv in (['--help'], ['serch']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "invalid choice: 'serch'" in out.stderr
+
+
 def test_command_list_shows_each_summary_whole(capsys):
     """A summary wrapped over two docstring lines is shown whole in ``--help``, not cut at the
     line break (it used to end mid-sentence: "... goes on from its last")."""
