@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydra_core import metrics
+from hydra_core.errors import InputError, choice
 from hydra_core.metrics.bootstrap import bootstrap_interval
 
 #: folds of the cross-validation (fewer when a side has fewer items)
@@ -111,6 +112,13 @@ def shortcut_check(
     def features(data):
         return modality.surface_features(data, preprocess)
 
+    for data in ood_sets:
+        if min(len(id_items), len(data)) < 2:
+            raise InputError(
+                f"the shortcut check before a search tells each search set from the ID search "
+                f"items out of fold, and needs at least 2 of each: {data.name!r} has "
+                f"{len(data)}, the ID search part {len(id_items)}; raise {choice('n_search')}"
+            )
     id_features = features(id_items)
     out = {}
     for data in ood_sets:

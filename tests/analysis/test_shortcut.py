@@ -126,6 +126,19 @@ def test_the_search_records_and_warns(checkpoint, tmp_path, capsys):
     assert written["shortcut"] == found["shortcut"]
 
 
+def test_a_search_on_one_item_per_set_is_refused_in_one_line(checkpoint, tmp_path, capsys):
+    """The check scores out of fold, which takes 2 items of each side: fewer is the user's
+    input, named with its fix, before the search starts (it was a bare ValueError)."""
+    data = ["--n-search", "1", *DATA[2:]]
+    argv = ["search", "--model", checkpoint, *data, "--budget", "1", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: the shortcut check") and "raise --n-search" in err
+    assert "--debug" not in err and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="at least 2 of each"):
+        shortcut_check(IMAGE_MODALITY, blobs(1, 0), [blobs(5, 1, name="x")], {"x": 0.5})
+
+
 @pytest.mark.slow
 def test_guardian_headlines_warn_as_a_text_search_set():
     """The issue's done-when, on the real text default (minilm-sentiment, 512 + 512)."""
