@@ -31,7 +31,7 @@ run: setup
 test: setup
 	$(MKDOCS) build --strict
 	-@scripts/system-packages.sh browser
-	$(BIN)/python -m pytest -q -rs -m "not slow" -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -rs -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder
 
 # The docs site (mkdocs.yml: the pages under docs/) into site/; any warning fails the build.
 docs: setup

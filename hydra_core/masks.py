@@ -344,7 +344,10 @@ def read_masks(
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MaskFileError(f"{where} is not valid JSON ({exc})") from None
+        raise MaskFileError(
+            f"{where} is not valid JSON ({exc}); a mask file is the JSON that masks or the Masks "
+            "page writes"
+        ) from None
     try:
         return masks_from_json(
             data,
@@ -372,7 +375,9 @@ def load_masks(
     try:
         content = path.read_bytes()
     except FileNotFoundError:
-        raise MaskFileError(f"mask file {path} does not exist") from None
+        raise MaskFileError(
+            f"mask file {path} does not exist; give the JSON file masks wrote"
+        ) from None
     except OSError as exc:
         raise MaskFileError(f"cannot read mask file {path} ({exc.strerror or exc})") from None
     return read_masks(
