@@ -83,3 +83,22 @@ def test_model_fingerprint_tracks_weights():
 def test_bad_kind_is_refused(cache):
     with pytest.raises(ValueError, match="cache kind"):
         cache.path("../escape", "k")
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_with_its_fix(tmp_path, monkeypatch, capsys):
+    """A cache folder under a file (or anywhere unwritable) is the user's setting: one line
+    naming it and how to give another, on the command line too (it was a bare OSError; the
+    command line checks --cache-dir itself, the environment variable reaches the cache)."""
+    from hydra_core.cli import main
+    from hydra_core.errors import InputError
+    from hydra_core.paths import cache_dir
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("HYDRA_LAB_CACHE", str(blocked / "cache"))
+    with pytest.raises(InputError, match="cannot use .*a-file/cache as the cache folder"):
+        cache_dir()
+    argv = ["search", "--budget", "1", "--device", "cpu", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give a folder you can write with --cache-dir" in err[0]
