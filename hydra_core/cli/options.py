@@ -8,6 +8,7 @@ value, or raises :class:`argparse.ArgumentTypeError` with what is wrong."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
@@ -22,6 +23,26 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words left over are refused by the command they were given to
+        (whose ``--help`` lists its options), with the closest option where one was misspelt;
+        argparse refuses them on the command list's parser."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            where = self._command_parser(parsed) or self
+            options = [o for o in where._option_string_actions if o.startswith("--")]
+            close = difflib.get_close_matches(extras[0].split("=")[0], options, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}?" if extras[0].startswith("-") and close else ""
+            where.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
+        """The parser of the command ``parsed`` ran, if this parser has commands."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest, None))
+        return None
 
 
 def _number(text: str, kind: type) -> int | float:

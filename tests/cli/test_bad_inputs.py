@@ -794,3 +794,24 @@ def test_arch_kwargs_on_a_checkpoint_that_carries_its_config(tmp_path, capsys):
     line = one_error_line(err)
     assert code == 2 and "--arch-kwargs num_classes=3 contradicts" in line
     assert "whose header says num_classes=10" in line
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["search", "--budgte", "3"], "search: unrecognized arguments: --budgte 3; did you mean "
+         "--budget? (see python -m hydra_core search --help)"),
+        (["search", "--n-serch=4"], "did you mean --n-search?"),
+        (["eval", "--out", "x"], "eval: unrecognized arguments: --out x (see python -m hydra_core "
+         "eval --help)"),  # nothing close enough to name
+        (["search", "stray"], "search: unrecognized arguments: stray (see"),
+    ],
+)  # fmt: skip
+def test_a_stray_argument_is_refused_by_its_command_with_the_closest_option(argv, expected, capsys):
+    """Words a command does not take are refused in one line by that command (its ``--help``
+    lists what it takes), naming the option meant when one is misspelt; argparse refused them
+    on the command list, whose help lists no option."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert "did you mean" not in err[0] or argv[1] not in ("--out", "stray")
