@@ -794,7 +794,7 @@ def text_file_benchmark(
     )
     if len(id_pool) < 4:
         raise InputError(
-            f"the ID file {own_id.path} holds {len(id_pool)} texts; a search and a report half "
-            "need at least 2 each"
+            f"the ID file {own_id.path} holds {len(id_pool)} text{'s' * (len(id_pool) != 1)}; a "
+            "search and a report half need at least 2 each: give at least 4"
         )
     return build_benchmark(id_pool, None, report_sets, **options)

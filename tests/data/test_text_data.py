@@ -541,7 +541,10 @@ def test_text_file_benchmark(tmp_path):
     assert bench.search_names() == ["s"] and bench.report_names() == ["near"]
     assert bench.ood_report[0].group == "near" and bench.ood_search[0].group == "far"
     tiny = write(tmp_path / "tiny.csv", "text,label\na,0\nb,1\nc,0\n")
-    with pytest.raises(InputError, match="holds 3 texts; a search and a report half need"):
+    with pytest.raises(
+        InputError,
+        match="holds 3 texts; a search and a report half need at least 2 each: give at least 4",
+    ):
         text_file_benchmark(id_file=str(tiny), ood_files=[f"far: {near}"])
     with pytest.raises(InputError, match="a class order applies to an ID file of your own"):
         text_file_benchmark(ood_files=[f"far: {near}"], classes=["a", "b"])
