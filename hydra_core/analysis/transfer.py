@@ -17,6 +17,8 @@ the interval of that mean over the same paired resamples).
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -29,6 +31,8 @@ from hydra_core.analysis.inputs import search_inputs
 from hydra_core.cache import DiskCache
 from hydra_core.data.benchmark import Benchmark
 from hydra_core.evaluate import auroc_changes
+from hydra_core.metrics import UndefinedMetricWarning
+from hydra_core.metrics.bootstrap import MIN_ITEMS, SMALL_PARTS, warn_small_parts
 from hydra_core.models.adapter import head_label
 
 #: the objectives a transfer row's search may take: CircOOD (the default) and CircAvg
@@ -166,56 +170,62 @@ def transfer_matrix(
     groups = {s.name: s.group for s in benchmark.ood_report}
     model = loaded.model
     rows, summary, removed, seconds, guided = [], {}, {}, 0.0, None
-    for name in sets:
-        data = row_benchmark(benchmark, name)
-        inputs = search_inputs(loaded.preprocess, data)
-        dev = next(model.parameters()).device
-        step = None if progress is None else (lambda s, n=name: progress(n, s.step + 1, budget))
-        result = greedy_circuit(
-            model,
-            inputs.id_x.to(dev),
-            inputs.id_y.to(dev),
-            inputs.ood_x.to(dev),
-            objective=objective,
-            budget=budget,
-            batch_size=batch_size,
-            method=method,
-            candidates=candidates,
-            cache=cache,
-            progress=step,
-            should_stop=should_stop,
-        )
-        if not result.complete:
-            return None
-        seconds += result.seconds
-        guided = result.candidates  # None where K covers every head: the exact search
-        removed[name] = [head_label(*h) for h in result.order]
-        keep = result.keep_mask()
-        options = dict(device=device, cache=cache, batch_size=batch_size)
-        own = auroc_changes(loaded, data, keep, name=f"Circ-{name}", **options)
-        i = sets.index(name)
-        others = replace(
-            benchmark,
-            ood_search=benchmark.ood_search[:i] + benchmark.ood_search[i + 1 :],
-            ood_report=benchmark.ood_report[:i] + benchmark.ood_report[i + 1 :],
-        )
-        other = auroc_changes(loaded, others, keep, name=f"Circ-{name}", **options)
-        averages = _by_set(other)  # the near / far averages leave the set's own cell out
-        by_set = {**averages, name: _by_set(own)[name]}
-        for column in sets:
-            r = by_set[column]
-            group = SEEN if column == name else groups[column]
-            rows.append(_cell(name, column, group, r))
-        summary[name] = {
-            group: {
-                "delta_auroc": float(r["delta_auroc"]),
-                "lo": float(r["delta_auroc_lo"]),
-                "hi": float(r["delta_auroc_hi"]),
-                "n_sets": sum(groups[c] == group for c in sets if c != name),
+    # every row measures on the same held-out parts: one warning names the small ones
+    sizes = [len(s) for s in benchmark.ood_report]
+    warn_small_parts(len(benchmark.id_report), sizes, [s.name for s in benchmark.ood_report])
+    with warnings.catch_warnings():
+        small = re.escape(SMALL_PARTS.format(MIN_ITEMS))
+        warnings.filterwarnings("ignore", small, UndefinedMetricWarning)
+        for name in sets:
+            data = row_benchmark(benchmark, name)
+            inputs = search_inputs(loaded.preprocess, data)
+            dev = next(model.parameters()).device
+            step = None if progress is None else (lambda s, n=name: progress(n, s.step + 1, budget))
+            result = greedy_circuit(
+                model,
+                inputs.id_x.to(dev),
+                inputs.id_y.to(dev),
+                inputs.ood_x.to(dev),
+                objective=objective,
+                budget=budget,
+                batch_size=batch_size,
+                method=method,
+                candidates=candidates,
+                cache=cache,
+                progress=step,
+                should_stop=should_stop,
+            )
+            if not result.complete:
+                return None
+            seconds += result.seconds
+            guided = result.candidates  # None where K covers every head: the exact search
+            removed[name] = [head_label(*h) for h in result.order]
+            keep = result.keep_mask()
+            options = dict(device=device, cache=cache, batch_size=batch_size)
+            own = auroc_changes(loaded, data, keep, name=f"Circ-{name}", **options)
+            i = sets.index(name)
+            others = replace(
+                benchmark,
+                ood_search=benchmark.ood_search[:i] + benchmark.ood_search[i + 1 :],
+                ood_report=benchmark.ood_report[:i] + benchmark.ood_report[i + 1 :],
+            )
+            other = auroc_changes(loaded, others, keep, name=f"Circ-{name}", **options)
+            averages = _by_set(other)  # the near / far averages leave the set's own cell out
+            by_set = {**averages, name: _by_set(own)[name]}
+            for column in sets:
+                r = by_set[column]
+                group = SEEN if column == name else groups[column]
+                rows.append(_cell(name, column, group, r))
+            summary[name] = {
+                group: {
+                    "delta_auroc": float(r["delta_auroc"]),
+                    "lo": float(r["delta_auroc_lo"]),
+                    "hi": float(r["delta_auroc_hi"]),
+                    "n_sets": sum(groups[c] == group for c in sets if c != name),
+                }
+                for group, r in ((g, averages.get(f"{g}-OOD average")) for g in ("near", "far"))
+                if r is not None
             }
-            for group, r in ((g, averages.get(f"{g}-OOD average")) for g in ("near", "far"))
-            if r is not None
-        }
     cells = pd.DataFrame(rows, columns=list(CELL_COLUMNS))
     return TransferResult(cells, summary, objective, budget, sets, groups, removed, seconds, guided)
 

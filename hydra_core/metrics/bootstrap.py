@@ -144,23 +144,38 @@ def blank_small_parts(
     them all), and warn once naming them: their intervals become NaN and are never significant.
     The point values are left alone."""
     blank_id = n_id < MIN_ITEMS
-    blanked = []
     if blank_id:
-        blanked.append(f"the ID part ({n_id})")
         for key in id_replicates:
             id_replicates[key] = np.full_like(id_replicates[key], np.nan, dtype=np.float64)
-    for k, (reps, n) in enumerate(zip(ood_replicates, ood_sizes, strict=True)):
+    for reps, n in zip(ood_replicates, ood_sizes, strict=True):
         if blank_id or n < MIN_ITEMS:
-            if n < MIN_ITEMS:
-                blanked.append(f"{names[k] if names else f'OOD set {k + 1}'} ({n})")
             for key in reps:
                 reps[key] = np.full_like(reps[key], np.nan, dtype=np.float64)
+    warn_small_parts(n_id, ood_sizes, names, stacklevel=3)
+
+
+#: the start of :func:`warn_small_parts`' message (a filter that stands in one warning for many
+#: matches it)
+SMALL_PARTS = "fewer than {} items in "
+
+
+def warn_small_parts(
+    n_id: int, ood_sizes: Sequence[int], names: Sequence[str] | None = None, *, stacklevel: int = 2
+) -> None:
+    """Warn once naming every part with fewer than :data:`MIN_ITEMS` items, if any: the
+    metrics that use it have no interval (NaN) and are never significant."""
+    blanked = [f"the ID part ({n_id})"] if n_id < MIN_ITEMS else []
+    blanked += [
+        f"{names[k] if names else f'OOD set {k + 1}'} ({n})"
+        for k, n in enumerate(ood_sizes)
+        if n < MIN_ITEMS
+    ]
     if blanked:
         warnings.warn(
-            f"fewer than {MIN_ITEMS} items in {', '.join(blanked)}: no 95% interval (NaN) for "
+            f"{SMALL_PARTS.format(MIN_ITEMS)}{', '.join(blanked)}: no 95% interval (NaN) for "
             "the metrics that use them, and none is marked significant; use more items",
             UndefinedMetricWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
 
 

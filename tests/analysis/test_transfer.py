@@ -191,3 +191,22 @@ def test_one_set_and_a_budget_too_large_are_refused(setup, checkpoint, tmp_path,
     argv = ["transfer", "--model", checkpoint, *DATA, *SETS, "--budget", "8"]
     assert main([*argv, "--out", str(tmp_path / "b")]) == 2
     assert "--budget must be between 1 and 7" in capsys.readouterr().err
+
+
+def test_small_held_out_parts_warn_once_for_the_whole_matrix(checkpoint):
+    """Every row measures on the same held-out parts: the warning that parts under 10 items have
+    no interval comes once, naming each, not once per row (it came once per row)."""
+    import warnings
+
+    from hydra_core.metrics import UndefinedMetricWarning
+
+    loaded = load_model(checkpoint)
+    options = every_set_options(loaded.modality, ood=["mnist", "noise"], search_ood=["faces"])
+    benchmark = loaded.modality.benchmark(n_search=12, n_report=8, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = transfer_matrix(loaded, benchmark, budget=1, device="cpu")
+    small = [str(w.message) for w in caught if issubclass(w.category, UndefinedMetricWarning)]
+    assert len(small) == 1, small
+    assert all(f"{name} (" in small[0] for name in ("the ID part", "mnist", "noise", "faces"))
+    assert result.cells["lo"].isna().all()  # no interval, as the warning says
