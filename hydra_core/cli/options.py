@@ -28,21 +28,46 @@ class OneLineParser(argparse.ArgumentParser):
         """As argparse's, but words left over are refused by the command they were given to
         (whose ``--help`` lists its options), with the closest option where one was misspelt;
         argparse refuses them on the command list's parser."""
-        parsed, extras = self.parse_known_args(args, namespace)
+        try:
+            parsed, extras = self.parse_known_args(args, namespace)
+        except InputError:
+            # an unknown option's value read as a positional (masks --greedy FILE: "invalid
+            # choice: FILE") is the unknown option's error
+            self._refuse_unknown_option(args)
+            raise
         if extras:
-            where = self._command_parser(parsed) or self
-            options = [o for o in where._option_string_actions if o.startswith("--")]
-            close = difflib.get_close_matches(extras[0].split("=")[0], options, n=1, cutoff=0.75)
-            hint = f"; did you mean {close[0]}?" if extras[0].startswith("-") and close else ""
-            where.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+            where = self._commands().get(getattr(parsed, "command", None), self)
+            where.error(f"unrecognized arguments: {' '.join(extras)}{_closest(where, extras[0])}")
         return parsed
 
-    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
-        """The parser of the command ``parsed`` ran, if this parser has commands."""
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        """This parser's commands by name (none when it has none)."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(getattr(parsed, action.dest, None))
-        return None
+                return dict(action.choices)
+        return {}
+
+    def _refuse_unknown_option(self, args) -> None:
+        """Refuse the first ``--option`` of ``args`` that the named command (or any of its own
+        commands) does not take, whole or abbreviated, if there is one."""
+        args = list(args or [])
+        where = self._commands().get(next((a for a in args if not a.startswith("-")), ""))
+        if where is None:
+            return
+        known = [where, *where._commands().values()] if isinstance(where, OneLineParser) else []
+        for arg in args:
+            name = arg.split("=")[0]
+            if not name.startswith("--") or name == "--":
+                continue
+            if not any(o.startswith(name) for p in known for o in p._option_string_actions):
+                where.error(f"unrecognized arguments: {name}{_closest(where, name)}")
+
+
+def _closest(parser: argparse.ArgumentParser, word: str) -> str:
+    """``; did you mean --x?`` when ``word`` looks like a misspelt option of ``parser``."""
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if word.startswith("-") and close else ""
 
 
 def _number(text: str, kind: type) -> int | float:

@@ -805,6 +805,10 @@ def test_arch_kwargs_on_a_checkpoint_that_carries_its_config(tmp_path, capsys):
         (["eval", "--out", "x"], "eval: unrecognized arguments: --out x (see python -m hydra_core "
          "eval --help)"),  # nothing close enough to name
         (["search", "stray"], "search: unrecognized arguments: stray (see"),
+        # an unknown option whose value argparse read as masks' own command ("export")
+        (["masks", "--greedy", "g.json"], "masks: unrecognized arguments: --greedy (see"),
+        (["masks", "--budgt", "3"], "masks: unrecognized arguments: --budgt; did you mean "
+         "--budget?"),
     ],
 )  # fmt: skip
 def test_a_stray_argument_is_refused_by_its_command_with_the_closest_option(argv, expected, capsys):
@@ -814,4 +818,4 @@ def test_a_stray_argument_is_refused_by_its_command_with_the_closest_option(argv
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
-    assert "did you mean" not in err[0] or argv[1] not in ("--out", "stray")
+    assert "did you mean" not in err[0] or argv[1] not in ("--out", "stray", "--greedy")
