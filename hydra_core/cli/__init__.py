@@ -46,6 +46,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Hydra Lab: find the attention heads that carry a transformer's uncertainty, "
         "and fuse pruned members into one Hydra ensemble.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     shared = global_options()
     for name, (add_arguments, run) in COMMANDS.items():
@@ -56,6 +57,17 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             add_arguments(p)
         p.set_defaults(run=run)
     return parser
+
+
+def _version() -> str:
+    """The installed project's version (``pyproject.toml``), or "unknown" in a checkout that
+    was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hydra-lab")
+    except PackageNotFoundError:
+        return "unknown (not installed: make setup)"
 
 
 def summary(docstring: str | None) -> str:

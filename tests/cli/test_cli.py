@@ -67,6 +67,15 @@ def test_the_command_list_imports_no_model_or_analysis_library():
     assert "invalid choice: 'serch'" in out.stderr
 
 
+def test_version_is_the_installed_projects(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.split()[-1] == version("hydra-lab")
+
+
 def test_command_list_shows_each_summary_whole(capsys):
     """A summary wrapped over two docstring lines is shown whole in ``--help``, not cut at the
     line break (it used to end mid-sentence: "... goes on from its last")."""
