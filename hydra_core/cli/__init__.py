@@ -39,7 +39,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line's parser. Given the ``argv`` it will parse, only the command named there
     gets its arguments (a command's defaults and choices import the modules they come from, so
     ``--help`` and every other command need not): every command does when ``argv`` is None."""
-    named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    named = None if argv is None else options.named_command(argv)
     installed = Path(sys.argv[0]).name == "hydra-lab"  # the console script, not python -m
     parser = options.OneLineParser(
         prog="hydra-lab" if installed else "python -m hydra_core",

@@ -12,6 +12,8 @@ import difflib
 import math
 import os
 import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from hydra_core.errors import InputError
@@ -50,17 +52,23 @@ class OneLineParser(argparse.ArgumentParser):
     def _refuse_unknown_option(self, args) -> None:
         """Refuse the first ``--option`` of ``args`` that the named command (or any of its own
         commands) does not take, whole or abbreviated, if there is one."""
-        args = list(args or [])
-        where = self._commands().get(next((a for a in args if not a.startswith("-")), ""))
+        args = sys.argv[1:] if args is None else list(args)
+        where = self._commands().get(named_command(args))
         if where is None:
             return
-        known = [where, *where._commands().values()] if isinstance(where, OneLineParser) else []
+        known = [where, *where._commands().values()]  # subparsers are of this parser's class
         for arg in args:
             name = arg.split("=")[0]
             if not name.startswith("--") or name == "--":
                 continue
             if not any(o.startswith(name) for p in known for o in p._option_string_actions):
                 where.error(f"unrecognized arguments: {name}{_closest(where, name)}")
+
+
+def named_command(argv: Sequence[str]) -> str:
+    """The command ``argv`` names: its first word that is not an option ("" when none is; the
+    command list takes no option but ``--help`` and ``--version``)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def _closest(parser: argparse.ArgumentParser, word: str) -> str:
