@@ -12,6 +12,8 @@ import io
 import json
 import os
 import socket
+import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +29,7 @@ from hydra_core.cache import DiskCache
 from hydra_core.cli import main
 from hydra_core.data.benchmark import build_benchmark
 from hydra_core.experiment.evaluate import evaluate_systems
+from hydra_core.experiment.pipeline import Pipeline
 from hydra_core.masks import MemberMask
 from hydra_core.zoo.default import TrainConfig
 from hydra_core.zoo.registry import LoadedModel
@@ -153,6 +156,27 @@ def resumed_search(cache: DiskCache, steps: int, *, mid_step: bool = False, stop
     )
 
 
+SHARED = ("seed 0", "seed 1", "seed 2")
+
+
+def shared_first(folder: Path, rank: int) -> tuple[list[str], list[str]]:
+    """Pipeline.share_first in this process: (the pieces it ran, the pieces' files it finds
+    once it returns). The processes start together and each piece takes a second, so without
+    its wait a process would return while the other's piece is unwritten."""
+    folder.mkdir(exist_ok=True)
+    ran = []
+
+    def piece(name: str) -> None:
+        time.sleep(1)
+        (folder / name).write_text(str(rank))
+        ran.append(name)
+
+    run = Pipeline(folder / "out", DiskCache(folder / "cache"), "cpu", None, lambda _: None)
+    distributed.barrier()
+    run.share_first({name: partial(piece, name) for name in SHARED})
+    return ran, sorted(p.name for p in folder.iterdir() if p.name in SHARED)
+
+
 def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
     """One process of the job: every distributed job, its results saved as rank<r>.pt."""
     folder = Path(folder)
@@ -170,6 +194,7 @@ def _worker(rank: int, port: int, folder: str, checkpoint: str) -> None:
         results = {"rank": distributed.rank(), "searches": searches()}
         with distributed.alone():  # as the reports ask: inside alone, for pieces taken whole
             results["claims"] = [distributed.claim(name) for name in ("a", "b", "a", "c")]
+            results["shared"] = shared_first(folder / "shared", rank)
         cache = DiskCache(folder / "resume")
         # rank 1 alone asks to stop: after one more step, then in the middle of the second
         results["stopped"] = [
@@ -375,6 +400,14 @@ def test_each_name_is_claimed_by_exactly_one_process(job):
     claims = [r["claims"] for r in ranks]
     assert [sum(c[i] for c in claims) for i in (0, 1, 3)] == [1, 1, 1]
     assert not any(c[2] for c in claims)  # "a" again: taken already, by this process or another
+
+
+def test_work_shared_first_is_done_once_and_seen_by_every_process(job):
+    ranks, _ = job
+    ran = [r["shared"][0] for r in ranks]
+    assert sorted(ran[0] + ran[1]) == list(SHARED)  # each piece once, by one process or the other
+    for r in ranks:  # once share_first returns, every piece is there for every process
+        assert r["shared"][1] == list(SHARED)
 
 
 def assert_stability_shared(*logs: str) -> None:

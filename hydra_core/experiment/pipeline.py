@@ -369,6 +369,22 @@ class Pipeline:
         pruning.circuits = circuits
         return pruning
 
+    def share_first(self, pieces: Mapping[str, Callable[[], object]]) -> None:
+        """Under ``torchrun``, before the processes part for their repeats: work every repeat
+        needs the same (``{name: work}``, each piece saving what it gives in the cache), each piece
+        taken whole by the first process free (:func:`~hydra_core.distributed.claim`); then every
+        process waits for all, and reads the pieces from the cache where its repeats need them.
+        Without it each process would compute every piece for itself, at the same time. Nothing in
+        one process (each piece then runs where it is needed)."""
+        if self.processes == 1:
+            return
+        for name, work in pieces.items():
+            if distributed.claim(name):
+                with self.stage(f"{name}, shared by the processes"):
+                    work()
+        with self.stage("wait for the other processes' shared work"):
+            distributed.barrier()
+
     def share_stability(self, budget: int, resamples: int) -> None:
         """Under ``torchrun``, before the processes wait for each other (``before_wait`` of
         :meth:`repeats`): the stability runs of the main circuits (CircAvg, CircAcc, CircOOD,

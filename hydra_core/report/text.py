@@ -72,8 +72,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
+from hydra_core.baselines.shared_backbone import train_text_ensemble
 from hydra_core.cache import DiskCache
 from hydra_core.data.text import TEXT_OOD, load_rotten_tomatoes, load_text_ood_set
 from hydra_core.experiment.facts import run_options
@@ -138,6 +140,15 @@ def run_text_report(
     trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
     report_set = sorted_report(benchmark, loaded.preprocess)
     deep_kind = deep_kind_of(config, run)
+    if deep_kind == "train-text":  # the same members in every repeat: under torchrun, made once
+        run.share_first(
+            {
+                f"train-text seed {seed}": partial(
+                    train_text_ensemble, model, (seed,), cache=run.cache, progress=run.progress
+                )
+                for seed in config.seeds
+            }
+        )
 
     def pools() -> tuple:  # the ID search pool, one pool per OOD search set
         ood = [load_text_ood_set(s.name) if s.name in TEXT_OOD else s for s in benchmark.ood_search]
