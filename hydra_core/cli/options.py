@@ -21,7 +21,13 @@ from hydra_core.errors import InputError
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are an :class:`InputError` (one line on stderr, exit code 2,
-    as every other user error), not a usage block and ``SystemExit``."""
+    as every other user error), not a usage block and ``SystemExit``. Options are taken whole:
+    argparse's abbreviations let ``cahp --m 0`` (no ``--m`` there) silently mean ``--model 0``,
+    and would change meaning whenever a command gains an option."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -51,7 +57,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def _refuse_unknown_option(self, args) -> None:
         """Refuse the first ``--option`` of ``args`` that the named command (or any of its own
-        commands) does not take, whole or abbreviated, if there is one."""
+        commands) does not take, if there is one."""
         args = sys.argv[1:] if args is None else list(args)
         where = self._commands().get(named_command(args))
         if where is None:
@@ -61,7 +67,7 @@ class OneLineParser(argparse.ArgumentParser):
             name = arg.split("=")[0]
             if not name.startswith("--") or name == "--":
                 continue
-            if not any(o.startswith(name) for p in known for o in p._option_string_actions):
+            if not any(name in p._option_string_actions for p in known):
                 where.error(f"unrecognized arguments: {name}{_closest(where, name)}")
 
 

@@ -809,6 +809,11 @@ def test_arch_kwargs_on_a_checkpoint_that_carries_its_config(tmp_path, capsys):
         (["masks", "--greedy", "g.json"], "masks: unrecognized arguments: --greedy (see"),
         (["masks", "--budgt", "3"], "masks: unrecognized arguments: --budgt; did you mean "
          "--budget?"),
+        # options are taken whole: an abbreviation silently meant the one option it began
+        (["cahp", "--m", "0"], "cahp: unrecognized arguments: --m 0 (see"),  # not --model 0
+        (["search", "--budg", "3"], "unrecognized arguments: --budg 3; did you mean --budget?"),
+        (["masks", "--budg", "3", "--m", "2"], "masks: unrecognized arguments: --budg; did you "
+         "mean --budget?"),
     ],
 )  # fmt: skip
 def test_a_stray_argument_is_refused_by_its_command_with_the_closest_option(argv, expected, capsys):
