@@ -212,6 +212,7 @@ with show_error("Could not build the masks"):
                         objective=o,
                         budget=stored[o].budget,
                         steps=stored[o].steps,
+                        candidates=stored[o].candidates,
                         search=searched,
                     )
                     for o in CIRCUIT_OBJECTIVES
@@ -232,6 +233,7 @@ with show_error("Could not build the masks"):
                         objective=run.objective,
                         budget=run.budget,
                         steps=run.steps,
+                        candidates=run.candidates,
                         search=searched,
                     )
                 if strategy == "circuit":

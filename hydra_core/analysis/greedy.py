@@ -299,7 +299,7 @@ def load_greedy(
     """
     _check_objective(objective)
     layout = head_layout(model)
-    candidates = _guided(candidates, layout.total_heads)
+    candidates = guided_k(candidates, layout.total_heads)
     key = greedy_cache_key(
         model,
         id_x,
@@ -409,7 +409,7 @@ def greedy_circuit(
             f"budget must be an int between 1 and {total} (the model's heads), got {budget!r}"
         )
 
-    candidates = _guided(candidates, total)
+    candidates = guided_k(candidates, total)
     save = None
     stored = None
     if cache is not None:
@@ -568,7 +568,7 @@ def _search(
 ATTRIBUTION_BATCH = 32
 
 
-def _guided(candidates: int | None, total: int) -> int | None:
+def guided_k(candidates: int | None, total: int) -> int | None:
     """The guided search's K, checked; None (the exact search) when it covers every head."""
     if candidates is None:
         return None

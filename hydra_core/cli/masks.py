@@ -86,6 +86,14 @@ def _masks_arguments(p: argparse.ArgumentParser) -> None:
         "--strategy circuit or identical-circuit, or seed-sampling of --ranking-source greedy",
         _greedy_ranking,
     )
+    options.add_candidates_argument(p)
+    options.only_with(
+        p,
+        "--candidates",
+        "a strategy whose members come from greedy searches (circuits, circuit, identical-circuit, "
+        "or seed-sampling of --ranking-source greedy)",
+        _searches,
+    )
     p.add_argument(
         "--ranking-source",
         default="greedy",
@@ -129,6 +137,11 @@ def _greedy_ranking(args: argparse.Namespace) -> bool:
     if args.strategy in ("circuit", "identical-circuit"):
         return True
     return args.strategy == "seed-sampling" and args.ranking_source == "greedy"
+
+
+def _searches(args: argparse.Namespace) -> bool:
+    """Whether the members come from greedy searches (one per criterion, or --objective's)."""
+    return args.strategy == "circuits" or _greedy_ranking(args)
 
 
 @command("masks", _masks_arguments)
@@ -220,6 +233,7 @@ def _build_members(
     before any search runs.
     """
     from hydra_core.analysis.cahp import cahp_seeds
+    from hydra_core.analysis.greedy import guided_k
     from hydra_core.cache import DiskCache
     from hydra_core.hydra.members import (
         CIRCUIT_NAMES,
@@ -241,6 +255,7 @@ def _build_members(
     model = loaded.model
     layout = head_layout(model)
     stable = _stable_ranking(args, loaded, search)  # refused before any search
+    candidates = guided_k(args.candidates, layout.total_heads)  # K of every head: exact
     if args.m < 1:
         raise ValueError(f"--m must be a positive number of members, got {args.m}")
     per_layer = args.per_layer[0] if args.per_layer and len(args.per_layer) == 1 else args.per_layer
@@ -257,6 +272,7 @@ def _build_members(
             batch_size=args.batch_size,
             progress=progress_bar(f"{CIRCUIT_NAMES[objective]} search"),
             ood_aggregate=args.ood_aggregate,
+            candidates=candidates,
         )
 
     if args.strategy == "circuits":
@@ -269,7 +285,12 @@ def _build_members(
         rankings = {o: greedy(o) for o in CIRCUIT_OBJECTIVES}
         info = {
             o: ranking_provenance(
-                "greedy", objective=o, budget=args.budget, steps=args.budget, search=search
+                "greedy",
+                objective=o,
+                budget=args.budget,
+                steps=args.budget,
+                candidates=candidates,
+                search=search,
             )
             for o in CIRCUIT_OBJECTIVES
         }
@@ -293,7 +314,12 @@ def _build_members(
         return [member]
     # greedy_ranking runs the whole budget (or fails): the search made that many steps
     greedy_info = ranking_provenance(
-        "greedy", objective=args.objective, budget=args.budget, steps=args.budget, search=search
+        "greedy",
+        objective=args.objective,
+        budget=args.budget,
+        steps=args.budget,
+        candidates=candidates,
+        search=search,
     )
     if args.ranking_source == "stability":
         name, ranking, info = stable

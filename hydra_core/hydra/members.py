@@ -72,6 +72,7 @@ def greedy_ranking(
     batch_size: int = 256,
     progress: Progress | None = None,
     ood_aggregate: str = "pooled",
+    candidates: int | None = None,
 ) -> list[Head]:
     """Every head, least useful first, from a greedy Headmap search of ``budget`` steps (paper
     Algorithm 1); members built from it are named ``CIRCUIT_NAMES[objective]``.
@@ -85,6 +86,7 @@ def greedy_ranking(
         progress: ``progress(done, total)`` after each search step.
         ood_aggregate: how the search AUROC combines the OOD search sets (``pooled``, ``mean``,
             ``min``; :func:`~hydra_core.analysis.greedy.greedy_circuit`).
+        candidates: the guided search's K (None: the exact search).
     """
     from hydra_core.analysis.greedy import greedy_circuit
 
@@ -102,6 +104,7 @@ def greedy_ranking(
         progress=report,
         ood_sets=inputs.ood_sets,
         ood_aggregate=ood_aggregate,
+        candidates=candidates,
     )
     return result.ranking()
 
@@ -478,17 +481,20 @@ def ranking_provenance(
     steps: int | None = None,
     samples: int | None = None,
     resamples: int | None = None,
+    candidates: int | None = None,
     search: dict | None = None,
 ) -> dict:
     """How a ranking was made: ``method`` ("greedy", "taylor", "cahp", "stability"), a greedy
-    search's objective, budget and the steps it made, the ID samples of a gradient or clustering
-    method, the bootstrap resamples of a stability ranking, and the search data
-    (:func:`search_provenance`); what is not given is left out."""
+    search's objective, budget and the steps it made (and ``candidates``, the guided search's
+    K), the ID samples of a gradient or clustering method, the bootstrap resamples of a
+    stability ranking, and the search data (:func:`search_provenance`); what is not given is
+    left out."""
     found = {
         "method": method,
         "objective": objective,
         "budget": budget,
         "steps": steps,
+        "candidates": candidates,
         "samples": samples,
         "resamples": resamples,
         "search": search,

@@ -31,6 +31,7 @@ from hydra_core.analysis.greedy import (
     single_head_importance,
 )
 from hydra_core.cache import DiskCache
+from hydra_core.masks import load_masks
 from hydra_core.models.adapter import (
     ablate,
     head_layout,
@@ -38,6 +39,7 @@ from hydra_core.models.adapter import (
     parse_head_label,
     scale_heads,
 )
+from hydra_core.zoo.registry import load_model
 from tests.analysis.test_greedy import assert_identical, make_data, reference_scores
 from tests.conftest import (
     clip_images,
@@ -285,6 +287,35 @@ def test_cli_search_candidates(checkpoint, tmp_path, capsys, private_cache):
     argv = ["search", "--model", checkpoint, *CLI_DATA, "--candidates", "2", "--stability", "3"]
     assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
     assert "--stability resamples the exact search" in capsys.readouterr().err
+
+    # masks --candidates: the members of the guided search the user ran (read from the cache);
+    # at K = 1 it parts from the exact search on the tiny checkpoint
+    guided = search("--candidates", "1")
+    masks = ["masks", "--model", checkpoint, *CLI_DATA, "--budget", "3", "--m", "1"]
+    out = tmp_path / "members.json"
+    circuit = [*masks, "--strategy", "circuit", "--candidates", "1", "--out", str(out)]
+    assert main(circuit) == 0
+    capsys.readouterr()
+    layout = head_layout(load_model(checkpoint).model)
+    (member,) = load_masks(out, layout)
+    removed = {(int(h), int(k)) for h, k in (~member.keep).nonzero().tolist()}
+    assert removed == {parse_head_label(h) for h in guided["order"]}
+    assert member.provenance["ranking"]["candidates"] == 1
+    exact_file = tmp_path / "members-exact.json"
+    assert main([*masks, "--strategy", "circuit", "--out", str(exact_file)]) == 0
+    capsys.readouterr()
+    (exact_member,) = load_masks(exact_file, layout)
+    assert "candidates" not in exact_member.provenance["ranking"]
+    exact_removed = {(int(h), int(k)) for h, k in (~exact_member.keep).nonzero().tolist()}
+    assert exact_removed == {parse_head_label(h) for h in exact["order"]} != removed, (
+        "the guided and the exact search should part on the tiny checkpoint, or the test cannot "
+        "tell which search the members came from"
+    )
+    taylor = [*masks, "--strategy", "taylor", "--candidates", "2", "--out", str(tmp_path / "t")]
+    assert main(taylor) == 2  # Taylor members run no greedy search: K would be ignored
+    assert "--candidates is read only with a strategy whose members come from greedy" in (
+        capsys.readouterr().err
+    )
 
 
 def test_cli_importance_attribution(checkpoint, tmp_path, capsys, private_cache):
