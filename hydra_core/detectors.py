@@ -184,15 +184,53 @@ def fit_detector(
                 f"Mahalanobis needs every class among the fit items; classes {missing} have none "
                 "(use a larger ID search split: --n-search)"
             )
-        return Mahalanobis(None).fit_features(z, y)
+        detector = Mahalanobis(None).fit_features(z, y)
+        if len(z) - len(y.unique()) < z.shape[1]:
+            shrink_covariance(detector, z, y)
+        return detector
     if score == "vim":
         if classifier is None or classifier.bias is None:
             raise ValueError("ViM needs the classifier layer's weight and bias")
         w, b = classifier.weight.detach().cpu(), classifier.bias.detach().cpu()
-        return ViM(None, d=max(1, z.shape[1] // 2), w=w, b=b).fit_features(z, y)
+        return ViM(None, d=vim_dimension(*z.shape), w=w, b=b).fit_features(z, y)
     if score == "knn":
         return KNN(None, k=min(KNN_K, len(z))).fit_features(z, y)
     raise ValueError(f"{score!r} is not a feature score; expected one of {FEATURE_SCORES}")
+
+
+def shrink_covariance(detector, z: torch.Tensor, y: torch.Tensor) -> None:
+    """Give a fitted pytorch-ood ``Mahalanobis`` the Ledoit-Wolf shrunk covariance of the
+    class-centred features (scikit-learn's ``LedoitWolf``), at pytorch-ood's scale (a sum over
+    the N items, not a mean). For fits of fewer items than feature dimensions plus classes (the
+    text default: 256 search sentences of 384 dimensions), whose class-centred scatter is
+    singular: pytorch-ood's 1e-6 ridge then gives its null space a precision of 1e6, and the
+    "distance" measures how far an item lies outside the span of the fit items, not the
+    Mahalanobis distance (docs/ood-scores.md)."""
+    from sklearn.covariance import LedoitWolf
+
+    centred = (z - detector.mu.cpu()[y]).double().numpy()
+    cov = torch.from_numpy(LedoitWolf(assume_centered=True).fit(centred).covariance_ * len(z))
+    detector.cov = cov.to(detector.mu)
+    detector.precision = torch.linalg.inv(cov).to(detector.mu)
+
+
+def vim_dimension(n: int, dims: int) -> int:
+    """ViM's principal subspace dimension for ``n`` fit items of ``dims`` dimensions: D // 2,
+    as pytorch-ood and the default ViT's 96 of 192; but at most n - 1, so that the subspace
+    comes from the nonzero eigenvalues that n items give, not from eigh's arbitrary choice
+    among zero ones (a warning says so)."""
+    d = max(1, dims // 2)
+    if n - 1 < d:
+        import warnings
+
+        warnings.warn(
+            f"ViM: {n} fit items span at most {n - 1} of the {d} principal dimensions it uses for "
+            f"{dims}-dimensional features; fitted with d = {max(1, n - 1)} (raise --n-search for "
+            "the usual D // 2)",
+            stacklevel=3,
+        )
+        d = max(1, n - 1)
+    return d
 
 
 def feature_outlier_scores(detector, features: torch.Tensor) -> np.ndarray:

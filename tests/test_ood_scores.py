@@ -164,6 +164,68 @@ def test_feature_scores_equal_pytorch_ood_fitted_on_the_search_split(score, mode
     assert scored.resamples() is evaluation.resamples()  # paired with the MSP evaluation
 
 
+def gaussian_fit(n: int, dims: int, classes: int, seed: int = 0):
+    """``n`` labelled items of ``dims`` dimensions, one Gaussian per class (its own mean), and
+    fresh ID items and OOD items (the class means shifted) to score."""
+    g = torch.Generator().manual_seed(seed)
+    means = 4 * torch.randn(classes, dims, generator=g)
+
+    def draw(count: int, shift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.arange(count) % classes
+        return means[y] + shift + torch.randn(count, dims, generator=g), y
+
+    return draw(n), draw(200)[0], draw(200, shift=1.5)[0]
+
+
+def test_mahalanobis_fitted_on_fewer_items_than_dimensions_uses_a_ledoit_wolf_covariance():
+    """30 items of 48 dimensions: the class-centred scatter is singular. The detector is then
+    the plain Gaussian score with scikit-learn's Ledoit-Wolf covariance; pytorch-ood's own (its
+    1e-6 ridge rules the null space) measures the distance outside the fit items' span, which
+    fresh ID and OOD items share, and tells them apart no better than chance."""
+    from sklearn.covariance import LedoitWolf
+    from sklearn.metrics import roc_auc_score
+
+    from hydra_core.detectors import feature_outlier_scores, fit_detector
+
+    (z, y), id_items, ood_items = gaussian_fit(30, 48, 3)
+    detector = fit_detector("mahalanobis", z, y)
+    test = torch.cat([id_items, ood_items])
+    mu = np.stack([z[y == k].double().mean(0).numpy() for k in range(3)])
+    centred = z.double().numpy() - mu[y.numpy()]
+    precision = np.linalg.inv(LedoitWolf(assume_centered=True).fit(centred).covariance_ * 30)
+    d = test.double().numpy()[:, None, :] - mu[None]
+    expected = 0.5 * np.einsum("ikd,de,ike->ik", d, precision, d).min(1)
+    got = feature_outlier_scores(detector, test)
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    is_ood = np.r_[np.zeros(200), np.ones(200)]
+    ridge = feature_outlier_scores(Mahalanobis(None).fit_features(z, y), test)
+    assert roc_auc_score(is_ood, got) > 0.95 and roc_auc_score(is_ood, ridge) < 0.65
+
+
+def test_mahalanobis_fitted_on_more_items_than_dimensions_is_pytorch_oods_own():
+    from hydra_core.detectors import feature_outlier_scores, fit_detector
+
+    (z, y), id_items, _ = gaussian_fit(300, 48, 3)
+    peer = Mahalanobis(None).fit_features(z, y).predict_features(id_items).double().numpy()
+    assert np.array_equal(feature_outlier_scores(fit_detector("mahalanobis", z, y), id_items), peer)
+
+
+def test_vim_fitted_on_fewer_items_than_its_subspace_lowers_it_and_says_so():
+    from hydra_core.detectors import feature_outlier_scores, fit_detector, vim_dimension
+
+    (z, y), id_items, _ = gaussian_fit(20, 48, 3)
+    head = torch.nn.Linear(48, 3)
+    with pytest.warns(UserWarning, match="20 fit items span at most 19 of the 24 principal"):
+        detector = fit_detector("vim", z, y, head)
+    peer = ViM(None, d=19, w=head.weight.detach(), b=head.bias.detach()).fit_features(z, y)
+    np.testing.assert_allclose(
+        feature_outlier_scores(detector, id_items),
+        peer.predict_features(id_items).double().numpy(),
+        rtol=1e-5,
+    )
+    assert vim_dimension(25, 48) == 24 and vim_dimension(512, 192) == 96  # D // 2 otherwise
+
+
 def test_feature_scores_of_a_masked_model_read_the_masked_features(model, benchmark):
     keep = torch.ones(3, 4, dtype=torch.bool)
     keep[1, :3] = False

@@ -189,7 +189,9 @@ def score_gains_section(gains: pd.DataFrame | None) -> list[str]:
         "the single model under the same score with the paired 95% interval (in AUROC points); "
         "the gain holds where the interval lies above 0. Max logit, energy, entropy, "
         "Mahalanobis, ViM and KNN come from pytorch-ood; the last three read each model's "
-        "penultimate features and are fitted on the ID search split only; a fused Hydra has no "
+        "penultimate features and are fitted on the ID search split only (Mahalanobis with a "
+        "Ledoit-Wolf covariance where the split has fewer items than feature dimensions plus "
+        "classes); a fused Hydra has no "
         "per-member features, so it has them through its unfused twin where the report "
         "evaluates one, and no row of theirs otherwise (docs/ood-scores.md). Mutual information "
         "has no single-model reference, so no row here (`ood_gain_by_score.csv`).",
