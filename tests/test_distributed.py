@@ -411,10 +411,13 @@ def test_work_shared_first_is_done_once_and_seen_by_every_process(job):
 
 
 def assert_stability_shared(*logs: str) -> None:
-    """Each circuit's stability run was made by exactly one process (rank 0 read them all)."""
+    """Each circuit's stability run, and the transfer table's leave-one-set-out search, was made
+    by exactly one process before the wait (rank 0 read them all from the cache)."""
     for name in ("CircAvg", "CircAcc", "CircOOD"):
         made = [log.count(f"stability of {name} (2 resamples) ...") for log in logs]
         assert sorted(made) == [0, 1], (name, made)
+    made = [log.count(" left out, shared by the processes ...") for log in logs]
+    assert sorted(made) == [0, 1], made
 
 
 def test_a_report_shares_its_repeats_and_writes_what_one_process_writes(

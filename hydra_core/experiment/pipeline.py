@@ -236,6 +236,7 @@ class Pipeline:
         pools: Callable[[], tuple],
         *,
         stability: tuple[int, int] | None = None,
+        shared: Mapping[str, Callable[[], object]] | None = None,
     ) -> Iterator[tuple[int, Benchmark, SearchInputs]]:
         """The later repeats of a report's seeded systems, each as ``(r, benchmark_r, inputs_r)``:
         the repeats this process goes through (:meth:`repeats`), ``benchmark`` with its search
@@ -250,11 +251,20 @@ class Pipeline:
             stability: (budget, resamples) of the main circuits' stability runs, which a process
                 under ``torchrun`` takes before it waits for the others
                 (:meth:`share_stability`).
+            shared: more work rank 0 needs after the repeats (``{name: work}``, each saving what it
+                gives in the cache: the transfer table's leave-one-set-out search), which a
+                process under ``torchrun`` takes the same way, piece by piece, after the
+                stability runs.
         """
         from hydra_core.analysis.inputs import search_inputs
 
         id_pool, ood_pools = pools() if count > 1 else (None, ())
-        share = None if stability is None else (lambda: self.share_stability(*stability))
+
+        def share() -> None:
+            if stability is not None:
+                self.share_stability(*stability)
+            self._claim_each(shared or {})
+
         for r in self.repeats(count, before_wait=share):
             sub = search_repeat(benchmark, id_pool, ood_pools, n_search, r)
             yield r, sub, search_inputs(self.loaded.preprocess, sub).to(self.device)
@@ -378,12 +388,19 @@ class Pipeline:
         one process (each piece then runs where it is needed)."""
         if self.processes == 1:
             return
+        self._claim_each(pieces)
+        with self.stage("wait for the other processes' shared work"):
+            distributed.barrier()
+
+    def _claim_each(self, pieces: Mapping[str, Callable[[], object]]) -> None:
+        """Under ``torchrun``, each piece (``{name: work}``) that no process has taken yet, taken
+        whole (:func:`~hydra_core.distributed.claim`); nothing in one process."""
+        if self.processes == 1:
+            return
         for name, work in pieces.items():
             if distributed.claim(name):
                 with self.stage(f"{name}, shared by the processes"):
                     work()
-        with self.stage("wait for the other processes' shared work"):
-            distributed.barrier()
 
     def share_stability(self, budget: int, resamples: int) -> None:
         """Under ``torchrun``, before the processes wait for each other (``before_wait`` of

@@ -27,6 +27,7 @@ from hydra_core.report.tables import (
     HYDRA_TAYLOR_FT,
     fused,
 )
+from hydra_core.report.transfer import left_out_shared
 
 #: the seeded systems Table 12 repeats, and the summary columns it reports
 SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "ood_mi")
@@ -79,8 +80,10 @@ def seeded_repeats(
         return load_fashion_mnist("validation"), ood
 
     stability = (budgets.budget, config.stability_resamples)
+    loso = (config.loso_set, config.n_search, config.batch_size)  # the transfer table's
+    shared = left_out_shared(run, budgets, benchmark, *loso)
     repeats = run.search_repeats(
-        config.repeats, benchmark, config.n_search, pools, stability=stability
+        config.repeats, benchmark, config.n_search, pools, stability=stability, shared=shared
     )
     for r, sub, inputs in repeats:
         seeds = [r * m + i for i in range(m)]
