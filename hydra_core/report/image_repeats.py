@@ -27,7 +27,7 @@ from hydra_core.report.tables import (
     HYDRA_TAYLOR_FT,
     fused,
 )
-from hydra_core.report.transfer import left_out_shared
+from hydra_core.report.transfer import LeftOutSearch
 
 #: the seeded systems Table 12 repeats, and the summary columns it reports
 SEEDED_METRICS = ("accuracy", "nll", "ece", "near_auroc", "far_auroc", "all_auroc", "ood_mi")
@@ -80,8 +80,8 @@ def seeded_repeats(
         return load_fashion_mnist("validation"), ood
 
     stability = (budgets.budget, config.stability_resamples)
-    loso = (config.loso_set, config.n_search, config.batch_size)  # the transfer table's
-    shared = left_out_shared(run, budgets, benchmark, *loso)
+    loso = LeftOutSearch(config.loso_set, config.n_search, config.batch_size)  # the transfer's
+    shared = loso.shared(run, budgets, benchmark)
     repeats = run.search_repeats(
         config.repeats, benchmark, config.n_search, pools, stability=stability, shared=shared
     )

@@ -102,7 +102,7 @@ from hydra_core.report.text_stages import (
     training_table,
 )
 from hydra_core.report.text_tables import text_tables
-from hydra_core.report.transfer import circuits_report, left_out_shared, transfer_table
+from hydra_core.report.transfer import LeftOutSearch, circuits_report, transfer_table
 from hydra_core.types import Log, StageProgress
 
 # --- the run --------------------------------------------------------------------------------------
@@ -157,8 +157,8 @@ def run_text_report(
     def later_repeats() -> Iterator[SystemsReport]:
         """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
         stability = (budgets.budget, config.stability_resamples)
-        loso = (config.loso_set, config.n_search, config.batch_size)  # the transfer table's
-        shared = left_out_shared(run, budgets, report_set, *loso)
+        loso = LeftOutSearch(config.loso_set, config.n_search, config.batch_size)  # the transfer's
+        shared = loso.shared(run, budgets, report_set)
         repeats = run.search_repeats(
             config.repeats, report_set, config.n_search, pools, stability=stability, shared=shared
         )

@@ -4,7 +4,7 @@ report sets their search never saw, near and far apart."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -89,9 +89,9 @@ def transfer_table(
         for circuit in circuits
         for data in benchmark.ood_report
     ]
-    searched_left_out = left_out_search(run, budgets, benchmark, loso_set, n_search, batch_size)
-    if searched_left_out is not None:
-        left_out, others, halves, circuit = searched_left_out
+    loso = LeftOutSearch(loso_set, n_search, batch_size).search(run, budgets, benchmark)
+    if loso is not None:
+        left_out, others, halves, circuit = loso
         # the guard of evaluate_systems refuses any report set that shares an item with the
         # items that chose the circuit, so it is reported on the left-out set and the ID set
         name = f"CircOOD, {left_out.name} left out"
@@ -108,60 +108,58 @@ def transfer_table(
     return pd.DataFrame(rows)
 
 
-def left_out_search(
-    run: Pipeline,
-    budgets: Budgets,
-    benchmark,
-    loso_set: str | None,
-    n_search: int | None,
-    batch_size: int,
-) -> tuple[DataSet, list[DataSet], list[DataSet], GreedyResult] | None:
-    """The leave-one-set-out CircOOD of :func:`transfer_table`: (the report set left out, the
-    other report sets, the halves of theirs it was searched on, its search), or None when no set
-    is left out (:func:`left_out_set`). Its search is cached, so a process of the run can make
-    it before the table needs it (:func:`left_out_shared`)."""
-    from hydra_core.analysis.inputs import SearchInputs
-    from hydra_core.data.images import split_in_two
+@dataclass(frozen=True)
+class LeftOutSearch:
+    """The leave-one-set-out CircOOD of :func:`transfer_table`: the set it prefers to leave out
+    (:func:`left_out_set`), the search items per report set it searches on, the batch size."""
 
-    left_out = left_out_set(benchmark.ood_report, loso_set)
-    if left_out is None:
-        return None
-    others = [s for s in benchmark.ood_report if s is not left_out]
-    per_set = max(1, (n_search or len(benchmark.id_search)) // len(others))
-    halves = [split_in_two(s)[0] for s in others]
-    halves = [h.subset(torch.arange(min(per_set, len(h)))) for h in halves]
-    pool = concatenate(halves, name="halves of the other report sets", group="far")
-    device = run.device
-    ood_x = run.loaded.preprocess(pool.inputs).to(device)
-    inputs = SearchInputs(
-        run.loaded.preprocess(benchmark.id_search.inputs).to(device),
-        benchmark.id_search.labels.to(device),
-        ood_x,
-        {pool.name: ood_x},
-    )
-    circuit = run.search(
-        "ood", budgets.budget, batch_size=batch_size, inputs=inputs,
-        repeat=f", {left_out.name} left out",
-    )  # fmt: skip
-    return left_out, others, halves, circuit
+    loso_set: str | None
+    n_search: int | None
+    batch_size: int
 
+    def search(
+        self, run: Pipeline, budgets: Budgets, benchmark
+    ) -> tuple[DataSet, list[DataSet], list[DataSet], GreedyResult] | None:
+        """(the report set left out, the other report sets, the halves of theirs it was searched
+        on, its search), or None when no set is left out. The search is cached, so a process of
+        the run can make it before the table needs it (:meth:`shared`)."""
+        from hydra_core.analysis.inputs import SearchInputs
+        from hydra_core.data.images import split_in_two
 
-def left_out_shared(
-    run: Pipeline,
-    budgets: Budgets,
-    benchmark,
-    loso_set: str | None,
-    n_search: int | None,
-    batch_size: int,
-) -> dict[str, Callable[[], object]]:
-    """The leave-one-set-out search as work a process under ``torchrun`` takes before it waits
-    for the others (``shared`` of :meth:`~hydra_core.experiment.pipeline.Pipeline.search_repeats`),
-    named after the set it leaves out; none when no set is left out."""
-    left_out = left_out_set(benchmark.ood_report, loso_set)
-    if left_out is None:
-        return {}
-    search = partial(left_out_search, run, budgets, benchmark, loso_set, n_search, batch_size)
-    return {f"CircOOD search, {left_out.name} left out": search}
+        left_out = left_out_set(benchmark.ood_report, self.loso_set)
+        if left_out is None:
+            return None
+        others = [s for s in benchmark.ood_report if s is not left_out]
+        per_set = max(1, (self.n_search or len(benchmark.id_search)) // len(others))
+        halves = [split_in_two(s)[0] for s in others]
+        halves = [h.subset(torch.arange(min(per_set, len(h)))) for h in halves]
+        pool = concatenate(halves, name="halves of the other report sets", group="far")
+        device = run.device
+        ood_x = run.loaded.preprocess(pool.inputs).to(device)
+        inputs = SearchInputs(
+            run.loaded.preprocess(benchmark.id_search.inputs).to(device),
+            benchmark.id_search.labels.to(device),
+            ood_x,
+            {pool.name: ood_x},
+        )
+        circuit = run.search(
+            "ood", budgets.budget, batch_size=self.batch_size, inputs=inputs,
+            repeat=f", {left_out.name} left out",
+        )  # fmt: skip
+        return left_out, others, halves, circuit
+
+    def shared(self, run: Pipeline, budgets: Budgets, benchmark) -> dict[str, Callable[[], object]]:
+        """The search as work a process under ``torchrun`` takes before it waits for the others
+        (``shared`` of :meth:`~hydra_core.experiment.pipeline.Pipeline.search_repeats`), named
+        after the set it leaves out; none when no set is left out."""
+        left_out = left_out_set(benchmark.ood_report, self.loso_set)
+        if left_out is None:
+            return {}
+        return {
+            f"CircOOD search, {left_out.name} left out": partial(
+                self.search, run, budgets, benchmark
+            )
+        }
 
 
 def _transfer_row(
