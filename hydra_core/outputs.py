@@ -158,8 +158,14 @@ def claim_folder(
             )
         before = (record.get("options") or {}).get(run)
         now = _plain(options) if options is not None else None
-        if before is not None and now is not None and before != now:
-            name = next(k for k in sorted({*before, *now}) if before.get(k) != now.get(k))
+        # an option the folder's version did not have reads as None (its value then)
+        differ = (
+            []
+            if before is None or now is None
+            else sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        )
+        if differ:
+            name = differ[0]
             raise InputError(
                 f"{folder} holds {run} results made with {name} {_shown(before.get(name))}, "
                 f"not {_shown(now.get(name))} (other options are another run, not a resume); "

@@ -389,6 +389,23 @@ def test_claim_refuses_the_same_command_with_other_options(tmp_path):
     }
 
 
+def test_a_folder_of_a_version_without_an_option_resumes_at_its_none(tmp_path):
+    """A new option (``report --candidates``) is absent from the manifests of folders written
+    before it: read as None there, so the same run resumes, and a value is another run. (The
+    comparison used to fail with StopIteration: the dicts differed, no option's value did.)"""
+    model = {"name": "m", "layers": 2, "heads": 4, "weights": "abc"}
+    data = {"sets": ["a"], "fingerprint": "f"}
+    folder = tmp_path / "report"
+    claim_folder(folder, model=model, data=data, command="report", options={"--seeds": [0]})
+    (folder / "report.md").write_text("done")
+    now = {"--seeds": [0], "--candidates": None}
+    claim_folder(folder, model=model, data=data, command="report", options=now)  # a resume
+    with pytest.raises(InputError, match="made with --candidates not given, not 8"):
+        claim_folder(
+            folder, model=model, data=data, command="report", options={**now, "--candidates": 8}
+        )
+
+
 def test_a_sweep_of_other_points_into_a_finished_sweep_is_refused(tmp_path, monkeypatch):
     from hydra_core.report import sweeps
 

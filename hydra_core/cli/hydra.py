@@ -527,6 +527,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ood", nargs="+", default=None, metavar="NAME", help="OOD sets (default: all)")
     add_search_protocol_arguments(p)
+    options.add_candidates_argument(p)
     p.add_argument(
         "--seeds", type=options.seed, nargs="+", default=None, help="pruning seeds, one per member"
     )
@@ -635,6 +636,7 @@ def _report(args: argparse.Namespace) -> int:
         removed_per_layer=args.removed_per_layer,
         protocol=args.protocol,
         ood_aggregate=args.ood_aggregate,
+        candidates=args.candidates,
     )
     if args.task == "zero-shot" and (args.protocol, args.ood_aggregate) != (None, None):
         raise InputError(

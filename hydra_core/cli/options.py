@@ -262,8 +262,8 @@ def add_search_method_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_candidates_argument(p: argparse.ArgumentParser) -> None:
-    """``--candidates K`` of every command that runs greedy searches (search, transfer, masks):
-    the guided search (docs/guided-search.md)."""
+    """``--candidates K`` of every command that runs greedy searches (search, transfer, masks,
+    report): the guided search (docs/guided-search.md)."""
     p.add_argument(
         "--candidates",
         type=positive_int,

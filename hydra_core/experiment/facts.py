@@ -37,14 +37,20 @@ def run_options(config, aliases: Mapping[str, str] | None = None) -> dict:
 
 
 def protocol_facts(
-    benchmark: Benchmark, seeds: Mapping[str, object], ood_aggregate: str = "pooled"
+    benchmark: Benchmark,
+    seeds: Mapping[str, object],
+    ood_aggregate: str = "pooled",
+    *,
+    candidates: int | None = None,
 ) -> dict:
-    """``setup["protocol"]``: which samples selected heads and which were reported, and the
+    """``setup["protocol"]``: which samples selected heads and which were reported (and how:
+    the searches' OOD aggregate, the guided search's K or None for the exact search), and the
     run's ``seeds``."""
     return {
         "name": benchmark.protocol,
         "note": benchmark.protocol_note(),
         "ood_aggregate": ood_aggregate,
+        "candidates": candidates,
         "search_ood": benchmark.search_names(),
         "report_ood": benchmark.report_names(),
         "id_search_n": len(benchmark.id_search),

@@ -121,6 +121,7 @@ class Pipeline:
         self.device = resolve_device(device)
         self.progress, self.log = progress, log
         self.ood_aggregate = "pooled"  # how the searches' AUROC combines the OOD search sets
+        self.candidates: int | None = None  # the guided search's K for every search (None: exact)
         self.seconds: dict[str, float] = {}
         self.started = time.perf_counter()
         self.created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -294,7 +295,8 @@ class Pipeline:
         if self.progress is not None:
             on_step = lambda step: self.progress(f"greedy {name}", step.step + 1, budget)  # noqa: E731
         sizes = {} if batch_size is None else {"batch_size": batch_size}
-        with self.stage(f"greedy search {name} ({budget} steps)"):
+        guided = "" if self.candidates is None else f", guided K = {self.candidates}"
+        with self.stage(f"greedy search {name} ({budget} steps{guided})"):
             return greedy_circuit(
                 self.loaded.model,
                 inputs.id_x,
@@ -306,6 +308,7 @@ class Pipeline:
                 progress=on_step,
                 ood_sets=inputs.ood_sets,
                 ood_aggregate=self.ood_aggregate,
+                candidates=self.candidates,
                 **sizes,
             )
 
@@ -410,7 +413,7 @@ class Pipeline:
         :meth:`stability` reads them on rank 0. Nothing in one process or without resamples."""
         from hydra_core.experiment.stability import search_stability
 
-        if not resamples or self.processes == 1:
+        if not resamples or self.processes == 1 or self.candidates is not None:
             return
         for objective in CIRCUIT_OBJECTIVES:
             if distributed.claim(f"stability {objective} {budget} {resamples}"):
@@ -437,11 +440,17 @@ class Pipeline:
         """Stage "stability of the circuits": each circuit's search on ``resamples`` bootstrap
         resamples of the search tensors, and its objective after every step on search-role items
         the search did not use (``full``: the same sets as the run's benchmark, uncapped; at most
-        ``held_out`` per set); None when ``resamples`` is 0 (see
-        :mod:`hydra_core.experiment.stability`)."""
+        ``held_out`` per set); None when ``resamples`` is 0, or the searches are guided (the
+        stability runs resample the exact search; see :mod:`hydra_core.experiment.stability`)."""
         from hydra_core.experiment.stability import circuit_stability, held_out_sample
 
         if not resamples:
+            return None
+        if self.candidates is not None:
+            self.log(
+                f"{self.tag} no stability runs: they resample the exact search, and this run's "
+                f"searches are guided (K = {self.candidates})"
+            )
             return None
         with self.stage(f"stability of the circuits ({resamples} resamples)"):
             sample = held_out_sample(
@@ -502,7 +511,9 @@ class Pipeline:
         facts = {
             "created": self.created,
             "command": " ".join(["python -m hydra_core", *sys.argv[1:]]) if sys.argv else "",
-            "protocol": protocol_facts(self.benchmark, seeds, self.ood_aggregate),
+            "protocol": protocol_facts(
+                self.benchmark, seeds, self.ood_aggregate, candidates=self.candidates
+            ),
             "model": self.loaded.card(),
             "model_description": self.loaded.description,
             "data": data.drop(columns="description").to_dict(orient="records"),

@@ -40,6 +40,9 @@ class ReportConfig:
             at the top).
         ood_aggregate: how the greedy searches' AUROC combines the OOD search sets (``pooled``,
             ``mean``, ``min``); the stability resamples score the pooled AUROC.
+        candidates: K of the guided search (docs/guided-search.md) for every greedy search of
+            the report; None: the exact search. The stability runs resample the exact search,
+            so a guided report has none.
         repeats: how often the seeded systems are repeated (search subsample, pruning seeds and
             fine-tuning batch order change together); their mean ± std is Table 12.
         loso_set: the report set left out of a CircOOD search over halves of the other report
@@ -77,6 +80,7 @@ class ReportConfig:
     search_ood: tuple[str, ...] | None = None
     protocol: str = DEFAULT_PROTOCOL
     ood_aggregate: str = DEFAULT_OOD_AGGREGATE
+    candidates: int | None = None
     repeats: int = 5
     loso_set: str | None = "mnist"
     removed_per_layer: int | None = None

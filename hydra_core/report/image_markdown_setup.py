@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from hydra_core.report.efficient_ensembles import efficient_lines
-from hydra_core.report.markdown import jaccard_text, markdown_table
+from hydra_core.report.markdown import jaccard_text, markdown_table, searches_line
 
 #: the efficient ensembles the image report looks for, in the setup's words
 EFFICIENT_WHICH = (
@@ -42,6 +42,7 @@ def setup_section(setup: dict) -> list[str]:
         f"{model['heads']} heads (head dim {model['head_dim']}, width {model['embed_dim']}), "
         f"{model['params']:,} parameters.",
         _protocol_sentence(setup["protocol"]),
+        *searches_line(setup["protocol"]),
         "",
         markdown_table(data[["name", "role", "group", "n_search", "n_report", "description"]]),
         "",

@@ -163,8 +163,31 @@ def render(sections: Sequence[Section], tables: Mapping[str, pd.DataFrame], setu
 
 
 def stability(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:
-    """The section "Stability of the circuits" (none when the run skipped it)."""
+    """The section "Stability of the circuits" (none when the run skipped it; a line saying why
+    when its searches were guided)."""
+    k = setup.get("protocol", {}).get("candidates")
+    if "stability" not in tables and k is not None:
+        return [
+            "## Stability of the circuits",
+            "",
+            "Not measured: the stability runs resample the exact search, and this run's searches "
+            f"are guided (K = {k}).",
+            "",
+        ]
     return stability_section(tables.get("stability"), markdown_table)
+
+
+def searches_line(protocol: dict, stability: bool = True) -> list[str]:
+    """The Setup's line on a guided run's searches (none for the exact search, the default);
+    ``stability``: whether the report has stability runs otherwise."""
+    k = protocol.get("candidates")
+    if k is None:
+        return []
+    left_out = "; the stability runs, which resample the exact search, are left out" * stability
+    return [
+        f"- **Searches**: guided (K = {k}): each step of every greedy search evaluates exactly "
+        f"only the K heads with the best attribution estimate (docs/guided-search.md){left_out}."
+    ]
 
 
 def heads(tables: Mapping[str, pd.DataFrame], setup: dict) -> list[str]:

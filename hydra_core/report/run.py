@@ -76,6 +76,7 @@ def run_report(
         out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
     )
     run.ood_aggregate = config.ood_aggregate
+    run.candidates = config.candidates
     device, cache, stages = run.device, run.cache, run.stage
 
     def benchmark_of(n_search: int | None):

@@ -131,6 +131,7 @@ def run_text_report(
         out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
     )
     run.ood_aggregate = config.ood_aggregate
+    run.candidates = config.candidates
     (train_set,) = run.load(lambda: _load(config))
     loaded, benchmark, stages = run.loaded, run.benchmark, run.stage
     model, layout = loaded.model, run.layout

@@ -98,6 +98,7 @@ class TextReportConfig:
     ood: tuple[str, ...] | None = None
     protocol: str = DEFAULT_PROTOCOL  # which data selects heads (docs/search-protocols.md)
     ood_aggregate: str = DEFAULT_OOD_AGGREGATE  # how the searches combine the OOD search sets
+    candidates: int | None = None  # the guided search's K (None: exact; no stability runs)
     removed_per_layer: int | None = None
     pool_fraction: float = 2 / 3
     seeds: tuple[int, ...] = (0, 1, 2)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from hydra_core.report.efficient_ensembles import efficient_lines
-from hydra_core.report.markdown import jaccard_text, markdown_table
+from hydra_core.report.markdown import jaccard_text, markdown_table, searches_line
 
 DEFAULT_COMMAND = "python -m hydra_core report --task text"
 #: the efficient ensembles the text report looks for, in the setup's words
@@ -51,6 +51,7 @@ def setup_section(setup: dict) -> list[str]:
         "layers fine-tuned on 6,030 Rotten Tomatoes sentences (the source SST was built from), "
         "tested on the Rotten Tomatoes test split, with other OOD sets. Effects are compared by "
         "direction, not by size.",
+        *searches_line(p),
         f"- **Data**: heads are selected on {p['id_search_n']:,} Rotten Tomatoes validation "
         f"sentences and the *search* OOD set ({search}: news headlines, as the paper's AG's News), "
         f"which no table uses; every table is computed on the {p['id_report_n']:,} Rotten Tomatoes "

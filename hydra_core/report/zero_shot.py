@@ -80,6 +80,7 @@ def run_zero_shot_report(
     run = Pipeline(
         out, cache, config.device, progress, log, overwrite=overwrite, options=run_options(config)
     )
+    run.candidates = config.candidates
     run.load(lambda: _load(config))
     layout = run.layout
     budgets = zero_shot_budgets(layout, config)

@@ -38,6 +38,9 @@ class ZeroShotReportConfig:
         id_folder: an ImageFolder of the user's own as the ID set (its sub-folders are the
             classes); None: Fashion-MNIST, the default ID set.
         n_search, n_report, ood, search_ood: the data, as for the image report.
+        candidates: K of the guided search for every greedy search (None: the exact search;
+            docs/guided-search.md): the heads of both towers of an OpenCLIP model make the
+            exact search long on a CPU.
         towers: "both" (the paper's D.3: heads pruned jointly in the image and the text tower)
             or "image" (the image tower alone, its Appendix E.3.2).
         removed_per_layer: heads per image-tower layer: every circuit and member removes this
@@ -56,6 +59,7 @@ class ZeroShotReportConfig:
     n_report: int | None = None
     ood: tuple[str, ...] | None = None
     search_ood: tuple[str, ...] | None = None
+    candidates: int | None = None
     removed_per_layer: int | None = 2
     pool_fraction: float = 2 / 3
     seeds: tuple[int, ...] = (0, 1, 2)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from hydra_core.report.claims import near_far_verdicts, paper_frame, signed, verdict_counts
-from hydra_core.report.markdown import markdown_table
+from hydra_core.report.markdown import markdown_table, searches_line
 from hydra_core.report.zero_shot_config import DEFAULT_COMMAND
 
 
@@ -39,6 +39,7 @@ def zero_shot_markdown(tables: Mapping[str, pd.DataFrame], setup: dict) -> str:
         f"{', '.join(p['search_ood'])}; every table is computed on {p['id_report_n']:,} ID report "
         f"images and the report OOD sets {', '.join(p['report_ood'])}, with 95% bootstrap "
         "intervals (value [lo, hi]) and paired intervals for differences.",
+        *searches_line(p, stability=False),
         f"- **Budgets**: every pruned model and member removes {b['budget']} of {b['total']} "
         f"heads; Taylor {_taylor_counts(b['removed_per_layer'], setup)}; CircAvg the greedy "
         "S_avg circuit. Hydra (Circ) is the paper's method: one circuit per criterion (CircAcc, "
