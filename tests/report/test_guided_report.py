@@ -14,12 +14,17 @@ from hydra_core.report.markdown import searches_line, stability
 from hydra_core.zoo.registry import load_model
 
 
+def tiny(checkpoint: str) -> tuple:
+    """The tiny checkpoint and a small benchmark, as a report's loader gives them."""
+    return load_model(checkpoint), default_benchmark(n_search=16, n_report=24, ood=["noise"])
+
+
 @pytest.fixture
 def guided_run(checkpoint, tmp_path):
     lines = []
     run = Pipeline(tmp_path / "report", None, "cpu", None, log=lines.append)
     run.candidates = 2
-    run.load(lambda: (load_model(checkpoint), default_benchmark(n_search=16, n_report=24, ood=["noise"])))
+    run.load(lambda: tiny(checkpoint))
     return run, lines
 
 
@@ -40,7 +45,7 @@ def test_a_guided_runs_searches_are_guided_and_its_stability_is_left_out(guided_
 
 def test_an_exact_run_says_nothing_of_guidance(checkpoint, tmp_path):
     run = Pipeline(tmp_path / "report", None, "cpu", None, log=lambda _: None)
-    run.load(lambda: (load_model(checkpoint), default_benchmark(n_search=16, n_report=24, ood=["noise"])))
+    run.load(lambda: tiny(checkpoint))
     assert run.search("avg", 2).candidates is None
     protocol = run.setup("image", Budgets.of(run.layout, ReportConfig()), {}, {})["protocol"]
     assert protocol["candidates"] is None and searches_line(protocol) == []
