@@ -200,14 +200,14 @@ def fit_detector(
 
 def shrink_covariance(detector, z: torch.Tensor, y: torch.Tensor) -> None:
     """Give a fitted pytorch-ood ``Mahalanobis`` the Ledoit-Wolf shrunk covariance of the
-    class-centred features (:func:`~hydra_core.analysis.representations.regularised_covariance`,
+    class-centred features (:func:`~hydra_core.metrics.covariance.regularised_covariance`,
     as the per-head detectors and Table 5 have it), at pytorch-ood's scale (a sum over the N
     items, not a mean). For fits of fewer items than feature dimensions plus classes (the
     text default: 256 search sentences of 384 dimensions), whose class-centred scatter is
     singular: pytorch-ood's 1e-6 ridge then gives its null space a precision of 1e6, and the
     "distance" measures how far an item lies outside the span of the fit items, not the
     Mahalanobis distance (docs/ood-scores.md)."""
-    from hydra_core.analysis.representations import regularised_covariance
+    from hydra_core.metrics.covariance import regularised_covariance
 
     centred = (z - detector.mu.cpu()[y]).double().numpy()
     cov = torch.from_numpy(regularised_covariance(centred) * len(z))

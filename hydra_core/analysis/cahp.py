@@ -55,13 +55,10 @@ from hydra_core.analysis.cahp_official import (
     most_important_per_cluster,
     official_steps,
 )
-from hydra_core.analysis.representations import (
-    head_cls_features,
-    model_device,
-    regularised_covariance,
-)
+from hydra_core.analysis.representations import head_cls_features, model_device
 from hydra_core.errors import InputError
 from hydra_core.evaluate import masked, predict
+from hydra_core.metrics.covariance import regularised_covariance
 from hydra_core.models.adapter import HeadLayout, head_layout, model_and_inputs
 from hydra_core.types import Head, Progress
 

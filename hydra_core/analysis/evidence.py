@@ -11,7 +11,7 @@ Per head (one row of :attr:`HeadEvidence.table`):
   W_O, :func:`~hydra_core.analysis.representations.head_cls_features`): the score of a sample is
   minus its smallest squared Mahalanobis distance to the ID class means, under one covariance
   shared by the classes (the covariance of the class-centred features, regularised by
-  :func:`~hydra_core.analysis.representations.regularised_covariance`). Means and covariance are
+  :func:`~hydra_core.metrics.covariance.regularised_covariance`). Means and covariance are
   **fitted on the search split** (its ID part), the AUROC is **scored on the report split** (ID vs
   each report OOD set, averaged). 0.5 = the head's output tells nothing about OOD.
 - ``keep_frequency`` (optional): the share of greedy searches on bootstrap resamples of the search
@@ -53,12 +53,7 @@ import torch
 from torch import nn
 
 from hydra_core.analysis._towers import fast_evaluator
-from hydra_core.analysis.representations import (
-    Shrinkage,
-    head_cls_features,
-    model_device,
-    regularised_covariance,
-)
+from hydra_core.analysis.representations import head_cls_features, model_device
 from hydra_core.cache import DiskCache, cache_key, model_fingerprint
 from hydra_core.errors import InputError
 from hydra_core.metrics.bootstrap import (
@@ -71,6 +66,7 @@ from hydra_core.metrics.bootstrap import (
     ood_replicates_per_set,
     percentile_interval,
 )
+from hydra_core.metrics.covariance import Shrinkage, regularised_covariance
 from hydra_core.metrics.ood import auroc
 from hydra_core.models.adapter import HeadLayout, head_label, head_layout, model_and_inputs
 from hydra_core.types import StageProgress

@@ -26,10 +26,11 @@ from hydra_core.analysis.evidence import (
     read_stability,
     single_head_ablations,
 )
-from hydra_core.analysis.representations import COVARIANCE_FLOOR, head_cls_features
+from hydra_core.analysis.representations import head_cls_features
 from hydra_core.errors import InputError
 from hydra_core.evaluate import callable_model
 from hydra_core.metrics.bootstrap import BootstrapConfig, Resamples
+from hydra_core.metrics.covariance import COVARIANCE_FLOOR
 from hydra_core.models.adapter import ablate, head_layout
 from hydra_core.models.text import pack
 from tests.conftest import (

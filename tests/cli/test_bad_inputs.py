@@ -348,14 +348,17 @@ def test_concurrent_saves_of_one_path_never_collide(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["info", "search", "importance", "masks", "hydra", "report"])
-def test_every_command_takes_threads_and_cache_dir(command):
+def test_every_command_takes_threads_and_cache_dir(command, tmp_path):
     from hydra_core.cli import build_parser
 
+    cache = str(
+        tmp_path / "cache"
+    )  # a folder yet to be made (never a fixed path: /tmp/x may be a file)
     args = build_parser().parse_args(
-        [command, "--threads", "1", "--cache-dir", "/tmp/x", "--debug"]
+        [command, "--threads", "1", "--cache-dir", cache, "--debug"]
         + (["--masks", "m.json"] if command == "hydra" else [])
     )
-    assert (args.threads, args.cache_dir, args.debug) == (1, "/tmp/x", True)
+    assert (args.threads, args.cache_dir, args.debug) == (1, cache, True)
 
 
 def test_cache_dir_is_where_results_go(tmp_path, checkpoint, capsys, monkeypatch):
