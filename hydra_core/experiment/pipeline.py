@@ -166,6 +166,7 @@ class Pipeline:
         """Stage "load model and data": ``loader()`` gives (loaded model, benchmark, *anything
         else the report needs), which is returned; the model goes to the device in eval mode and
         the search split becomes the search tensors."""
+        from hydra_core.analysis.greedy import guided_k
         from hydra_core.analysis.inputs import search_inputs
 
         with self.stage("load model and data"):
@@ -175,6 +176,8 @@ class Pipeline:
                 self.log(f"{self.tag} warning: {benchmark.protocol_note()}")
             self.inputs = search_inputs(loaded.preprocess, benchmark).to(self.device)
         self.loaded, self.benchmark = loaded, benchmark
+        # K of every head is the exact search (and its cache entry): the run is not guided
+        self.candidates = guided_k(self.candidates, self.layout.total_heads)
         if self.rank > 0:  # under torchrun rank 0 alone writes the report
             return tuple(extra)
         self._claim(record=False)  # refused before any search when it holds another run's

@@ -43,9 +43,12 @@ def test_a_guided_runs_searches_are_guided_and_its_stability_is_left_out(guided_
     assert "Not measured" in stability({}, setup)[2] and "K = 2" in stability({}, setup)[2]
 
 
-def test_an_exact_run_says_nothing_of_guidance(checkpoint, tmp_path):
+@pytest.mark.parametrize("candidates", [None, 8, 100])  # K of every head (8) is exact
+def test_an_exact_run_says_nothing_of_guidance(candidates, checkpoint, tmp_path):
     run = Pipeline(tmp_path / "report", None, "cpu", None, log=lambda _: None)
+    run.candidates = candidates
     run.load(lambda: tiny(checkpoint))
+    assert run.candidates is None
     assert run.search("avg", 2).candidates is None
     protocol = run.setup("image", Budgets.of(run.layout, ReportConfig()), {}, {})["protocol"]
     assert protocol["candidates"] is None and searches_line(protocol) == []
