@@ -178,11 +178,11 @@ def fit_detector(
     if score == "mahalanobis":
         missing = sorted(set(range(int(y.max()) + 1)) - set(y.tolist()))
         if missing:
-            from hydra_core.errors import InputError
+            from hydra_core.errors import InputError, choice
 
             raise InputError(
                 f"Mahalanobis needs every class among the fit items; classes {missing} have none "
-                "(use a larger ID search split: --n-search)"
+                f"(use a larger ID search split: {choice('n_search')})"
             )
         detector = Mahalanobis(None).fit_features(z, y)
         if len(z) - len(y.unique()) < z.shape[1]:
@@ -224,10 +224,12 @@ def vim_dimension(n: int, dims: int) -> int:
     if n - 1 < d:
         import warnings
 
+        from hydra_core.errors import choice
+
         warnings.warn(
             f"ViM: {n} fit items span at most {n - 1} of the {d} principal dimensions it uses for "
-            f"{dims}-dimensional features; fitted with d = {max(1, n - 1)} (raise --n-search for "
-            "the usual D // 2)",
+            f"{dims}-dimensional features; fitted with d = {max(1, n - 1)} (raise "
+            f"{choice('n_search')} for the usual D // 2)",
             stacklevel=3,
         )
         d = max(1, n - 1)

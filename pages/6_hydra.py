@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import json
 import tempfile
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -158,7 +159,13 @@ def under_score(report, score: str, benchmark):
         kept = results()["hydra_scores"] = {"report": report}
     if score not in kept:
         with st.spinner(f"Scoring every system with {SCORE_NAMES[score]}"):
-            kept[score] = rescore_report(report, [score], benchmark).get(score)
+            with warnings.catch_warnings(record=True) as caught:  # the fits' (ViM on few items)
+                warnings.simplefilter("always", UserWarning)
+                kept[score] = rescore_report(report, [score], benchmark).get(score)
+        said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        kept[f"{score} warnings"] = list(dict.fromkeys(said))
+    for message in kept[f"{score} warnings"]:
+        st.warning(message)
     scored = kept[score]
     if scored is None:
         return None, report.systems

@@ -378,7 +378,7 @@ def test_hydra_writes_the_gains_under_every_score(checkpoint, private_cache, tmp
     assert len(saved["gains"]) == len(gains)
 
 
-def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noqa: F811
+def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup, monkeypatch):  # noqa: F811
     from hydra_core.data.benchmark import default_benchmark
     from tests.app.conftest import (
         N_REPORT,
@@ -422,6 +422,23 @@ def test_hydra_page_tables_and_roc_follow_the_score_selector(app, setup):  # noq
     fpr, tpr = rescore_report(report, ["knn"], benchmark)["knn"].roc("single", "all")
     np.testing.assert_allclose(array(single.x), fpr)
     np.testing.assert_allclose(array(single.y), tpr)
+    assert not app.warning  # KNN's fits said nothing
+    # a fit's warning (ViM on fewer items than its subspace) reaches the page, once
+    from hydra_core import detectors
+
+    real = detectors.vim_dimension
+
+    def warning_dimension(n: int, dims: int) -> int:
+        import warnings
+
+        warnings.warn("ViM: too few fit items (a test)", stacklevel=2)
+        return real(n, dims)
+
+    monkeypatch.setattr(detectors, "vim_dimension", warning_dimension)
+    next(s for s in app.selectbox if s.label == "OOD score").set_value("vim")
+    app.run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert [w.value for w in app.warning].count("ViM: too few fit items (a test)") == 1
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "mpnet", "distilbert"])
