@@ -80,8 +80,7 @@ def seeded_repeats(
         return load_fashion_mnist("validation"), ood
 
     stability = (budgets.budget, config.stability_resamples)
-    loso = LeftOutSearch(config.loso_set, config.n_search, config.batch_size)  # the transfer's
-    shared = loso.shared(run, budgets, benchmark)
+    shared = LeftOutSearch.of(config).shared(run, budgets, benchmark)  # the transfer table's
     repeats = run.search_repeats(
         config.repeats, benchmark, config.n_search, pools, stability=stability, shared=shared
     )

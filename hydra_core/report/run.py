@@ -52,7 +52,7 @@ from hydra_core.report.tables import (
     ood_gain_table,
     report_tables,
 )
-from hydra_core.report.transfer import transfer_table
+from hydra_core.report.transfer import LeftOutSearch, transfer_table
 from hydra_core.types import Log, StageProgress
 
 
@@ -183,14 +183,7 @@ def run_report(
         held_out=config.held_out,
     )
     with stages("transfer of the circuits' AUROC gain"):
-        transfer = transfer_table(
-            systems,
-            run,
-            budgets,
-            loso_set=config.loso_set,
-            n_search=config.n_search,
-            batch_size=config.batch_size,
-        )
+        transfer = transfer_table(systems, run, budgets, LeftOutSearch.of(config))
 
     tables = report_tables(systems, table5, circuits, deep is not None, finetuned_labels)
     tables["table12_seeds"] = repeated

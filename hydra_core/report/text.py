@@ -141,6 +141,7 @@ def run_text_report(
     trimmed = replace(loaded, preprocess=TrimmedPreprocess(loaded.preprocess))
     report_set = sorted_report(benchmark, loaded.preprocess)
     deep_kind = deep_kind_of(config, run)
+    loso = LeftOutSearch.of(config)  # the transfer table's search, shared out under torchrun
     if deep_kind == "train-text":  # the same members in every repeat: under torchrun, made once
         run.share_first(
             {
@@ -158,7 +159,6 @@ def run_text_report(
     def later_repeats() -> Iterator[SystemsReport]:
         """Repeats 1 .. repeats - 1 (under torchrun: this process's share, rank 0 all)."""
         stability = (budgets.budget, config.stability_resamples)
-        loso = LeftOutSearch(config.loso_set, config.n_search, config.batch_size)  # the transfer's
         shared = loso.shared(run, budgets, report_set)
         repeats = run.search_repeats(
             config.repeats, report_set, config.n_search, pools, stability=stability, shared=shared
@@ -201,7 +201,7 @@ def run_text_report(
         sets = dict(benchmark=report_set, loaded=trimmed, batch_size=config.batch_size)
         found = circuits_report(run, main.circuits, **sets)
         tables["transfer"] = transfer_table(
-            found, run, budgets, loso_set=config.loso_set, n_search=config.n_search, **sets
+            found, run, budgets, loso, benchmark=report_set, loaded=trimmed
         )
     with stages("per-head evidence (heads.csv)"):
         fit = run.inputs

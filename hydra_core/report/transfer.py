@@ -64,10 +64,8 @@ def transfer_table(
     systems: SystemsReport,
     run: Pipeline,
     budgets: Budgets,
+    loso: LeftOutSearch,
     *,
-    loso_set: str | None,
-    n_search: int | None,
-    batch_size: int,
     benchmark=None,
     loaded: LoadedModel | None = None,
 ) -> pd.DataFrame:
@@ -76,8 +74,9 @@ def transfer_table(
     95% interval, for CircOOD and CircAvg (``systems`` holds them and "single"; searched on the
     search sets only), and for one leave-one-set-out CircOOD (:func:`left_out_set`) searched on
     halves of the other report sets and measured on the one left out, and on it alone (never
-    added to ``systems``: the other report sets chose its heads). ``benchmark`` and ``loaded``:
-    the report split and the model's preprocessing to evaluate on (default: the run's)."""
+    added to ``systems``: the other report sets chose its heads; ``loso``, whose batch size
+    the evaluation takes too). ``benchmark`` and ``loaded``: the report split and the model's
+    preprocessing to evaluate on (default: the run's)."""
     loaded = run.loaded if loaded is None else loaded
     benchmark = run.benchmark if benchmark is None else benchmark
     searched = ", ".join(benchmark.search_names())
@@ -89,16 +88,16 @@ def transfer_table(
         for circuit in circuits
         for data in benchmark.ood_report
     ]
-    loso = LeftOutSearch(loso_set, n_search, batch_size).search(run, budgets, benchmark)
-    if loso is not None:
-        left_out, others, halves, circuit = loso
+    searched = loso.search(run, budgets, benchmark)
+    if searched is not None:
+        left_out, others, halves, circuit = searched
         # the guard of evaluate_systems refuses any report set that shares an item with the
         # items that chose the circuit, so it is reported on the left-out set and the ID set
         name = f"CircOOD, {left_out.name} left out"
         chosen = ChosenOn.of("heads", [benchmark.id_search, *halves])
         found = run.evaluate(
             [Single(), Pruned(name, circuit.keep_mask(), chosen)],
-            batch_size=batch_size,
+            batch_size=loso.batch_size,
             benchmark=replace(benchmark, ood_report=(left_out,)),
             loaded=loaded,
         )
@@ -116,6 +115,12 @@ class LeftOutSearch:
     loso_set: str | None
     n_search: int | None
     batch_size: int
+
+    @classmethod
+    def of(cls, config) -> LeftOutSearch:
+        """The search of a report's configuration (its ``loso_set``, ``n_search`` and
+        ``batch_size``): one record for the table and the work shared before it."""
+        return cls(config.loso_set, config.n_search, config.batch_size)
 
     def search(
         self, run: Pipeline, budgets: Budgets, benchmark
