@@ -88,9 +88,9 @@ def transfer_table(
         for circuit in circuits
         for data in benchmark.ood_report
     ]
-    searched = loso.search(run, budgets, benchmark)
-    if searched is not None:
-        left_out, others, halves, circuit = searched
+    left_out_search = loso.search(run, budgets, benchmark)
+    if left_out_search is not None:
+        left_out, others, halves, circuit = left_out_search
         # the guard of evaluate_systems refuses any report set that shares an item with the
         # items that chose the circuit, so it is reported on the left-out set and the ID set
         name = f"CircOOD, {left_out.name} left out"
