@@ -70,9 +70,11 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         r = rows.loc[claim]
         form = "fine_tuned" if r["fine_tuned_verdict"] != "–" else "zero_shot"
         ours = signed(r["metric"], r[form], r[f"{form}_lo"], r[f"{form}_hi"])
+        near_far = _near_far(r, form)
+        over = ", all OOD sets" if near_far else ""
         lines.append(
             f"- {claim}: paper {r['paper_difference']:+.2f}, ours {ours} "
-            f"({form.replace('_', '-')}): **{r[f'{form}_verdict']}**."
+            f"({form.replace('_', '-')}{over}): **{r[f'{form}_verdict']}**{near_far}."
         )
     return [
         "## Summary: the paper's statements against this run",
@@ -85,6 +87,19 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         *_transfer_line(tables),
         "",
     ]
+
+
+def _near_far(row: pd.Series, form: str) -> str:
+    """``; near ..., far ...``: a statement's difference and verdict on the near and the far
+    report sets apart (issue 34: never all-OOD alone), empty for statements judged on ID."""
+    if row.get(f"{form}_near_verdict", "–") == "–":
+        return ""
+    parts = []
+    for group in ("near", "far"):
+        key = f"{form}_{group}"
+        value = signed(row["metric"], row[key], row[f"{key}_lo"], row[f"{key}_hi"])
+        parts.append(f"{group} {value} **{row[f'{key}_verdict']}**")
+    return "; " + ", ".join(parts)
 
 
 def _transfer_line(tables: Mapping[str, pd.DataFrame]) -> list[str]:

@@ -166,10 +166,23 @@ def _finetune_sentence(ft: dict | None) -> str:
     if ft is None:
         return "none (zero-shot rows only)."
     length = f"{ft['steps']} step(s)" if ft["steps"] else f"{ft['epochs']} epoch(s)"
+    if ft["trained_layers"] is None:
+        layers = "every encoder layer, the pooler and the classifier"
+    else:
+        layers = (
+            f"the top {ft['trained_layers']} encoder layers, the pooler and the classifier; the "
+            "lower layers, pruned too, stay frozen"
+        )
+    if ft.get("patience"):  # early stopping on held-out training sentences
+        length = (
+            f"up to {length} with early stopping on the {ft['choose_on']} of "
+            f"{ft['n_validation']:,} held-out training sentences (patience {ft['patience']}, the "
+            "best epoch's weights kept)"
+        )
+    recipe = f"recipe `{ft['recipe']}`: " if ft.get("recipe") else ""
     return (
-        f"every pruned model and every member separately, the layers `train-text` trains (the top "
-        f"{ft['trained_layers']} encoder layers, the pooler and the classifier; the lower layers, "
-        f"pruned too, stay frozen), {length} of {_n_train(ft)} Rotten Tomatoes training "
+        f"every pruned model and every member separately ({recipe}{layers}), {length}, on "
+        f"{_n_train(ft)} Rotten Tomatoes training "
         f"sentences, AdamW lr {ft['lr']} (decoupled weight decay {ft['weight_decay']} on weight "
         f"matrices), batch {ft['batch_size']}, linear warm-up over {ft['warmup']:.0%} of the steps "
         f"then linear decay to zero, gradient clipping {ft['grad_clip']}, no label smoothing, "

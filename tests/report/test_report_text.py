@@ -219,6 +219,33 @@ def test_transfer_reports_near_and_far_and_a_left_out_set(report_dir):
     assert "AUROC on the near sets by " in summary and " and on the far sets by " in summary
 
 
+def test_summary_headlines_give_near_and_far_with_their_own_verdicts(report_dir):
+    """Issue 34 item 4: a headline about OOD AUROC never stands on all OOD sets alone; its near
+    and far differences and verdicts are the ones in paper_claims.csv."""
+    text = (report_dir / "report.md").read_text()
+    summary = text[text.index("## Summary") : text.index("## The CircAvg circuit")]
+    claims = pd.read_csv(report_dir / "paper_claims.csv").set_index("claim")
+    line = next(ln for ln in summary.splitlines() if ln.startswith("- Hydra (Circ) raises OOD"))
+    row = claims.loc["Hydra (Circ) raises OOD AUROC"]
+    form = "fine_tuned" if row["fine_tuned_verdict"] != "–" else "zero_shot"
+    assert "all OOD sets" in line
+    for group in ("near", "far"):
+        assert f"{group} {row[f'{form}_{group}']:+.2f} [" in line
+        assert f"**{row[f'{form}_{group}_verdict']}**" in line
+    nll = next(ln for ln in summary.splitlines() if ln.startswith("- Hydra (Circ) lowers NLL"))
+    assert "near" not in nll and "all OOD sets" not in nll  # judged on ID data alone
+
+
+def test_setup_names_the_fine_tuning_recipe_and_its_early_stopping(report_dir):
+    setup = json.loads((report_dir / "report.json").read_text())["setup"]
+    ft = setup["finetune"]
+    text = (report_dir / "report.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **Fine-tuning after pruning"))
+    assert "None" not in line and f"recipe `{ft['recipe']}`" in line
+    if ft["trained_layers"] is None:
+        assert "every encoder layer" in line and "stay frozen" not in line
+
+
 def test_every_systems_ood_gain_under_every_score(report_dir):
     """ood_gain_by_score.csv: per score, near and far AUROC of Table 2's systems and the paired
     difference to the single model; the MSP rows are the differences of Table 2's own."""
