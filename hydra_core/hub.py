@@ -184,6 +184,8 @@ def hub_model(model: str) -> tuple[str, str] | None:
     name = model.removeprefix("timm:")
     if name in _BUILT_IN or not _TIMM_NAME.fullmatch(name) or Path(name).exists():
         return None
+    if name == model and name.endswith(_FILE_SUFFIXES):
+        return None  # a checkpoint file that is not here: the loader says so, not "offline"
     return "timm", name
 
 

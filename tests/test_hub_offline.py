@@ -141,6 +141,7 @@ def test_what_reads_as_a_hub_name(tmp_path):
         "openclip:ViT-B-32",  # no tag: open_clip's own message names the tags
         f"openclip:ViT-B-32/{weights}",  # a checkpoint file after the name
         "models/tiny.safetensors",
+        "missing.safetensors",  # a file name that is not here, not a timm name with a tag
         "./my_model",
         "bert-base-uncased",  # a text model's hub name; the HF loader asks the hub
     ]

@@ -491,7 +491,11 @@ def load_model(
         )
     if path.suffix in CHECKPOINT_SUFFIXES or path.exists():
         if not path.is_file():
-            raise InputError(f"checkpoint file {path} does not exist")
+            built_in = ", ".join(m.name for m in named_models())
+            raise InputError(
+                f"checkpoint file {path} does not exist; check the path, or give a model folder "
+                f"or a built-in model ({built_in})"
+            )
         if path.suffix.lower() in NOT_MODELS:  # named by what it is, not as a bad checkpoint
             data_files = choice("data_files")
             raise InputError(
