@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from hydra_core.report.image_markdown_claims import summary_section
 from hydra_core.report.image_markdown_setup import coverage_section, setup_section
 from hydra_core.report.image_markdown_systems import cost_section, systems_sections
 from hydra_core.report.markdown import heads, markdown_table, render, stability
@@ -28,6 +29,7 @@ def markdown_report(
     """
     sections = (
         lambda tables, setup: setup_section(setup),
+        lambda tables, setup: summary_section(tables, tables["table12_seeds"]["repeat"].nunique()),
         lambda tables, setup: _search_sections(tables),
         stability,
         heads,

@@ -1,6 +1,6 @@
-"""The image report's ``report.md``: the paper's statements, those judged over the repeats and
-those about the efficient ensembles, judged on repeat 0 (one stored copy each), with the
-ensembles not run listed as not judged."""
+"""The image report's ``report.md``: the summary of the paper's headline statements, then the
+statements in full, those judged over the repeats and those about the efficient ensembles,
+judged on repeat 0 (one stored copy each), with the ensembles not run listed as not judged."""
 
 from __future__ import annotations
 
@@ -8,9 +8,68 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import near_far_verdicts, signed, verdict_tally
+from hydra_core.report.claims import headline, near_far_verdicts, signed, verdict_tally
 from hydra_core.report.efficient_ensembles import judged
 from hydra_core.report.markdown import markdown_table
+from hydra_core.report.transfer import transfer_lines
+
+#: the paper's headline statements about its Table 1, summarised first (those about the
+#: efficient ensembles follow, one per ensemble that ran)
+HEADLINES = (
+    "Hydra (Circ) raises OOD AUROC over Single",
+    "Hydra (Circ) raises accuracy over Single",
+    "Hydra (Circ) raises OOD AUROC over Deep Ensembles",
+    "Hydra (Circ) raises OOD AUROC over Hydra (Taylor)",
+    "Deep Ensembles raises OOD AUROC over Single",
+    "CircAvg raises OOD AUROC over Taylor",
+)
+
+
+def summary_section(tables: Mapping[str, pd.DataFrame], repeats: int) -> list[str]:
+    """The paper's headline statements against this run (over the ``repeats``; then Hydra
+    (Circ) against each efficient ensemble that ran, on repeat 0), every OOD one with its near
+    and far verdict; the verdict counts; and where the circuits' OOD gain transferred."""
+    claims = tables.get("paper_claims")
+    if claims is None or claims.empty:
+        return []
+    over, efficient = judged(claims, repeat_0=False), judged(claims, repeat_0=True)
+    rows = over.set_index("claim", drop=False)
+    how = f"mean of {repeats} repeats"
+    lines = [
+        headline(rows.loc[c], "ours", "verdict", how)
+        for c in HEADLINES
+        if c in rows.index and rows.loc[c, "verdict"] != "–"
+    ]
+    if efficient is not None:
+        lines += [
+            headline(r, "ours", "verdict", "repeat 0")
+            for _, r in efficient.iterrows()
+            if r["metric"] == "all_auroc" and r["verdict"] != "–"
+        ]
+    counts = [
+        (f"over the {repeats} repeats", over),
+        ("the efficient ensembles, repeat 0", efficient),
+    ]
+    for label, frame in counts:
+        if frame is not None and (tally := verdict_tally(frame["claim"], frame["verdict"])):
+            lines.append(f"- **{label}**: of {tally}")
+    transfer = tables.get("transfer")
+    if transfer is not None and not transfer.empty:
+        lines += [
+            "- **Does the circuits' OOD gain reach sets the search never saw?** AUROC change "
+            "against the dense model (x100), near and far report sets apart:",
+            *(f"  {line}" for line in transfer_lines(transfer)),
+        ]
+    return [
+        "## Summary: the paper's statements against this run",
+        "",
+        "Differences in points for accuracy and OOD metrics; ours with the paired 95% interval "
+        "(over the repeats: the two-level interval; the efficient ensembles: repeat 0 alone). "
+        "The full lists are in the sections on the paper's statements below.",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def claims_sections(

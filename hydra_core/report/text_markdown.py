@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import CIRCAVG, signed, verdict_counts
+from hydra_core.report.claims import CIRCAVG, headline, signed, verdict_counts
 from hydra_core.report.efficient_ensembles import judged
 from hydra_core.report.markdown import (
     heads,
@@ -64,18 +64,12 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     as the paper's; zero-shot where no fine-tuned row exists), the verdict counts, and whether
     the search's gains reached the report split."""
     claims = judged(tables["paper_claims"], repeat_0=False)  # the efficient ones: their section
-    rows = claims.set_index("claim")
+    rows = claims.set_index("claim", drop=False)
     lines = []
     for claim in HEADLINES:
         r = rows.loc[claim]
         form = "fine_tuned" if r["fine_tuned_verdict"] != "–" else "zero_shot"
-        ours = signed(r["metric"], r[form], r[f"{form}_lo"], r[f"{form}_hi"])
-        near_far = _near_far(r, form)
-        over = ", all OOD sets" if near_far else ""
-        lines.append(
-            f"- {claim}: paper {r['paper_difference']:+.2f}, ours {ours} "
-            f"({form.replace('_', '-')}{over}): **{r[f'{form}_verdict']}**{near_far}."
-        )
+        lines.append(headline(r, form, f"{form}_verdict", form.replace("_", "-")))
     return [
         "## Summary: the paper's statements against this run",
         "",
@@ -87,19 +81,6 @@ def _summary_section(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         *_transfer_line(tables),
         "",
     ]
-
-
-def _near_far(row: pd.Series, form: str) -> str:
-    """``; near ..., far ...``: a statement's difference and verdict on the near and the far
-    report sets apart (issue 34: never all-OOD alone), empty for statements judged on ID."""
-    if row.get(f"{form}_near_verdict", "–") == "–":
-        return ""
-    parts = []
-    for group in ("near", "far"):
-        key = f"{form}_{group}"
-        value = signed(row["metric"], row[key], row[f"{key}_lo"], row[f"{key}_hi"])
-        parts.append(f"{group} {value} **{row[f'{key}_verdict']}**")
-    return "; " + ", ".join(parts)
 
 
 def _transfer_line(tables: Mapping[str, pd.DataFrame]) -> list[str]:

@@ -15,6 +15,7 @@ from tests.conftest import write_tiny_checkpoint
 
 SECTIONS = [
     "## Setup",
+    "## Summary: the paper's statements against this run",
     "## Circuits found by the greedy search",
     "## Per-head evidence",
     "## Table 4",
@@ -435,6 +436,36 @@ def test_the_papers_statements_about_the_efficient_ensembles(report_dir):
         "Not judged (not run, see the setup): the statements about Packed-Ensembles, "
         "LoRA Ensembles." in text
     )
+
+
+def test_the_summary_gives_each_headline_near_and_far_and_the_transfer(report_dir):
+    """Issue 34 item 4: the summary's OOD statements carry their near and far differences and
+    verdicts from paper_claims.csv (over the repeats, and the efficient ensembles' on repeat
+    0), the verdict counts, and the transfer section's near and far lines."""
+    from hydra_core.report.image_claims import REPEAT_0
+
+    text = (report_dir / "report.md").read_text()
+    start = text.index("## Summary")
+    summary = text[start : text.index("\n## ", start + 1)]
+    claims = pd.read_csv(report_dir / "paper_claims.csv").set_index("claim")
+    shown = [ln for ln in summary.splitlines() if ln.startswith("- ") and ": paper " in ln]
+    assert shown, summary
+    for line in shown:
+        claim = line[2 : line.index(": paper ")]
+        row = claims.loc[claim]
+        assert f"ours {row['ours']:+.2f} [" in line or f"ours {row['ours']:+.4f} [" in line
+        assert f"**{row['verdict']}**" in line
+        how = "repeat 0" if row["judged_on"] == REPEAT_0 else "mean of 2 repeats"
+        assert f"({how}" in line
+        if row["metric"] == "all_auroc":
+            assert "all OOD sets" in line
+            for group in ("near", "far"):
+                assert f"{group} {row[f'ours_{group}']:+.2f} [" in line
+                assert f"**{row[f'ours_{group}_verdict']}**" in line
+    assert any("over BatchEnsemble" in ln and "(repeat 0, all OOD sets)" in ln for ln in shown)
+    assert "- **over the 2 repeats**: of " in summary
+    assert "- **the efficient ensembles, repeat 0**: of " in summary
+    assert "  - **CircOOD** (searched on photos, faces): near " in summary
 
 
 def test_efficient_ensembles_looked_for_are_checked():
