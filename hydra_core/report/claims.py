@@ -206,26 +206,6 @@ def signed(metric: str, value: float, lo: float, hi: float) -> str:
     return f"{value:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
-def headline(row: pd.Series, prefix: str, verdict_column: str, how: str) -> str:
-    """A report summary's line for one statement: the paper's difference, ours (columns
-    ``prefix``, ``prefix_lo``, ``prefix_hi``; ``how`` says what it is, e.g. "fine-tuned") with
-    its verdict, and for a statement over all OOD sets its near and far difference and verdict
-    beside it: a headline never stands on all OOD sets alone."""
-    ours = signed(row["metric"], row[prefix], row[f"{prefix}_lo"], row[f"{prefix}_hi"])
-    parts = []
-    if row.get(f"{prefix}_near_verdict", "–") != "–":
-        for group in ("near", "far"):
-            key = f"{prefix}_{group}"
-            value = signed(row["metric"], row[key], row[f"{key}_lo"], row[f"{key}_hi"])
-            parts.append(f"{group} {value} **{row[f'{key}_verdict']}**")
-    over = ", all OOD sets" if parts else ""
-    near_far = "; " + ", ".join(parts) if parts else ""
-    return (
-        f"- {row['claim']}: paper {row['paper_difference']:+.2f}, ours {ours} ({how}{over}): "
-        f"**{row[verdict_column]}**{near_far}."
-    )
-
-
 def verdict_counts(claims: pd.DataFrame) -> list[str]:
     """One line per form: how many statements agree, disagree or are not significant, and
     which disagree."""

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import headline, near_far_verdicts, signed, verdict_tally
+from hydra_core.report.claims import near_far_verdicts, signed, verdict_tally
 from hydra_core.report.efficient_ensembles import judged
-from hydra_core.report.markdown import markdown_table
+from hydra_core.report.markdown import headline, markdown_table
 from hydra_core.report.transfer import transfer_lines
 
 #: the paper's headline statements about its Table 1, summarised first (those about the

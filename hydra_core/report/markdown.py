@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from hydra_core.report.claims import signed
 from hydra_core.report.heads import heads_section
 from hydra_core.report.stability import stability_section
 
@@ -222,3 +223,23 @@ def score_gains_section(gains: pd.DataFrame | None) -> list[str]:
         markdown_table(shown),
         "",
     ]
+
+
+def headline(row: pd.Series, prefix: str, verdict_column: str, how: str) -> str:
+    """A report summary's line for one statement: the paper's difference, ours (columns
+    ``prefix``, ``prefix_lo``, ``prefix_hi``; ``how`` says what it is, e.g. "fine-tuned") with
+    its verdict, and for a statement over all OOD sets its near and far difference and verdict
+    beside it: a headline never stands on all OOD sets alone."""
+    ours = signed(row["metric"], row[prefix], row[f"{prefix}_lo"], row[f"{prefix}_hi"])
+    parts = []
+    if row.get(f"{prefix}_near_verdict", "–") != "–":
+        for group in ("near", "far"):
+            key = f"{prefix}_{group}"
+            value = signed(row["metric"], row[key], row[f"{key}_lo"], row[f"{key}_hi"])
+            parts.append(f"{group} {value} **{row[f'{key}_verdict']}**")
+    over = ", all OOD sets" if parts else ""
+    near_far = "; " + ", ".join(parts) if parts else ""
+    return (
+        f"- {row['claim']}: paper {row['paper_difference']:+.2f}, ours {ours} ({how}{over}): "
+        f"**{row[verdict_column]}**{near_far}."
+    )

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from hydra_core.report.claims import CIRCAVG, headline, signed, verdict_counts
+from hydra_core.report.claims import CIRCAVG, signed, verdict_counts
 from hydra_core.report.efficient_ensembles import judged
 from hydra_core.report.markdown import (
+    headline,
     heads,
     markdown_table,
     render,
