@@ -161,11 +161,15 @@ def _check_timm_name(name: str) -> None:
     if name not in timm.list_models():
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        built_in = ", ".join(m.name for m in named_models())
         raise InputError(
-            f"unknown model {name!r}: not a built-in ({built_in}), not a file "
+            f"unknown model {name!r}: not a built-in ({_built_in_names()}), not a file "
             f"or folder, and not a timm model name{hint}; Hugging Face text models: hf:NAME"
         )
+
+
+def _built_in_names() -> str:
+    """The built-in models' names, as the refusals of an unknown model list them."""
+    return ", ".join(m.name for m in named_models())
 
 
 def _check_vit(model: nn.Module, what: str) -> None:
@@ -491,10 +495,9 @@ def load_model(
         )
     if path.suffix in CHECKPOINT_SUFFIXES or path.exists():
         if not path.is_file():
-            built_in = ", ".join(m.name for m in named_models())
             raise InputError(
                 f"checkpoint file {path} does not exist; check the path, or give a model folder "
-                f"or a built-in model ({built_in})"
+                f"or a built-in model ({_built_in_names()})"
             )
         if path.suffix.lower() in NOT_MODELS:  # named by what it is, not as a bad checkpoint
             data_files = choice("data_files")
